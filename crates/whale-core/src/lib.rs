@@ -1,0 +1,22 @@
+//! The shared vocabulary of whale.
+//!
+//! Every other crate speaks in these types: a [`Task`] goes into an episode, a
+//! [`Trajectory`] comes out, [`metrics`] summarise many trajectories, the [`Ledger`]
+//! counts what they cost and [`pareto`] picks the best harnesses. The crate has no
+//! heavy dependencies so that anything (a scorer, a report, an external tool) can
+//! read whale's files with it.
+
+pub mod ledger;
+pub mod metrics;
+pub mod pareto;
+pub mod task;
+pub mod trajectory;
+
+
+pub use ledger::{Ledger, Purpose, Spend};
+pub use metrics::{Estimate, Scores, TaskSamples};
+pub use pareto::Objectives;
+pub use task::{Domain, Split, Task};
+pub use trajectory::{
+    ChatMessage, ErrorKind, ModelCall, RolloutError, ToolCall, Trajectory, Verdict, WallTime,
+};

@@ -1,0 +1,245 @@
+//! Checkpoints in the Hugging Face layout, so that `transformers`, vLLM and friends can load what
+//! whale trains and whale can start from any Qwen3 checkpoint.
+//!
+//! A checkpoint directory holds `config.json`, the weights (one `model.safetensors`, or shards
+//! listed by `model.safetensors.index.json`) and `generation_config.json`. Weights of any float
+//! dtype load and are converted to the model's dtype. Every problem names the file and the key
+//! (or tensor) at fault. Files are written atomically (a temporary file, then a rename), so a
+//! run killed while saving leaves either the old file or the new one.
+
+use crate::config::{one_or_many, optional, token_ids, ConfigError, ConfigIssue, Qwen3Config};
+use crate::model::{parameter_shapes, ModelError, Qwen3Model};
+use candle_core::safetensors::Load;
+use candle_core::{DType, Device, Tensor};
+use safetensors::tensor::{Dtype as StDtype, SafeTensors};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+pub const CONFIG_FILE: &str = "config.json";
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
+/// Tensor names with their expected shapes.
+type NamedShapes = Vec<(String, Vec<usize>)>;
+
+/// Why a checkpoint could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{}: {source}", file.display())]
+    Io { file: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A key of a JSON file or a tensor of a safetensors file is missing or wrong.
+    #[error("{}: `{key}`: {reason}", file.display())]
+    Invalid { file: PathBuf, key: String, reason: String },
+    #[error("{}: not a valid file: {reason}", file.display())]
+    Format { file: PathBuf, reason: String },
+    #[error("{}: neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX_FILE} exists", dir.display())]
+    NoWeights { dir: PathBuf },
+    #[error("{}: {source}", dir.display())]
+    Model { dir: PathBuf, source: ModelError },
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+impl CheckpointError {
+    pub(crate) fn invalid(file: &Path, key: &str, reason: impl Into<String>) -> Self {
+        Self::Invalid { file: file.to_path_buf(), key: key.to_string(), reason: reason.into() }
+    }
+
+    fn io(file: &Path, source: std::io::Error) -> Self {
+        Self::Io { file: file.to_path_buf(), source }
+    }
+}
+
+/// Sampling defaults stored beside the weights (`generation_config.json`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GenerationConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bos_token_id: Option<u32>,
+    #[serde(serialize_with = "one_or_many", skip_serializing_if = "Vec::is_empty")]
+    pub eos_token_id: Vec<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pad_token_id: Option<u32>,
+    pub do_sample: bool,
+    pub temperature: f64,
+    pub top_k: usize,
+    pub top_p: f64,
+    /// Keys this crate does not interpret, written back unchanged.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+const GENERATION_KEYS: [&str; 7] =
+    ["bos_token_id", "eos_token_id", "pad_token_id", "do_sample", "temperature", "top_k", "top_p"];
+
+impl GenerationConfig {
+    /// whale's sampling settings (temperature 1.0, top_p 1.0, top_k 20) with the model's
+    /// special tokens.
+    pub fn for_model(config: &Qwen3Config) -> Self {
+        Self {
+            bos_token_id: config.bos_token_id,
+            eos_token_id: config.eos_token_id.clone(),
+            pad_token_id: None,
+            do_sample: true,
+            temperature: 1.0,
+            top_k: 20,
+            top_p: 1.0,
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// Reads `generation_config.json` from a checkpoint directory; `None` when there is none.
+    /// Missing keys take the `transformers` defaults.
+    pub fn load(dir: &Path) -> Result<Option<Self>, CheckpointError> {
+        let file = dir.join(GENERATION_CONFIG_FILE);
+        if !file.exists() {
+            return Ok(None);
+        }
+        let object = read_json_object(&file)?;
+        Self::from_object(object).map(Some).map_err(|issue| CheckpointError::invalid(&file, &issue.key, issue.reason))
+    }
+
+    fn from_object(mut object: Map<String, Value>) -> Result<Self, ConfigIssue> {
+        let config = Self {
+            bos_token_id: optional(&object, "bos_token_id")?,
+            eos_token_id: token_ids(&object, "eos_token_id")?,
+            pad_token_id: optional(&object, "pad_token_id")?,
+            do_sample: optional(&object, "do_sample")?.unwrap_or(false),
+            temperature: optional(&object, "temperature")?.unwrap_or(1.0),
+            top_k: optional(&object, "top_k")?.unwrap_or(50),
+            top_p: optional(&object, "top_p")?.unwrap_or(1.0),
+            extra: BTreeMap::new(),
+        };
+        object.retain(|key, _| !GENERATION_KEYS.contains(&key.as_str()));
+        Ok(Self { extra: object.into_iter().collect(), ..config })
+    }
+}
+
+/// The `torch_dtype` name of a candle dtype.
+fn torch_dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        DType::F64 => "float64",
+        _ => "float32",
+    }
+}
+
+/// Writes the model as a Hugging Face checkpoint into `dir` (created if needed): `config.json`,
+/// a single `model.safetensors` in the model's dtype, and `generation_config.json`.
+pub fn save_model(model: &Qwen3Model, generation: &GenerationConfig, dir: &Path) -> Result<(), CheckpointError> {
+    std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
+    let tensors = model.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
+    write_tensors(&dir.join(WEIGHTS_FILE), tensors)?;
+    let mut config = model.config().clone();
+    config.torch_dtype = Some(torch_dtype_name(model.dtype()).to_string());
+    config.extra.remove("dtype");
+    write_atomic(&dir.join(CONFIG_FILE), config.to_json_string().as_bytes())?;
+    let generation = serde_json::to_string_pretty(generation)
+        .map_err(|e| CheckpointError::Format { file: dir.join(GENERATION_CONFIG_FILE), reason: e.to_string() })?;
+    write_atomic(&dir.join(GENERATION_CONFIG_FILE), generation.as_bytes())
+}
+
+/// Loads a checkpoint directory as a model of `dtype` on `device`.
+pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Qwen3Model, CheckpointError> {
+    let config = Qwen3Config::from_file(&dir.join(CONFIG_FILE))?;
+    let by_file = weight_files(dir, parameter_shapes(&config))?;
+    let mut tensors = HashMap::new();
+    for (file, wanted) in by_file {
+        tensors.extend(read_tensors(&file, &wanted)?);
+    }
+    Qwen3Model::from_tensors(&config, tensors, dtype, device)
+        .map_err(|source| CheckpointError::Model { dir: dir.to_path_buf(), source })
+}
+
+/// The expected tensors grouped by the file that holds them: `model.safetensors` when it
+/// exists, else the shards that `model.safetensors.index.json` names.
+fn weight_files(dir: &Path, expected: NamedShapes) -> Result<BTreeMap<PathBuf, NamedShapes>, CheckpointError> {
+    let single = dir.join(WEIGHTS_FILE);
+    if single.exists() {
+        return Ok(BTreeMap::from([(single, expected)]));
+    }
+    let index = dir.join(WEIGHTS_INDEX_FILE);
+    if !index.exists() {
+        return Err(CheckpointError::NoWeights { dir: dir.to_path_buf() });
+    }
+    let weight_map = read_weight_map(&index)?;
+    let mut by_file: BTreeMap<PathBuf, NamedShapes> = BTreeMap::new();
+    for (name, shape) in expected {
+        let shard =
+            weight_map.get(&name).ok_or_else(|| CheckpointError::invalid(&index, &name, "missing from weight_map"))?;
+        by_file.entry(dir.join(shard)).or_default().push((name, shape));
+    }
+    Ok(by_file)
+}
+
+/// The `weight_map` of a sharded checkpoint's index: tensor name to shard file name.
+fn read_weight_map(index: &Path) -> Result<BTreeMap<String, String>, CheckpointError> {
+    let object = read_json_object(index)?;
+    let map: BTreeMap<String, String> = optional(&object, "weight_map")
+        .map_err(|issue| CheckpointError::invalid(index, &issue.key, issue.reason))?
+        .ok_or_else(|| CheckpointError::invalid(index, "weight_map", "missing"))?;
+    if let Some((name, shard)) = map.iter().find(|(_, shard)| Path::new(shard).file_name() != Some(shard.as_ref())) {
+        return Err(CheckpointError::invalid(index, name, format!("shard {shard:?} is not a plain file name")));
+    }
+    Ok(map)
+}
+
+fn read_json_object(file: &Path) -> Result<Map<String, Value>, CheckpointError> {
+    let text = std::fs::read_to_string(file).map_err(|e| CheckpointError::io(file, e))?;
+    match serde_json::from_str(&text) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(_) => Err(CheckpointError::Format {
+            file: file.to_path_buf(),
+            reason: "the top level is not an object".to_string(),
+        }),
+        Err(e) => Err(CheckpointError::Format { file: file.to_path_buf(), reason: e.to_string() }),
+    }
+}
+
+/// Reads the named float tensors of one safetensors file onto the CPU, checking each shape.
+pub(crate) fn read_tensors(
+    file: &Path,
+    wanted: &[(String, Vec<usize>)],
+) -> Result<HashMap<String, Tensor>, CheckpointError> {
+    let bytes = std::fs::read(file).map_err(|e| CheckpointError::io(file, e))?;
+    let archive = SafeTensors::deserialize(&bytes)
+        .map_err(|e| CheckpointError::Format { file: file.to_path_buf(), reason: e.to_string() })?;
+    let mut tensors = HashMap::with_capacity(wanted.len());
+    for (name, shape) in wanted {
+        let view = archive.tensor(name).map_err(|_| CheckpointError::invalid(file, name, "missing"))?;
+        if view.shape() != shape.as_slice() {
+            return Err(CheckpointError::invalid(file, name, format!("shape {:?}, expected {shape:?}", view.shape())));
+        }
+        if !matches!(view.dtype(), StDtype::F32 | StDtype::BF16 | StDtype::F16 | StDtype::F64) {
+            return Err(CheckpointError::invalid(file, name, format!("dtype {:?} is not a float type", view.dtype())));
+        }
+        tensors.insert(name.clone(), view.load(&Device::Cpu)?);
+    }
+    Ok(tensors)
+}
+
+/// Writes named tensors as one safetensors file with the `{"format": "pt"}` metadata that
+/// `transformers` requires.
+pub(crate) fn write_tensors(file: &Path, tensors: Vec<(String, Tensor)>) -> Result<(), CheckpointError> {
+    let on_cpu = tensors
+        .into_iter()
+        .map(|(name, tensor)| Ok((name, tensor.to_device(&Device::Cpu)?)))
+        .collect::<Result<Vec<_>, candle_core::Error>>()?;
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let bytes = safetensors::tensor::serialize(on_cpu, Some(metadata))
+        .map_err(|e| CheckpointError::Format { file: file.to_path_buf(), reason: e.to_string() })?;
+    write_atomic(file, &bytes)
+}
+
+/// Writes `bytes` to a temporary file beside `file`, then renames it over `file`.
+pub(crate) fn write_atomic(file: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let name = file.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    let temporary = file.with_file_name(format!(".{name}.partial"));
+    std::fs::write(&temporary, bytes).map_err(|e| CheckpointError::io(&temporary, e))?;
+    std::fs::rename(&temporary, file).map_err(|e| CheckpointError::io(file, e))
+}

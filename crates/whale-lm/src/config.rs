@@ -1,0 +1,423 @@
+//! The model's hyper-parameters, read from and written to a Hugging Face `config.json`.
+//!
+//! Checkpoints are exchanged with other tools in the Hugging Face layout, so the configuration
+//! uses the `Qwen3Config` keys of `transformers`. Keys are read one at a time so that every
+//! problem names the file and the key at fault; keys this crate does not use are kept verbatim
+//! and written back, so loading and saving a foreign checkpoint loses nothing.
+
+use serde::de::DeserializeOwned;
+use serde::{Serialize, Serializer};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The `architectures` entry of a Qwen3 causal language model.
+pub const QWEN3_ARCHITECTURE: &str = "Qwen3ForCausalLM";
+/// The `model_type` of a Qwen3 model.
+pub const QWEN3_MODEL_TYPE: &str = "qwen3";
+
+/// The shape of a model: everything that fixes its parameter count apart from the vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSize {
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+}
+
+impl ModelSize {
+    /// About 0.1M parameters plus the embeddings (0.6M with an 8k vocabulary): for tests.
+    pub const TINY: ModelSize = ModelSize {
+        hidden_size: 64,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 16,
+        intermediate_size: 192,
+    };
+    /// About 3.1M parameters plus the embeddings: the default model trained on the CPU.
+    pub const BASE: ModelSize = ModelSize {
+        hidden_size: 256,
+        num_hidden_layers: 4,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 64,
+        intermediate_size: 768,
+    };
+}
+
+/// A Qwen3 configuration with the Hugging Face key names.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Qwen3Config {
+    pub architectures: Vec<String>,
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub hidden_act: String,
+    pub max_position_embeddings: usize,
+    pub initializer_range: f64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub tie_word_embeddings: bool,
+    pub attention_bias: bool,
+    /// The dtype the weights were saved in (`"float32"`, `"bfloat16"`, ...), informative only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_dtype: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bos_token_id: Option<u32>,
+    /// One or more end-of-sequence ids; written as a number when there is exactly one.
+    #[serde(serialize_with = "one_or_many", skip_serializing_if = "Vec::is_empty")]
+    pub eos_token_id: Vec<u32>,
+    /// Keys this crate does not interpret, kept so that saving writes them back.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// What is wrong with a configuration, independent of where it came from.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("key `{key}`: {reason}")]
+pub struct ConfigIssue {
+    pub key: String,
+    pub reason: String,
+}
+
+impl ConfigIssue {
+    pub(crate) fn new(key: &str, reason: impl Into<String>) -> Self {
+        Self { key: key.to_string(), reason: reason.into() }
+    }
+}
+
+/// A `config.json` that could not be used; every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: cannot read: {source}", file.display())]
+    Io { file: PathBuf, source: std::io::Error },
+    #[error("{}: not a JSON object: {reason}", file.display())]
+    Syntax { file: PathBuf, reason: String },
+    #[error("{}: {issue}", file.display())]
+    Invalid { file: PathBuf, issue: ConfigIssue },
+}
+
+impl ConfigError {
+    fn invalid(file: &Path, issue: ConfigIssue) -> Self {
+        Self::Invalid { file: file.to_path_buf(), issue }
+    }
+}
+
+/// Keys the parser interprets; everything else goes to `extra`.
+const KNOWN_KEYS: [&str; 19] = [
+    "architectures",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "initializer_range",
+    "rms_norm_eps",
+    "rope_theta",
+    "tie_word_embeddings",
+    "attention_bias",
+    "torch_dtype",
+    "bos_token_id",
+    "eos_token_id",
+];
+
+impl Qwen3Config {
+    /// A configuration of the given shape with Qwen3's defaults for everything else.
+    pub fn with_size(vocab_size: usize, size: ModelSize) -> Self {
+        Self {
+            architectures: vec![QWEN3_ARCHITECTURE.to_string()],
+            model_type: QWEN3_MODEL_TYPE.to_string(),
+            vocab_size,
+            hidden_size: size.hidden_size,
+            intermediate_size: size.intermediate_size,
+            num_hidden_layers: size.num_hidden_layers,
+            num_attention_heads: size.num_attention_heads,
+            num_key_value_heads: size.num_key_value_heads,
+            head_dim: size.head_dim,
+            hidden_act: "silu".to_string(),
+            max_position_embeddings: 4096,
+            initializer_range: 0.02,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            tie_word_embeddings: true,
+            attention_bias: false,
+            torch_dtype: None,
+            bos_token_id: None,
+            eos_token_id: Vec::new(),
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// A tiny model with tied embeddings, for tests.
+    pub fn tiny(vocab_size: usize) -> Self {
+        Self::with_size(vocab_size, ModelSize::TINY)
+    }
+
+    /// The default base model trained on the CPU.
+    pub fn base(vocab_size: usize) -> Self {
+        Self::with_size(vocab_size, ModelSize::BASE)
+    }
+
+    /// Reads and validates a `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Io { file: path.to_path_buf(), source })?;
+        Self::from_json_str(&text, path)
+    }
+
+    /// Parses and validates the text of a `config.json`; `file` is only used in errors.
+    pub fn from_json_str(text: &str, file: &Path) -> Result<Self, ConfigError> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| ConfigError::Syntax { file: file.to_path_buf(), reason: e.to_string() })?;
+        let Value::Object(object) = value else {
+            return Err(ConfigError::Syntax {
+                file: file.to_path_buf(),
+                reason: "the top level is not an object".to_string(),
+            });
+        };
+        let config = Self::from_object(object).map_err(|issue| ConfigError::invalid(file, issue))?;
+        config.validate().map_err(|issue| ConfigError::invalid(file, issue))?;
+        Ok(config)
+    }
+
+    /// Reads the keys with the defaults of `transformers`' `Qwen3Config` where it has them.
+    fn from_object(mut object: Map<String, Value>) -> Result<Self, ConfigIssue> {
+        let hidden_size: usize = required(&object, "hidden_size")?;
+        let num_attention_heads: usize = required(&object, "num_attention_heads")?;
+        let head_dim_default = hidden_size.checked_div(num_attention_heads).unwrap_or(0);
+        let config = Self {
+            architectures: optional(&object, "architectures")?.unwrap_or_default(),
+            model_type: optional(&object, "model_type")?.unwrap_or_else(|| QWEN3_MODEL_TYPE.to_string()),
+            vocab_size: required(&object, "vocab_size")?,
+            hidden_size,
+            intermediate_size: required(&object, "intermediate_size")?,
+            num_hidden_layers: required(&object, "num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads: optional(&object, "num_key_value_heads")?.unwrap_or(num_attention_heads),
+            head_dim: optional(&object, "head_dim")?.unwrap_or(head_dim_default),
+            hidden_act: optional(&object, "hidden_act")?.unwrap_or_else(|| "silu".to_string()),
+            max_position_embeddings: optional(&object, "max_position_embeddings")?.unwrap_or(32768),
+            initializer_range: optional(&object, "initializer_range")?.unwrap_or(0.02),
+            rms_norm_eps: optional(&object, "rms_norm_eps")?.unwrap_or(1e-6),
+            rope_theta: optional(&object, "rope_theta")?.unwrap_or(10_000.0),
+            tie_word_embeddings: optional(&object, "tie_word_embeddings")?.unwrap_or(false),
+            attention_bias: optional(&object, "attention_bias")?.unwrap_or(false),
+            torch_dtype: optional(&object, "torch_dtype")?,
+            bos_token_id: optional(&object, "bos_token_id")?,
+            eos_token_id: token_ids(&object, "eos_token_id")?,
+            extra: BTreeMap::new(),
+        };
+        object.retain(|key, _| !KNOWN_KEYS.contains(&key.as_str()));
+        Ok(Self { extra: object.into_iter().collect(), ..config })
+    }
+
+    /// Checks that the configuration describes a model this crate can run.
+    pub fn validate(&self) -> Result<(), ConfigIssue> {
+        if !self.architectures.is_empty() && !self.architectures.iter().any(|a| a == QWEN3_ARCHITECTURE) {
+            return Err(ConfigIssue::new(
+                "architectures",
+                format!("{:?} does not contain {QWEN3_ARCHITECTURE}", self.architectures),
+            ));
+        }
+        if self.model_type != QWEN3_MODEL_TYPE {
+            return Err(ConfigIssue::new("model_type", format!("{:?} is not {QWEN3_MODEL_TYPE:?}", self.model_type)));
+        }
+        self.validate_sizes()?;
+        self.validate_unsupported_features()
+    }
+
+    fn validate_sizes(&self) -> Result<(), ConfigIssue> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(ConfigIssue::new(key, "must be positive"));
+        }
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
+            return Err(ConfigIssue::new(
+                "num_key_value_heads",
+                format!(
+                    "{} does not divide num_attention_heads {}",
+                    self.num_key_value_heads, self.num_attention_heads
+                ),
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(ConfigIssue::new(
+                "head_dim",
+                format!("{} is odd; rotary embeddings need an even size", self.head_dim),
+            ));
+        }
+        let positive_floats = [("rms_norm_eps", self.rms_norm_eps), ("rope_theta", self.rope_theta)];
+        if let Some((key, value)) = positive_floats.iter().find(|(_, value)| !(value.is_finite() && *value > 0.0)) {
+            return Err(ConfigIssue::new(key, format!("{value} is not a positive number")));
+        }
+        let outside = |id: &&u32| **id as usize >= self.vocab_size;
+        if let Some(id) = self.bos_token_id.iter().chain(&self.eos_token_id).find(outside) {
+            let key = if Some(*id) == self.bos_token_id { "bos_token_id" } else { "eos_token_id" };
+            return Err(ConfigIssue::new(key, format!("{id} is outside the vocabulary of {}", self.vocab_size)));
+        }
+        Ok(())
+    }
+
+    fn validate_unsupported_features(&self) -> Result<(), ConfigIssue> {
+        if self.hidden_act != "silu" {
+            return Err(ConfigIssue::new(
+                "hidden_act",
+                format!("{:?} is not supported (only \"silu\")", self.hidden_act),
+            ));
+        }
+        if self.attention_bias {
+            return Err(ConfigIssue::new("attention_bias", "biases are not supported"));
+        }
+        if self.extra.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+            return Err(ConfigIssue::new("rope_scaling", "scaled rotary embeddings are not supported"));
+        }
+        if self.extra.get("use_sliding_window").is_some_and(|v| v.as_bool() != Some(false)) {
+            return Err(ConfigIssue::new("use_sliding_window", "sliding-window attention is not supported"));
+        }
+        Ok(())
+    }
+
+    /// The configuration as the text of a `config.json`.
+    pub fn to_json_string(&self) -> String {
+        // Serializing plain numbers, strings and JSON values cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// How many query heads share one key/value head.
+    pub fn kv_groups(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// The number of parameters of a model with this configuration.
+    pub fn parameter_count(&self) -> usize {
+        let (h, d) = (self.hidden_size, self.head_dim);
+        let attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads);
+        let mlp = 3 * h * self.intermediate_size;
+        let norms = 2 * h + 2 * d;
+        let embeddings = self.vocab_size * h * if self.tie_word_embeddings { 1 } else { 2 };
+        self.num_hidden_layers * (attention + mlp + norms) + embeddings + h
+    }
+}
+
+pub(crate) fn one_or_many<S: Serializer>(ids: &[u32], serializer: S) -> Result<S::Ok, S::Error> {
+    match ids {
+        [one] => serializer.serialize_u32(*one),
+        many => many.serialize(serializer),
+    }
+}
+
+pub(crate) fn optional<T: DeserializeOwned>(object: &Map<String, Value>, key: &str) -> Result<Option<T>, ConfigIssue> {
+    match object.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => {
+            T::deserialize(value).map(Some).map_err(|e| ConfigIssue::new(key, format!("{e} (found {value})")))
+        }
+    }
+}
+
+pub(crate) fn required<T: DeserializeOwned>(object: &Map<String, Value>, key: &str) -> Result<T, ConfigIssue> {
+    optional(object, key)?.ok_or_else(|| ConfigIssue::new(key, "missing"))
+}
+
+/// A token id given either as one number or as a list of numbers.
+pub(crate) fn token_ids(object: &Map<String, Value>, key: &str) -> Result<Vec<u32>, ConfigIssue> {
+    match object.get(key) {
+        Some(Value::Array(_)) => Ok(optional(object, key)?.unwrap_or_default()),
+        _ => Ok(optional::<u32>(object, key)?.into_iter().collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Qwen3Config, ConfigError> {
+        Qwen3Config::from_json_str(text, Path::new("dir/config.json"))
+    }
+
+    #[test]
+    fn round_trips_through_json_and_keeps_unknown_keys() {
+        let mut config = Qwen3Config::tiny(300);
+        config.eos_token_id = vec![7];
+        config.extra.insert("transformers_version".to_string(), Value::from("4.51.0"));
+        let text = config.to_json_string();
+        assert!(text.contains("\"eos_token_id\": 7"), "{text}");
+        assert_eq!(parse(&text).unwrap(), config);
+    }
+
+    #[test]
+    fn applies_hugging_face_defaults() {
+        let config = parse(
+            r#"{"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 1, "num_attention_heads": 8, "eos_token_id": [3, 4]}"#,
+        )
+        .unwrap();
+        assert_eq!(config.num_key_value_heads, 8);
+        assert_eq!(config.head_dim, 8);
+        assert_eq!(config.rope_theta, 10_000.0);
+        assert!(!config.tie_word_embeddings);
+        assert_eq!(config.eos_token_id, vec![3, 4]);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_key() {
+        let valid = Qwen3Config::tiny(100).to_json_string();
+        let cases = [
+            (valid.replace("\"hidden_size\": 64", "\"hidden_size\": \"64\""), "hidden_size"),
+            (valid.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"), "num_key_value_heads"),
+            (valid.replace("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""), "hidden_act"),
+            (valid.replace("\"vocab_size\": 100,", ""), "vocab_size"),
+            (valid.replace("\"model_type\": \"qwen3\"", "\"model_type\": \"llama\""), "model_type"),
+            (valid.replace("\"head_dim\": 16", "\"head_dim\": 15"), "head_dim"),
+        ];
+        for (text, key) in cases {
+            let message = parse(&text).unwrap_err().to_string();
+            assert!(message.contains("dir/config.json"), "{message}");
+            assert!(message.contains(&format!("`{key}`")), "{message}");
+        }
+        let message = parse("{\"hidden_size\": 64,").unwrap_err().to_string();
+        assert!(message.contains("dir/config.json"), "{message}");
+    }
+
+    #[test]
+    fn rejects_features_the_model_does_not_implement() {
+        let mut config = Qwen3Config::tiny(100);
+        config.extra.insert("rope_scaling".to_string(), serde_json::json!({"rope_type": "yarn", "factor": 4.0}));
+        assert_eq!(config.validate().unwrap_err().key, "rope_scaling");
+        config.extra.insert("rope_scaling".to_string(), Value::Null);
+        config.validate().unwrap();
+        config.eos_token_id = vec![100];
+        assert_eq!(config.validate().unwrap_err().key, "eos_token_id");
+    }
+
+    #[test]
+    fn parameter_counts_match_the_named_sizes() {
+        let tiny = Qwen3Config::tiny(8000);
+        assert_eq!(tiny.parameter_count(), 8000 * 64 + 2 * 49_312 + 64);
+        let base = Qwen3Config::base(8000);
+        assert_eq!(base.kv_groups(), 2);
+        assert_eq!(base.parameter_count(), 8000 * 256 + 4 * 787_072 + 256);
+    }
+}

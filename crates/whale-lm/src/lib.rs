@@ -1,0 +1,36 @@
+//! whale's local policy: a Qwen3-architecture transformer in candle, its Hugging Face
+//! checkpoints and the SFT trainer of the weight phase.
+//!
+//! Data flow:
+//! - [`checkpoint::load_model`] reads `config.json` ([`config::Qwen3Config`]) and the
+//!   safetensors weights into a [`model::Qwen3Model`], whose parameters live in a candle
+//!   `VarMap` under their Hugging Face names; [`model::Qwen3Model::new_random`] makes a fresh one.
+//! - Rollouts: a scheduler keeps one [`model::KvCache`] per live sequence and calls
+//!   [`model::Qwen3Model::forward_step`] with a chunk of new tokens for each sequence it serves
+//!   (a prompt to prefill, or the last sampled token); it gets the next-token logits back, one
+//!   row per sequence, and samples from them.
+//! - Weight phase: the caller renders and tokenizes the accepted rollouts into
+//!   [`train::SftExample`]s (prompt tokens, completion tokens); [`train::SftTrainer::step`] pads
+//!   them into [`train::SftBatch`]es, computes the completion-only loss with
+//!   [`model::Qwen3Model::forward_hidden`], and updates the shared weights in place with AdamW,
+//!   so every clone of the model (the one the rollout engine holds included) sees them.
+//! - [`train::SftTrainer::save`] writes a Hugging Face checkpoint plus the optimizer state;
+//!   [`train::SftTrainer::resume`] continues from it exactly.
+
+pub mod chat_template;
+pub mod checkpoint;
+pub mod config;
+pub mod model;
+pub mod policy;
+pub mod sampling;
+pub mod tokenizer;
+pub mod train;
+
+pub use chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
+pub use checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
+pub use config::{ConfigError, ConfigIssue, ModelSize, Qwen3Config};
+pub use model::{KvCache, ModelError, Qwen3Model, SeqStep};
+pub use policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+pub use sampling::{Sampler, SamplingParams};
+pub use tokenizer::{SpecialTokens, Tokenizer, TokenizerError};
+pub use train::{LrSchedule, SftBatch, SftExample, SftTrainer, StepStats, TrainError, TrainerConfig, TrainerState};

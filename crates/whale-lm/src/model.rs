@@ -1,0 +1,759 @@
+//! The Qwen3 decoder: embeddings, `num_hidden_layers` pre-norm blocks (grouped-query attention
+//! with q/k RMSNorm and rotary embeddings, then a SwiGLU MLP), a final RMSNorm and the LM head.
+//!
+//! Every operation is a composition of basic, differentiable candle ops: candle's fused softmax,
+//! RMSNorm and rotary kernels have no backward pass and would silently cut the gradient. The
+//! training pass and the cached decoding pass share the same code, so they compute the same
+//! numbers.
+//!
+//! Two entry points:
+//! - [`Qwen3Model::forward_train`]: a padded batch `[B, T]` with its attention mask, all logits.
+//! - [`Qwen3Model::forward_step`]: batched incremental decoding. Each sequence owns a
+//!   [`KvCache`]; one call feeds a chunk of new tokens for each of several sequences (a whole
+//!   prompt for a sequence that just joined, one sampled token for one that is decoding) and
+//!   returns the logits of each chunk's last token. Sequences of any lengths can be mixed, and
+//!   sequences may join or leave between calls: the batch is formed anew on every call.
+
+use crate::config::{ConfigIssue, Qwen3Config};
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::VarMap;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+use std::sync::PoisonError;
+
+/// Why a model could not be built or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigIssue),
+    #[error("tensor `{name}` is missing")]
+    MissingTensor { name: String },
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch { name: String, expected: Vec<usize>, found: Vec<usize> },
+    #[error("invalid input: {0}")]
+    Input(String),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+fn input_error(message: impl Into<String>) -> ModelError {
+    ModelError::Input(message.into())
+}
+
+/// Every parameter of a model with this configuration: its Hugging Face name and shape.
+pub fn parameter_shapes(config: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
+    let (h, d, i) = (config.hidden_size, config.head_dim, config.intermediate_size);
+    let (q_out, kv_out) = (config.num_attention_heads * d, config.num_key_value_heads * d);
+    let mut shapes = vec![("model.embed_tokens.weight".to_string(), vec![config.vocab_size, h])];
+    for layer in 0..config.num_hidden_layers {
+        let prefix = format!("model.layers.{layer}");
+        let layer_shapes = [
+            ("input_layernorm.weight", vec![h]),
+            ("self_attn.q_proj.weight", vec![q_out, h]),
+            ("self_attn.k_proj.weight", vec![kv_out, h]),
+            ("self_attn.v_proj.weight", vec![kv_out, h]),
+            ("self_attn.o_proj.weight", vec![h, q_out]),
+            ("self_attn.q_norm.weight", vec![d]),
+            ("self_attn.k_norm.weight", vec![d]),
+            ("post_attention_layernorm.weight", vec![h]),
+            ("mlp.gate_proj.weight", vec![i, h]),
+            ("mlp.up_proj.weight", vec![i, h]),
+            ("mlp.down_proj.weight", vec![h, i]),
+        ];
+        shapes.extend(layer_shapes.into_iter().map(|(name, shape)| (format!("{prefix}.{name}"), shape)));
+    }
+    shapes.push(("model.norm.weight".to_string(), vec![h]));
+    if !config.tie_word_embeddings {
+        shapes.push(("lm_head.weight".to_string(), vec![config.vocab_size, h]));
+    }
+    shapes
+}
+
+/// `x @ w^T` over the last dimension of `x`, any leading dimensions.
+fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
+    let (out_dim, in_dim) = weight.dims2()?;
+    let mut shape = x.dims().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = out_dim;
+    }
+    let rows = x.elem_count() / in_dim;
+    x.reshape((rows, in_dim))?.matmul(&weight.t()?)?.reshape(shape)
+}
+
+/// `exp(x - max) / sum`, composed so that gradients flow (the max is a constant shift).
+fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let exp = x.broadcast_sub(&max)?.exp()?;
+    exp.broadcast_div(&exp.sum_keepdim(D::Minus1)?)
+}
+
+/// Root-mean-square normalisation over the last dimension, computed in f32 as in `transformers`.
+#[derive(Clone)]
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let x32 = x.to_dtype(DType::F32)?;
+        let inverse_rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?.sqrt()?.recip()?;
+        x32.broadcast_mul(&inverse_rms)?.to_dtype(x.dtype())?.broadcast_mul(&self.weight)
+    }
+}
+
+/// Rotary position embeddings for one pass: `cos` and `sin` of shape `[B, 1, T, head_dim]`.
+struct Rotary {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rotary {
+    /// `positions` is `[B, T]` in f32; `inv_freq` is `[head_dim / 2]` in f32.
+    fn new(inv_freq: &Tensor, positions: &Tensor, dtype: DType) -> candle_core::Result<Self> {
+        let half = inv_freq.dim(0)?;
+        let freqs = positions.unsqueeze(2)?.broadcast_mul(&inv_freq.reshape((1, 1, half))?)?;
+        let angles = Tensor::cat(&[&freqs, &freqs], 2)?;
+        Ok(Self {
+            cos: angles.cos()?.to_dtype(dtype)?.unsqueeze(1)?,
+            sin: angles.sin()?.to_dtype(dtype)?.unsqueeze(1)?,
+        })
+    }
+
+    /// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]` (the HF convention).
+    fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let half = x.dim(D::Minus1)? / 2;
+        let first = x.narrow(D::Minus1, 0, half)?;
+        let second = x.narrow(D::Minus1, half, half)?;
+        let rotated = Tensor::cat(&[&second.neg()?, &first], D::Minus1)?;
+        x.broadcast_mul(&self.cos)? + rotated.broadcast_mul(&self.sin)?
+    }
+}
+
+/// Keys and values of one layer, `[B, num_key_value_heads, S, head_dim]`.
+type LayerKv = (Tensor, Tensor);
+
+#[derive(Clone)]
+struct Attention {
+    q_proj: Tensor,
+    k_proj: Tensor,
+    v_proj: Tensor,
+    o_proj: Tensor,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    /// Returns the output and this pass's keys and values (after k-norm and rotary).
+    fn forward(
+        &self,
+        x: &Tensor,
+        rotary: &Rotary,
+        mask: &Tensor,
+        past: Option<&LayerKv>,
+    ) -> candle_core::Result<(Tensor, LayerKv)> {
+        let (batch, steps, _) = x.dims3()?;
+        let q = rotary.apply(&self.heads(x, &self.q_proj, self.num_heads, Some(&self.q_norm))?)?;
+        let k = rotary.apply(&self.heads(x, &self.k_proj, self.num_kv_heads, Some(&self.k_norm))?)?;
+        let v = self.heads(x, &self.v_proj, self.num_kv_heads, None)?;
+        let (all_k, all_v) = match past {
+            Some((past_k, past_v)) => (Tensor::cat(&[past_k, &k], 2)?, Tensor::cat(&[past_v, &v], 2)?),
+            None => (k.clone(), v.clone()),
+        };
+        let attended = self.attend(&q, &all_k, &all_v, mask)?;
+        let merged = attended.transpose(1, 2)?.reshape((batch, steps, self.num_heads * self.head_dim))?;
+        Ok((linear(&merged, &self.o_proj)?, (k, v)))
+    }
+
+    /// Projects to `[B, heads, T, head_dim]`, normalising each head when `norm` is given.
+    fn heads(&self, x: &Tensor, weight: &Tensor, heads: usize, norm: Option<&RmsNorm>) -> candle_core::Result<Tensor> {
+        let (batch, steps, _) = x.dims3()?;
+        let projected = linear(x, weight)?.reshape((batch, steps, heads, self.head_dim))?;
+        let projected = match norm {
+            Some(norm) => norm.forward(&projected)?,
+            None => projected,
+        };
+        projected.transpose(1, 2)?.contiguous()
+    }
+
+    /// Grouped-query attention. Query head `h` reads key/value head `h / groups`, exactly as
+    /// `repeat_kv` would arrange it, but the queries of a group are stacked instead of the keys
+    /// being copied. `mask` is additive, `[B, 1, 1, T, S]`.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+        let (batch, heads, steps, head_dim) = q.dims4()?;
+        let groups = heads / self.num_kv_heads;
+        let keys = k.dim(2)?;
+        let q = q.reshape((batch, self.num_kv_heads, groups * steps, head_dim))?;
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?
+            .reshape((batch, self.num_kv_heads, groups, steps, keys))?
+            .to_dtype(DType::F32)?
+            .broadcast_add(mask)?;
+        let probs = softmax_last_dim(&scores)?.to_dtype(v.dtype())?.reshape((
+            batch,
+            self.num_kv_heads,
+            groups * steps,
+            keys,
+        ))?;
+        probs.matmul(v)?.reshape((batch, heads, steps, head_dim))
+    }
+}
+
+#[derive(Clone)]
+struct Mlp {
+    gate_proj: Tensor,
+    up_proj: Tensor,
+    down_proj: Tensor,
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let gated = (linear(x, &self.gate_proj)?.silu()? * linear(x, &self.up_proj)?)?;
+        linear(&gated, &self.down_proj)
+    }
+}
+
+#[derive(Clone)]
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    attention: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    fn forward(
+        &self,
+        x: &Tensor,
+        rotary: &Rotary,
+        mask: &Tensor,
+        past: Option<&LayerKv>,
+    ) -> candle_core::Result<(Tensor, LayerKv)> {
+        let (attended, kv) = self.attention.forward(&self.input_layernorm.forward(x)?, rotary, mask, past)?;
+        let x = (x + attended)?;
+        let out = (&x + self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)?;
+        Ok((out, kv))
+    }
+}
+
+/// One pass's host-prepared inputs.
+struct PassInputs {
+    /// `[B, T]` u32.
+    ids: Tensor,
+    /// `[B, T]` f32 rotary positions.
+    positions: Tensor,
+    /// `[B, 1, 1, T, S]` f32, 0 where attention is allowed and -inf where not.
+    mask: Tensor,
+}
+
+/// Builds the additive mask. A query may always see its own key, so that no softmax row is
+/// empty (padding rows then hold finite values that nobody reads); real tokens never see
+/// padding because `allowed` excludes it.
+fn attention_bias(
+    rows: usize,
+    steps: usize,
+    keys: usize,
+    own_key: impl Fn(usize) -> usize,
+    allowed: impl Fn(usize, usize, usize) -> bool,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let mut bias = Vec::with_capacity(rows * steps * keys);
+    for row in 0..rows {
+        for query in 0..steps {
+            bias.extend((0..keys).map(|key| {
+                if key == own_key(query) || allowed(row, query, key) {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }));
+        }
+    }
+    Tensor::from_vec(bias, (rows, 1, 1, steps, keys), device)
+}
+
+/// The keys and values of every token of one sequence so far, per layer.
+///
+/// Create one with [`Qwen3Model::new_cache`] when a sequence starts and drop it when the
+/// sequence leaves. Storage grows geometrically and is zero-initialised, so the slots past
+/// [`KvCache::len`] are finite and can be read (and masked) as padding by a batched step.
+/// Steps write into the storage in place, hence no `Clone`: [`KvCache::fork`] deep-copies.
+pub struct KvCache {
+    layers: Vec<LayerKv>,
+    capacity: usize,
+    len: usize,
+    num_layers: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    dtype: DType,
+    device: Device,
+}
+
+impl KvCache {
+    /// How many tokens of the sequence have been fed to the model.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no token has been fed yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of device memory held by this cache.
+    pub fn allocated_bytes(&self) -> usize {
+        2 * self.num_layers * self.num_kv_heads * self.head_dim * self.capacity * self.dtype.size_in_bytes()
+    }
+
+    /// Forgets every token from `len` on (no-op when `len >= self.len()`), e.g. to keep only
+    /// the prefix a re-rendered conversation shares with what was fed before.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// An independent copy: several continuations of one prefilled prompt can each take one.
+    pub fn fork(&self) -> Result<Self, ModelError> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|(keys, values)| Ok((keys.copy()?, values.copy()?)))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Self { layers, device: self.device.clone(), ..*self })
+    }
+
+    fn fits(&self, model: &Qwen3Model) -> bool {
+        let config = model.config();
+        self.num_layers == config.num_hidden_layers
+            && self.num_kv_heads == config.num_key_value_heads
+            && self.head_dim == config.head_dim
+            && self.dtype == model.dtype
+            && self.device.same_device(&model.device)
+    }
+
+    /// Makes room for at least `needed` tokens, keeping what is stored.
+    fn reserve(&mut self, needed: usize) -> candle_core::Result<()> {
+        if needed <= self.capacity {
+            return Ok(());
+        }
+        let capacity = needed.max(2 * self.capacity).next_multiple_of(16);
+        let shape = (1, self.num_kv_heads, capacity, self.head_dim);
+        let mut grown = Vec::with_capacity(self.num_layers);
+        for layer in 0..self.num_layers {
+            let keys = Tensor::zeros(shape, self.dtype, &self.device)?;
+            let values = Tensor::zeros(shape, self.dtype, &self.device)?;
+            if let Some((old_keys, old_values)) = self.layers.get(layer) {
+                keys.slice_set(old_keys, 2, 0)?;
+                values.slice_set(old_values, 2, 0)?;
+            }
+            grown.push((keys, values));
+        }
+        self.layers = grown;
+        self.capacity = capacity;
+        Ok(())
+    }
+
+    /// The first `len` slots of one layer, `[1, kv_heads, len, head_dim]`.
+    fn prefix(&self, layer: usize, len: usize) -> candle_core::Result<LayerKv> {
+        let (keys, values) = &self.layers[layer];
+        Ok((keys.narrow(2, 0, len)?, values.narrow(2, 0, len)?))
+    }
+
+    /// Stores `[1, kv_heads, n, head_dim]` keys and values at slots `len..len + n` of one layer.
+    fn write(&self, layer: usize, keys: &Tensor, values: &Tensor) -> candle_core::Result<()> {
+        let (stored_keys, stored_values) = &self.layers[layer];
+        stored_keys.slice_set(&keys.contiguous()?, 2, self.len)?;
+        stored_values.slice_set(&values.contiguous()?, 2, self.len)
+    }
+}
+
+/// One sequence's share of a batched [`Qwen3Model::forward_step`]: the tokens to feed now and
+/// the sequence's cache, which the step extends by `tokens.len()`.
+pub struct SeqStep<'a> {
+    pub tokens: &'a [u32],
+    pub cache: &'a mut KvCache,
+}
+
+/// A Qwen3 causal language model whose parameters live in a [`VarMap`].
+///
+/// Cloning is cheap and shares the parameters: an optimizer step through one clone is seen by
+/// all of them.
+#[derive(Clone)]
+pub struct Qwen3Model {
+    config: Qwen3Config,
+    varmap: VarMap,
+    device: Device,
+    dtype: DType,
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Tensor,
+    /// `[head_dim / 2]` f32 rotary frequencies.
+    inv_freq: Tensor,
+}
+
+impl Qwen3Model {
+    /// A model with Hugging Face's initialisation (normal with `initializer_range` standard
+    /// deviation for matrices, ones for norms), reproducible from `seed`.
+    pub fn new_random(config: &Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Self, ModelError> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut tensors = HashMap::new();
+        for (name, shape) in parameter_shapes(config) {
+            let tensor = if shape.len() == 1 {
+                Tensor::ones(shape, DType::F32, &Device::Cpu)?
+            } else {
+                let count = shape.iter().product();
+                let values =
+                    (0..count).map(|_| (standard_normal(&mut rng) * config.initializer_range) as f32).collect();
+                Tensor::from_vec(values, shape, &Device::Cpu)?
+            };
+            tensors.insert(name, tensor);
+        }
+        Self::from_tensors(config, tensors, dtype, device)
+    }
+
+    /// A model from named tensors (Hugging Face names, see [`parameter_shapes`]), converted to
+    /// `dtype` on `device`. Tensors that the model does not use are ignored.
+    pub fn from_tensors(
+        config: &Qwen3Config,
+        mut tensors: HashMap<String, Tensor>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        config.validate()?;
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(input_error(format!("model dtype {dtype:?} is not a float type")));
+        }
+        let varmap = VarMap::new();
+        let mut params = HashMap::new();
+        for (name, shape) in parameter_shapes(config) {
+            let tensor = tensors.remove(&name).ok_or_else(|| ModelError::MissingTensor { name: name.clone() })?;
+            if tensor.dims() != shape.as_slice() {
+                return Err(ModelError::ShapeMismatch { name, expected: shape, found: tensor.dims().to_vec() });
+            }
+            // Detached so that the variable always owns a copy, even of another model's variable.
+            let var = Var::from_tensor(&tensor.to_dtype(dtype)?.to_device(device)?.detach())?;
+            params.insert(name.clone(), var.as_tensor().clone());
+            varmap.data().lock().unwrap_or_else(PoisonError::into_inner).insert(name, var);
+        }
+        Self::assemble(config, varmap, params, dtype, device)
+    }
+
+    fn assemble(
+        config: &Qwen3Config,
+        varmap: VarMap,
+        params: HashMap<String, Tensor>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let take =
+            |name: &str| params.get(name).cloned().ok_or_else(|| ModelError::MissingTensor { name: name.to_string() });
+        let eps = config.rms_norm_eps;
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for layer in 0..config.num_hidden_layers {
+            let weight = |name: &str| take(&format!("model.layers.{layer}.{name}.weight"));
+            layers.push(DecoderLayer {
+                input_layernorm: RmsNorm { weight: weight("input_layernorm")?, eps },
+                attention: Attention {
+                    q_proj: weight("self_attn.q_proj")?,
+                    k_proj: weight("self_attn.k_proj")?,
+                    v_proj: weight("self_attn.v_proj")?,
+                    o_proj: weight("self_attn.o_proj")?,
+                    q_norm: RmsNorm { weight: weight("self_attn.q_norm")?, eps },
+                    k_norm: RmsNorm { weight: weight("self_attn.k_norm")?, eps },
+                    num_heads: config.num_attention_heads,
+                    num_kv_heads: config.num_key_value_heads,
+                    head_dim: config.head_dim,
+                },
+                post_attention_layernorm: RmsNorm { weight: weight("post_attention_layernorm")?, eps },
+                mlp: Mlp {
+                    gate_proj: weight("mlp.gate_proj")?,
+                    up_proj: weight("mlp.up_proj")?,
+                    down_proj: weight("mlp.down_proj")?,
+                },
+            });
+        }
+        let embed_tokens = take("model.embed_tokens.weight")?;
+        let lm_head = if config.tie_word_embeddings { embed_tokens.clone() } else { take("lm_head.weight")? };
+        let norm = RmsNorm { weight: take("model.norm.weight")?, eps };
+        Ok(Self {
+            config: config.clone(),
+            varmap,
+            device: device.clone(),
+            dtype,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            inv_freq: rotary_inverse_frequencies(config, device)?,
+        })
+    }
+
+    pub fn config(&self) -> &Qwen3Config {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The parameter store, keyed by Hugging Face names.
+    pub fn varmap(&self) -> &VarMap {
+        &self.varmap
+    }
+
+    /// Every parameter with its Hugging Face name, sorted by name.
+    pub fn named_parameters(&self) -> Vec<(String, Var)> {
+        let data = self.varmap.data().lock().unwrap_or_else(PoisonError::into_inner);
+        let mut params: Vec<(String, Var)> = data.iter().map(|(name, var)| (name.clone(), var.clone())).collect();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        params
+    }
+
+    /// Logits `[B, T, vocab]` (f32) of a padded batch.
+    ///
+    /// `input_ids` is `[B, T]` u32; `attention_mask` is `[B, T]` (any dtype), 1 for real tokens
+    /// and 0 for padding. Padding may sit on either side: real tokens are numbered 0, 1, 2, ...
+    /// for the rotary positions whatever padding precedes them, and never attend to padding.
+    /// Logits at padded positions are finite but meaningless.
+    pub fn forward_train(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(self.logits(&self.forward_hidden(input_ids, attention_mask)?)?)
+    }
+
+    /// The final (normalised) hidden states `[B, T, hidden]` of a padded batch; see
+    /// [`Self::forward_train`]. A trainer maps only the positions it scores through
+    /// [`Self::logits`], which saves the `[B, T, vocab]` tensor.
+    pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, ModelError> {
+        let inputs = self.padded_inputs(input_ids, attention_mask)?;
+        Ok(self.run_layers(&inputs, None)?.0)
+    }
+
+    /// Logits (f32) of hidden states with any leading dimensions.
+    pub fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
+        linear(hidden, &self.lm_head)?.to_dtype(DType::F32)
+    }
+
+    fn padded_inputs(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<PassInputs, ModelError> {
+        let (rows, steps) = input_ids.dims2()?;
+        if attention_mask.dims() != input_ids.dims() {
+            return Err(input_error(format!(
+                "attention mask {:?} does not match input ids {:?}",
+                attention_mask.dims(),
+                input_ids.dims()
+            )));
+        }
+        if input_ids.dtype() != DType::U32 {
+            return Err(input_error(format!("input ids are {:?}, expected U32", input_ids.dtype())));
+        }
+        let ids = input_ids.flatten_all()?.to_vec1::<u32>()?;
+        self.check_vocabulary(&ids)?;
+        let valid: Vec<bool> = attention_mask
+            .flatten_all()?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(|m| m != 0.0)
+            .collect();
+        let mut positions = Vec::with_capacity(valid.len());
+        for row in valid.chunks(steps.max(1)) {
+            let mut seen = 0u32;
+            for &is_valid in row {
+                positions.push(seen as f32);
+                seen += u32::from(is_valid);
+            }
+        }
+        let mask = attention_bias(
+            rows,
+            steps,
+            steps,
+            |query| query,
+            |row, query, key| key <= query && valid[row * steps + key],
+            &self.device,
+        )?;
+        Ok(PassInputs {
+            ids: input_ids.to_device(&self.device)?,
+            positions: Tensor::from_vec(positions, (rows, steps), &self.device)?,
+            mask,
+        })
+    }
+
+    fn check_vocabulary(&self, ids: &[u32]) -> Result<(), ModelError> {
+        match ids.iter().find(|&&id| id as usize >= self.config.vocab_size) {
+            Some(id) => {
+                Err(input_error(format!("token id {id} is outside the vocabulary of {}", self.config.vocab_size)))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Runs the decoder on `[B, T]` ids after `past` (per layer, `[B, kv, S_past, d]`).
+    /// Returns the normalised hidden states and each layer's new keys and values.
+    fn run_layers(&self, inputs: &PassInputs, past: Option<&[LayerKv]>) -> candle_core::Result<(Tensor, Vec<LayerKv>)> {
+        let (rows, steps) = inputs.ids.dims2()?;
+        let rotary = Rotary::new(&self.inv_freq, &inputs.positions, self.dtype)?;
+        let mut x = self.embed_tokens.index_select(&inputs.ids.flatten_all()?, 0)?.reshape((
+            rows,
+            steps,
+            self.config.hidden_size,
+        ))?;
+        let mut new_kv = Vec::with_capacity(self.layers.len());
+        for (index, layer) in self.layers.iter().enumerate() {
+            let layer_past = past.map(|past| &past[index]);
+            let (out, kv) = layer.forward(&x, &rotary, &inputs.mask, layer_past)?;
+            x = out;
+            new_kv.push(kv);
+        }
+        Ok((self.norm.forward(&x)?, new_kv))
+    }
+
+    /// An empty cache for one sequence of this model.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache {
+            layers: Vec::new(),
+            capacity: 0,
+            len: 0,
+            num_layers: self.config.num_hidden_layers,
+            num_kv_heads: self.config.num_key_value_heads,
+            head_dim: self.config.head_dim,
+            dtype: self.dtype,
+            device: self.device.clone(),
+        }
+    }
+
+    /// One batched incremental step: feeds `steps[i].tokens` to sequence `i` after the tokens
+    /// already in its cache, appends their keys and values to the cache and returns the logits
+    /// of each chunk's last token as `[steps.len(), vocab]` f32 (row `i` for `steps[i]`).
+    ///
+    /// Chunks may have any non-zero lengths (a prompt being prefilled, a single sampled token,
+    /// or a continuation after tool output) and caches any lengths: chunks are right-padded to
+    /// the longest chunk, cached keys are padded to the longest cache, and a mask keeps every
+    /// sequence to its own tokens. Sequence `i`'s new token `j` sits at position
+    /// `cache.len() + j`. The result agrees with running each sequence alone up to float
+    /// rounding. The cost grows with `steps.len() * longest chunk * (longest cache + longest
+    /// chunk)`, so a scheduler may prefer to prefill long prompts apart from decode steps.
+    ///
+    /// The inputs are checked before any cache is touched.
+    pub fn forward_step(&self, steps: &mut [SeqStep<'_>]) -> Result<Tensor, ModelError> {
+        self.check_steps(steps)?;
+        let past_lens: Vec<usize> = steps.iter().map(|step| step.cache.len).collect();
+        let chunk_lens: Vec<usize> = steps.iter().map(|step| step.tokens.len()).collect();
+        let past_max = past_lens.iter().copied().max().unwrap_or(0);
+        let chunk_max = chunk_lens.iter().copied().max().unwrap_or(0);
+        for step in steps.iter_mut() {
+            let needed = past_max.max(step.cache.len + step.tokens.len());
+            step.cache.reserve(needed)?;
+        }
+        let inputs = self.step_inputs(steps, &past_lens, &chunk_lens, past_max, chunk_max)?;
+        let past = if past_max == 0 { None } else { Some(self.gather_past(steps, past_max)?) };
+        let (hidden, new_kv) = self.run_layers(&inputs, past.as_deref())?;
+        for (row, step) in steps.iter_mut().enumerate() {
+            let len = step.tokens.len();
+            for (layer, (keys, values)) in new_kv.iter().enumerate() {
+                let keys = keys.narrow(0, row, 1)?.narrow(2, 0, len)?;
+                let values = values.narrow(0, row, 1)?.narrow(2, 0, len)?;
+                step.cache.write(layer, &keys, &values)?;
+            }
+            step.cache.len += len;
+        }
+        let last: Vec<u32> =
+            chunk_lens.iter().enumerate().map(|(row, &len)| (row * chunk_max + len - 1) as u32).collect();
+        let last = Tensor::from_vec(last, steps.len(), &self.device)?;
+        let hidden = hidden.reshape((steps.len() * chunk_max, self.config.hidden_size))?.index_select(&last, 0)?;
+        Ok(self.logits(&hidden)?.detach())
+    }
+
+    fn check_steps(&self, steps: &[SeqStep<'_>]) -> Result<(), ModelError> {
+        if steps.is_empty() {
+            return Err(input_error("a step needs at least one sequence"));
+        }
+        for (index, step) in steps.iter().enumerate() {
+            if step.tokens.is_empty() {
+                return Err(input_error(format!("sequence {index} feeds no token")));
+            }
+            if !step.cache.fits(self) {
+                return Err(input_error(format!(
+                    "sequence {index}'s cache was made for another model, dtype or device"
+                )));
+            }
+            self.check_vocabulary(step.tokens)?;
+        }
+        Ok(())
+    }
+
+    fn step_inputs(
+        &self,
+        steps: &[SeqStep<'_>],
+        past_lens: &[usize],
+        chunk_lens: &[usize],
+        past_max: usize,
+        chunk_max: usize,
+    ) -> candle_core::Result<PassInputs> {
+        let rows = steps.len();
+        let mut ids = vec![0u32; rows * chunk_max];
+        let mut positions = vec![0f32; rows * chunk_max];
+        for (row, step) in steps.iter().enumerate() {
+            let start = row * chunk_max;
+            ids[start..start + step.tokens.len()].copy_from_slice(step.tokens);
+            for (offset, position) in positions[start..start + chunk_max].iter_mut().enumerate() {
+                *position = (past_lens[row] + offset) as f32;
+            }
+        }
+        let mask = attention_bias(
+            rows,
+            chunk_max,
+            past_max + chunk_max,
+            |query| past_max + query,
+            |row, query, key| {
+                if key < past_max {
+                    key < past_lens[row]
+                } else {
+                    key - past_max <= query && query < chunk_lens[row]
+                }
+            },
+            &self.device,
+        )?;
+        Ok(PassInputs {
+            ids: Tensor::from_vec(ids, (rows, chunk_max), &self.device)?,
+            positions: Tensor::from_vec(positions, (rows, chunk_max), &self.device)?,
+            mask,
+        })
+    }
+
+    /// Each layer's cached keys and values of all sequences, `[B, kv, past_max, d]`; slots past
+    /// a sequence's length are zeros and are masked.
+    fn gather_past(&self, steps: &[SeqStep<'_>], past_max: usize) -> candle_core::Result<Vec<LayerKv>> {
+        (0..self.layers.len())
+            .map(|layer| {
+                let (keys, values): (Vec<Tensor>, Vec<Tensor>) = steps
+                    .iter()
+                    .map(|step| step.cache.prefix(layer, past_max))
+                    .collect::<candle_core::Result<Vec<_>>>()?
+                    .into_iter()
+                    .unzip();
+                Ok((Tensor::cat(&keys, 0)?, Tensor::cat(&values, 0)?))
+            })
+            .collect()
+    }
+}
+
+/// `1 / theta^(2i / head_dim)` for `i < head_dim / 2`, as `transformers` computes them.
+fn rotary_inverse_frequencies(config: &Qwen3Config, device: &Device) -> candle_core::Result<Tensor> {
+    let dim = config.head_dim;
+    let inv_freq: Vec<f32> =
+        (0..dim / 2).map(|i| (1.0 / config.rope_theta.powf((2 * i) as f64 / dim as f64)) as f32).collect();
+    Tensor::from_vec(inv_freq, dim / 2, device)
+}
+
+/// A standard normal sample (Box-Muller).
+fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
+    let u1: f64 = 1.0 - rng.gen::<f64>();
+    let u2: f64 = rng.gen::<f64>();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}

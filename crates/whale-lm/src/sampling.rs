@@ -1,0 +1,236 @@
+//! Choosing the next token from logits, and cutting generated text at stop strings.
+//!
+//! Every rollout must be reproducible from its seed alone, whatever else runs in the same batch:
+//! each request owns a ChaCha8 stream seeded from its `seed` and consumes exactly one uniform
+//! draw per generated token, greedy or not, so the draw for token i never depends on other
+//! requests, on earlier settings or on the vocabulary size.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// How to sample one completion. Defaults are the paper's sampling settings (temperature 1.0,
+/// top_p 1.0, top_k 20); `max_tokens` 1024 and seed 0 are ours.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// Logits are divided by it; 0 means greedy (argmax).
+    pub temperature: f32,
+    /// Nucleus: keep the smallest set of most likely tokens whose mass reaches `top_p`.
+    pub top_p: f32,
+    /// Keep only the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Most completion tokens to generate.
+    pub max_tokens: usize,
+    /// Generation ends before the earliest occurrence of any of these in the decoded text.
+    pub stop: Vec<String>,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self { temperature: 1.0, top_p: 1.0, top_k: 20, max_tokens: 1024, stop: Vec::new(), seed: 0 }
+    }
+}
+
+impl SamplingParams {
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(SamplingError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SamplingError::TopP(self.top_p));
+        }
+        if self.max_tokens == 0 {
+            return Err(SamplingError::MaxTokens);
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    #[error("temperature must be finite and >= 0, got {0}")]
+    Temperature(f32),
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    #[error("max_tokens must be at least 1")]
+    MaxTokens,
+    #[error("no logits to sample from")]
+    EmptyLogits,
+    #[error("logit {index} is {value} (only finite values and -inf are allowed)")]
+    BadLogit { index: usize, value: f32 },
+    #[error("every logit is -inf")]
+    AllMasked,
+}
+
+/// One sampled token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampledToken {
+    pub id: u32,
+    /// Natural log of the token's probability under the model's full distribution: softmax of
+    /// the raw logits at temperature 1 over the whole vocabulary, before temperature, top-k and
+    /// top-p. This is the policy's own probability, the one training and importance ratios need.
+    pub logprob: f32,
+}
+
+/// Samples tokens for one request: temperature, then top-k, then top-p, then a draw.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    rng: ChaCha8Rng,
+}
+
+impl Sampler {
+    pub fn new(params: &SamplingParams) -> Result<Self, SamplingError> {
+        params.validate()?;
+        Ok(Self {
+            temperature: params.temperature,
+            top_k: params.top_k,
+            top_p: params.top_p,
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+        })
+    }
+
+    /// Picks the next token from `logits` (one per vocabulary entry; -inf masks an entry).
+    pub fn sample(&mut self, logits: &[f32]) -> Result<SampledToken, SamplingError> {
+        let uniform: f64 = self.rng.gen();
+        let log_normalizer = log_sum_exp(logits)?;
+        let id = if self.temperature == 0.0 || self.top_k == 1 { argmax(logits) } else { self.draw(logits, uniform) };
+        let logprob = (f64::from(logits[id]) - log_normalizer) as f32;
+        Ok(SampledToken { id: id as u32, logprob })
+    }
+
+    fn draw(&self, logits: &[f32], uniform: f64) -> usize {
+        let candidates = self.candidates(logits);
+        let best = f64::from(candidates[0].1);
+        let temperature = f64::from(self.temperature);
+        let weights: Vec<f64> =
+            candidates.iter().map(|&(_, logit)| ((f64::from(logit) - best) / temperature).exp()).collect();
+        let kept = nucleus_len(&weights, f64::from(self.top_p));
+        let kept_mass: f64 = weights[..kept].iter().sum();
+        let target = uniform * kept_mass;
+        let mut cumulative = 0.0;
+        for (&(index, _), weight) in candidates[..kept].iter().zip(&weights) {
+            cumulative += weight;
+            if target < cumulative {
+                return index;
+            }
+        }
+        candidates[kept - 1].0
+    }
+
+    /// Unmasked (index, logit) pairs after top-k, most likely first (ties: lower index first)
+    /// whenever top-k or top-p needs a ranking.
+    fn candidates(&self, logits: &[f32]) -> Vec<(usize, f32)> {
+        let mut candidates: Vec<(usize, f32)> =
+            logits.iter().copied().enumerate().filter(|&(_, logit)| logit > f32::NEG_INFINITY).collect();
+        let by_rank = |a: &(usize, f32), b: &(usize, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if self.top_k > 0 && self.top_k < candidates.len() {
+            candidates.select_nth_unstable_by(self.top_k - 1, by_rank);
+            candidates.truncate(self.top_k);
+        }
+        if self.top_k > 0 || self.top_p < 1.0 {
+            candidates.sort_unstable_by(by_rank);
+        }
+        candidates
+    }
+}
+
+/// How many of the ranked `weights` form the smallest prefix holding at least `top_p` of the mass.
+fn nucleus_len(weights: &[f64], top_p: f64) -> usize {
+    let threshold = top_p * weights.iter().sum::<f64>();
+    let mut cumulative = 0.0;
+    for (i, weight) in weights.iter().enumerate() {
+        cumulative += weight;
+        if cumulative >= threshold {
+            return i + 1;
+        }
+    }
+    weights.len()
+}
+
+/// log(sum(exp(logits))), rejecting NaN, +inf and all-masked logits.
+fn log_sum_exp(logits: &[f32]) -> Result<f64, SamplingError> {
+    if logits.is_empty() {
+        return Err(SamplingError::EmptyLogits);
+    }
+    if let Some((index, &value)) = logits.iter().enumerate().find(|(_, l)| l.is_nan() || **l == f32::INFINITY) {
+        return Err(SamplingError::BadLogit { index, value });
+    }
+    let max = f64::from(logits.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+    if max == f64::NEG_INFINITY {
+        return Err(SamplingError::AllMasked);
+    }
+    let sum: f64 = logits.iter().map(|&l| (f64::from(l) - max).exp()).sum();
+    Ok(max + sum.ln())
+}
+
+/// Index of the largest logit, the lowest index among equals.
+fn argmax(logits: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &logit) in logits.iter().enumerate() {
+        if logit > logits[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Where a stop string first occurs in a text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StopMatch {
+    /// Byte offset of the match; the completion is the text before it.
+    pub start: usize,
+    /// Which stop string matched (its position in the list given to [`StopMatcher::new`]).
+    pub stop: usize,
+}
+
+/// Finds the earliest occurrence of any stop string in decoded text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopMatcher {
+    stops: Vec<String>,
+    longest: usize,
+}
+
+impl StopMatcher {
+    /// Empty stop strings are ignored (they would match everywhere).
+    pub fn new(stops: &[String]) -> Self {
+        let stops: Vec<String> = stops.iter().filter(|s| !s.is_empty()).cloned().collect();
+        let longest = stops.iter().map(String::len).max().unwrap_or(0);
+        Self { stops, longest }
+    }
+
+    /// The earliest match in `text` (among stops matching at the same place, the first listed).
+    pub fn find(&self, text: &str) -> Option<StopMatch> {
+        self.find_from(text, 0)
+    }
+
+    /// Like [`find`](Self::find) for text that grew since an earlier search found nothing: only
+    /// matches that end after byte `new_from` (where the new text starts) are looked for.
+    pub fn find_since(&self, text: &str, new_from: usize) -> Option<StopMatch> {
+        let mut window = new_from.saturating_sub(self.longest.saturating_sub(1)).min(text.len());
+        while !text.is_char_boundary(window) {
+            window -= 1;
+        }
+        self.find_from(text, window)
+    }
+
+    /// `text` cut before its earliest stop string, or `None` when no stop string occurs.
+    pub fn truncate<'a>(&self, text: &'a str) -> Option<&'a str> {
+        self.find(text).map(|found| &text[..found.start])
+    }
+
+    fn find_from(&self, text: &str, from: usize) -> Option<StopMatch> {
+        let haystack = text.get(from..)?;
+        self.stops
+            .iter()
+            .enumerate()
+            .filter_map(|(stop, pattern)| {
+                haystack.find(pattern.as_str()).map(|at| StopMatch { start: from + at, stop })
+            })
+            .min_by_key(|found| (found.start, found.stop))
+    }
+}

@@ -1,0 +1,204 @@
+//! Shared helpers of the whale-lm integration tests: small models, decoding loops, and an
+//! independent, index-by-index f64 implementation of the Qwen3 forward pass.
+#![allow(dead_code)]
+
+use candle_core::{DType, Device, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+use whale_lm::{KvCache, Qwen3Config, Qwen3Model, SeqStep};
+
+pub const VOCAB: usize = 61;
+
+/// The tiny configuration with a small vocabulary; `rope_theta` kept small so that positions
+/// change the rotary angles noticeably within a few tokens.
+pub fn tiny_config(tied: bool) -> Qwen3Config {
+    let mut config = Qwen3Config::tiny(VOCAB);
+    config.tie_word_embeddings = tied;
+    config.rope_theta = 10_000.0;
+    config
+}
+
+/// A tiny model whose weights are larger than the HF initialisation so that logits vary
+/// clearly with the input (std 0.02 makes every distribution almost uniform).
+pub fn tiny_model(tied: bool, seed: u64) -> Qwen3Model {
+    let mut config = tiny_config(tied);
+    config.initializer_range = 0.2;
+    Qwen3Model::new_random(&config, seed, DType::F32, &Device::Cpu).unwrap()
+}
+
+pub fn random_tokens(rng: &mut ChaCha8Rng, len: usize) -> Vec<u32> {
+    (0..len).map(|_| rng.gen_range(0..VOCAB as u32)).collect()
+}
+
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// Logits `[T, V]` of one unpadded sequence through the training path.
+pub fn full_logits(model: &Qwen3Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let ids = Tensor::from_vec(tokens.to_vec(), (1, tokens.len()), &Device::Cpu).unwrap();
+    let mask = Tensor::ones((1, tokens.len()), DType::U8, &Device::Cpu).unwrap();
+    let logits = model.forward_train(&ids, &mask).unwrap();
+    logits.squeeze(0).unwrap().to_vec2::<f32>().unwrap()
+}
+
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (index, &value) in row.iter().enumerate() {
+        if value > row[best] {
+            best = index;
+        }
+    }
+    best as u32
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Greedy decoding that recomputes the whole sequence every step; returns the new tokens and
+/// the logits each was chosen from.
+pub fn greedy_without_cache(model: &Qwen3Model, prompt: &[u32], new_tokens: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut tokens = prompt.to_vec();
+    let mut chosen_from = Vec::new();
+    for _ in 0..new_tokens {
+        let last = full_logits(model, &tokens).pop().unwrap();
+        tokens.push(argmax(&last));
+        chosen_from.push(last);
+    }
+    (tokens[prompt.len()..].to_vec(), chosen_from)
+}
+
+/// Greedy decoding through the KV cache: one prefill, then one token per step.
+pub fn greedy_with_cache(model: &Qwen3Model, prompt: &[u32], new_tokens: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut cache = model.new_cache();
+    let mut feed = prompt.to_vec();
+    let mut generated = Vec::new();
+    let mut chosen_from = Vec::new();
+    for _ in 0..new_tokens {
+        let row = step_one(model, &feed, &mut cache);
+        let next = argmax(&row);
+        generated.push(next);
+        chosen_from.push(row);
+        feed = vec![next];
+    }
+    (generated, chosen_from)
+}
+
+/// One sequence alone through `forward_step`: the logits of the chunk's last token.
+pub fn step_one(model: &Qwen3Model, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
+    let mut steps = [SeqStep { tokens, cache }];
+    let logits = model.forward_step(&mut steps).unwrap();
+    logits.squeeze(0).unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// A model's weights as flat f32 vectors by name.
+pub fn weights_of(model: &Qwen3Model) -> HashMap<String, Vec<f32>> {
+    model
+        .named_parameters()
+        .into_iter()
+        .map(|(name, var)| {
+            let values = var.as_tensor().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            (name, values)
+        })
+        .collect()
+}
+
+/// The Qwen3 forward pass written out index by index in f64, following the `transformers`
+/// modelling code: returns `[T, V]` logits of one sequence.
+#[allow(clippy::needless_range_loop)] // the indices mirror the formulas
+pub fn reference_logits(config: &Qwen3Config, weights: &HashMap<String, Vec<f32>>, tokens: &[u32]) -> Vec<Vec<f64>> {
+    let w = |name: &str| -> &Vec<f32> { &weights[name] };
+    let (h, d) = (config.hidden_size, config.head_dim);
+    let (heads, kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
+    let eps = config.rms_norm_eps;
+    let mut states: Vec<Vec<f64>> = tokens
+        .iter()
+        .map(|&t| {
+            let row = &w("model.embed_tokens.weight")[t as usize * h..(t as usize + 1) * h];
+            row.iter().map(|&x| x as f64).collect()
+        })
+        .collect();
+    for layer in 0..config.num_hidden_layers {
+        let p = |name: &str| format!("model.layers.{layer}.{name}.weight");
+        let normed: Vec<Vec<f64>> = states.iter().map(|x| rms_norm(x, w(&p("input_layernorm")), eps)).collect();
+        let project = |name: &str, x: &[f64], out: usize| matvec(w(&p(name)), x, out);
+        let split =
+            |v: Vec<f64>, n: usize| -> Vec<Vec<f64>> { (0..n).map(|i| v[i * d..(i + 1) * d].to_vec()).collect() };
+        let mut q = Vec::new();
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        for (position, x) in normed.iter().enumerate() {
+            let qh: Vec<Vec<f64>> = split(project("self_attn.q_proj", x, heads * d), heads)
+                .iter()
+                .map(|head| rope(&rms_norm(head, w(&p("self_attn.q_norm")), eps), position, config))
+                .collect();
+            let kh: Vec<Vec<f64>> = split(project("self_attn.k_proj", x, kv_heads * d), kv_heads)
+                .iter()
+                .map(|head| rope(&rms_norm(head, w(&p("self_attn.k_norm")), eps), position, config))
+                .collect();
+            q.push(qh);
+            k.push(kh);
+            v.push(split(project("self_attn.v_proj", x, kv_heads * d), kv_heads));
+        }
+        let groups = heads / kv_heads;
+        for i in 0..states.len() {
+            let mut merged = Vec::with_capacity(heads * d);
+            for head in 0..heads {
+                let kv = head / groups;
+                let scores: Vec<f64> = (0..=i).map(|j| dot(&q[i][head], &k[j][kv]) / (d as f64).sqrt()).collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = exps.iter().sum();
+                merged.extend((0..d).map(|c| (0..=i).map(|j| exps[j] / total * v[j][kv][c]).sum::<f64>()));
+            }
+            let attended = matvec(w(&p("self_attn.o_proj")), &merged, h);
+            for c in 0..h {
+                states[i][c] += attended[c];
+            }
+            let x = rms_norm(&states[i], w(&p("post_attention_layernorm")), eps);
+            let inter = config.intermediate_size;
+            let gate = matvec(w(&p("mlp.gate_proj")), &x, inter);
+            let up = matvec(w(&p("mlp.up_proj")), &x, inter);
+            let hidden: Vec<f64> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let down = matvec(w(&p("mlp.down_proj")), &hidden, h);
+            for c in 0..h {
+                states[i][c] += down[c];
+            }
+        }
+    }
+    let head_name = if config.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+    states.iter().map(|x| matvec(w(head_name), &rms_norm(x, w("model.norm.weight"), eps), config.vocab_size)).collect()
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `W x` for a row-major `[out, x.len()]` matrix.
+fn matvec(matrix: &[f32], x: &[f64], out: usize) -> Vec<f64> {
+    let n = x.len();
+    (0..out).map(|r| (0..n).map(|c| matrix[r * n + c] as f64 * x[c]).sum()).collect()
+}
+
+fn rms_norm(x: &[f64], weight: &[f32], eps: f64) -> Vec<f64> {
+    let mean_square = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let scale = 1.0 / (mean_square + eps).sqrt();
+    x.iter().zip(weight).map(|(v, &g)| v * scale * g as f64).collect()
+}
+
+/// Rotates pairs `(x[i], x[i + d/2])` by `position * theta^(-2i/d)`.
+fn rope(x: &[f64], position: usize, config: &Qwen3Config) -> Vec<f64> {
+    let d = x.len();
+    let half = d / 2;
+    let mut out = vec![0.0; d];
+    for i in 0..half {
+        let angle = position as f64 * config.rope_theta.powf(-((2 * i) as f64) / d as f64);
+        let (sin, cos) = angle.sin_cos();
+        out[i] = x[i] * cos - x[i + half] * sin;
+        out[i + half] = x[i + half] * cos + x[i] * sin;
+    }
+    out
+}

@@ -1,0 +1,150 @@
+//! Reading JSON Lines for the QA loaders: one JSON value per line, and typed field access
+//! whose every failure is a [`RecordError`] naming the file, the line and the field.
+
+use crate::record::RecordError;
+use serde_json::{Map, Value};
+use std::path::Path;
+
+/// Every non-blank line of a JSONL file parsed as JSON (with its 1-based line number), and one
+/// error per line that is not valid UTF-8 or not valid JSON. A file without records, or one
+/// that cannot be read, yields a single error on line 0.
+pub fn read_jsonl(path: &Path) -> (Vec<(usize, Value)>, Vec<RecordError>) {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return (
+                Vec::new(),
+                vec![RecordError::new(
+                    path,
+                    0,
+                    None,
+                    format!("cannot read file: {e}"),
+                )],
+            )
+        }
+    };
+    let mut values = Vec::new();
+    let mut errors = Vec::new();
+    for (index, raw) in bytes.split(|b| *b == b'\n').enumerate() {
+        let line = index + 1;
+        let Ok(text) = std::str::from_utf8(raw) else {
+            errors.push(RecordError::new(
+                path,
+                line,
+                None,
+                "line is not valid UTF-8",
+            ));
+            continue;
+        };
+        if text.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(value) => values.push((line, value)),
+            Err(e) => errors.push(RecordError::new(
+                path,
+                line,
+                None,
+                format!("invalid JSON: {e}"),
+            )),
+        }
+    }
+    if values.is_empty() && errors.is_empty() {
+        errors.push(RecordError::new(path, 0, None, "file holds no records"));
+    }
+    (values, errors)
+}
+
+/// The fields of one record, with the location to blame when one is wrong.
+pub struct RecordFields<'a> {
+    object: &'a Map<String, Value>,
+    file: &'a Path,
+    line: usize,
+}
+
+impl<'a> RecordFields<'a> {
+    pub fn new(value: &'a Value, file: &'a Path, line: usize) -> Result<Self, RecordError> {
+        match value.as_object() {
+            Some(object) => Ok(Self { object, file, line }),
+            None => Err(RecordError::new(file, line, None, "expected a JSON object")),
+        }
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.object.contains_key(name)
+    }
+
+    pub fn error(&self, field: &str, reason: impl Into<String>) -> RecordError {
+        RecordError::new(self.file, self.line, Some(field), reason)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&'a Value> {
+        self.object.get(name)
+    }
+
+    pub fn required(&self, name: &str) -> Result<&'a Value, RecordError> {
+        self.get(name).ok_or_else(|| self.error(name, "missing"))
+    }
+
+    /// A string field that must be present and not blank.
+    pub fn text(&self, name: &str) -> Result<String, RecordError> {
+        self.text_at(self.required(name)?, name)
+    }
+
+    /// A value that must be a non-blank string; `path` names it in errors.
+    pub fn text_at(&self, value: &Value, path: &str) -> Result<String, RecordError> {
+        match value.as_str() {
+            Some(s) if !s.trim().is_empty() => Ok(s.to_string()),
+            Some(_) => Err(self.error(path, "expected a non-empty string, got a blank one")),
+            None => Err(self.error(path, format!("expected a string, got {}", kind_of(value)))),
+        }
+    }
+
+    /// An optional string field (absent or null means none).
+    pub fn optional_text(&self, name: &str) -> Result<Option<String>, RecordError> {
+        match self.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => self.text_at(value, name).map(Some),
+        }
+    }
+
+    /// A list of non-blank strings with at least one element.
+    pub fn text_list(&self, name: &str) -> Result<Vec<String>, RecordError> {
+        let items = self.list_at(self.required(name)?, name)?;
+        if items.is_empty() {
+            return Err(self.error(name, "expected at least one string, got an empty list"));
+        }
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| self.text_at(item, &format!("{name}[{i}]")))
+            .collect()
+    }
+
+    pub fn list_at(&self, value: &'a Value, path: &str) -> Result<&'a Vec<Value>, RecordError> {
+        value
+            .as_array()
+            .ok_or_else(|| self.error(path, format!("expected a list, got {}", kind_of(value))))
+    }
+
+    /// A record id: a non-blank string or a non-negative integer, if the field is present.
+    pub fn optional_id(&self, name: &str) -> Result<Option<String>, RecordError> {
+        match self.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) if n.is_u64() => Ok(Some(n.to_string())),
+            Some(value) => self.text_at(value, name).map(Some),
+        }
+    }
+}
+
+/// How a JSON value is named in error messages.
+pub fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}

@@ -1,0 +1,5 @@
+//! The `whale` command; everything it does lives in the `whale` library.
+
+fn main() -> std::process::ExitCode {
+    whale::cli::main()
+}
