@@ -110,6 +110,9 @@ pub struct Trajectory {
     pub answer: Option<serde_json::Value>,
     pub reward: f64,
     pub success: bool,
+    /// The verifier's reason ("expected 42, got 41"), so traces show why a rollout failed.
+    #[serde(default)]
+    pub verdict_detail: String,
     pub error: Option<RolloutError>,
     pub turns: usize,
     pub prompt_tokens: usize,
@@ -154,6 +157,7 @@ mod tests {
             answer: Some(serde_json::json!("4")),
             reward: 1.0,
             success: true,
+            verdict_detail: "4 equals 4".into(),
             error: None,
             turns: 1,
             prompt_tokens: 9,

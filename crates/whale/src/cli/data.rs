@@ -1,43 +1,15 @@
-//! Command-line interface: argument parsing and printing; the work is done elsewhere.
+//! `whale data ...` and `whale score`.
 
 use crate::{bench, data};
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::Subcommand;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use whale_core::Domain;
 
-/// whale trains LLM agents by alternating weight updates (online RFT) with search over
-/// harness code (Meta-Harness): WHALE, Weight-Harness Alternating LEarning.
-#[derive(Debug, Parser)]
-#[command(name = "whale", version, about, long_about = None)]
-pub struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
 #[derive(Debug, Subcommand)]
-enum Command {
-    /// Datasets: check real files against their verifiers, generate synthetic tasks, benchmark.
-    #[command(subcommand)]
-    Data(DataCommand),
-    /// Score model outputs produced anywhere: a JSONL of task records, each with a `prediction`.
-    ///
-    /// Each line is a record in any form the domain's loader accepts plus `prediction`
-    /// (math: the model's text or final answer; chess: the solver's moves in order, UCI or SAN,
-    /// space-separated or as an array; qa: the answer). Prints one JSON line per record,
-    /// `{"line","id","reward"}` (+ `em`, `f1` for qa), and a summary on stderr. Exits 1 when a
-    /// record could not be scored.
-    Score {
-        /// math, chess or qa.
-        domain: Domain,
-        file: PathBuf,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum DataCommand {
+pub enum DataCommand {
     /// Load every record, replay each gold answer through the environment and verifier, and
     /// report loaded / gold-solved / rejected, listing each rejection as `file:line`.
     /// Exits 1 when anything is rejected.
@@ -75,30 +47,15 @@ enum DataCommand {
     },
 }
 
-/// Parses the arguments, runs the command and maps errors to exit statuses.
-pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-fn run(cli: Cli) -> Result<ExitCode> {
-    match cli.command {
-        Command::Data(DataCommand::Check { domain, file, json }) => check(domain, &file, json),
-        Command::Data(DataCommand::Gen { domain, n, seed, difficulty, output }) => {
-            generate(domain, n, seed, difficulty, output)
-        }
-        Command::Data(DataCommand::Bench { data }) => {
+pub fn run(command: DataCommand) -> Result<ExitCode> {
+    match command {
+        DataCommand::Check { domain, file, json } => check(domain, &file, json),
+        DataCommand::Gen { domain, n, seed, difficulty, output } => generate(domain, n, seed, difficulty, output),
+        DataCommand::Bench { data } => {
             let dir = data.unwrap_or_else(bench::default_data_dir);
             bench::run(&dir)?.print();
             Ok(ExitCode::SUCCESS)
         }
-        Command::Score { domain, file } => score(domain, &file),
     }
 }
 
@@ -139,7 +96,7 @@ fn generate(domain: Domain, n: usize, seed: u64, difficulty: u32, output: Option
     Ok(ExitCode::SUCCESS)
 }
 
-fn score(domain: Domain, file: &std::path::Path) -> Result<ExitCode> {
+pub fn score(domain: Domain, file: &std::path::Path) -> Result<ExitCode> {
     let lines = data::score(domain, file);
     let mut out = std::io::stdout().lock();
     for l in &lines {

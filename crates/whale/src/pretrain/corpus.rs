@@ -1,0 +1,617 @@
+//! The synthetic pretraining corpus of the default base model: chat conversations built from
+//! the three domains' task generators.
+//!
+//! The base model only ever sees what this corpus teaches, so the corpus decides which prompts
+//! a harness can use. Each task is rendered in one of several styles — phrasings of the
+//! request, formats of the worked answer (`####`, `\boxed{}`, "The answer is", step lists,
+//! GSM8K `<<a*b=c>>` annotations), multi-turn tool transcripts (a calculator for math, a search
+//! tool for QA, move-by-move play for chess) — so harness search has real alternatives to
+//! choose between. Math dominates because the default demo is math; chess and QA are present
+//! so that every domain has a starting point. Everything is a pure function of the seed.
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+use std::collections::HashSet;
+use whale_core::{ChatMessage, Domain, Task};
+use whale_tasks::chess::{self, ChessConfig};
+use whale_tasks::qa::QaPayload;
+use whale_tasks::{math, qa, Episode};
+
+/// The instruction the plain one-call math prompt appends to the question.
+pub const PLAIN_MATH_INSTRUCTION: &str = "Give the final answer after ####.";
+
+/// The default plain prompt for a math question: the question, a newline and
+/// [`PLAIN_MATH_INSTRUCTION`], as the only (user) message. Its reply is a worked solution, one
+/// `Description: expression = value.` line per step, ending with `#### answer`.
+pub fn plain_math_prompt(question: &str) -> String {
+    format!("{question}\n{PLAIN_MATH_INSTRUCTION}")
+}
+
+/// How a corpus is put together; every field changes the corpus, so it is part of the model's
+/// identity.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CorpusSpec {
+    /// Number of conversations.
+    pub conversations: usize,
+    /// Shares of the three domains (normalised).
+    pub math_share: f64,
+    pub chess_share: f64,
+    pub qa_share: f64,
+    /// Math difficulties drawn from, each with the given relative weight.
+    pub math_difficulties: Vec<(u32, f64)>,
+    /// Questions never put in the corpus (the held-out evaluation questions).
+    #[serde(skip)]
+    pub excluded_questions: HashSet<String>,
+}
+
+/// One training conversation: alternating turns ending with an assistant turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conversation {
+    pub domain: Domain,
+    /// The rendering style, for statistics and tests.
+    pub style: &'static str,
+    pub messages: Vec<ChatMessage>,
+}
+
+/// Builds the corpus for `seed`: the same spec and seed always give the same conversations in
+/// the same order.
+pub fn build(spec: &CorpusSpec, seed: u64) -> Vec<Conversation> {
+    let total_share = spec.math_share + spec.chess_share + spec.qa_share;
+    let count = |share: f64| ((share / total_share) * spec.conversations as f64).round() as usize;
+    let (chess_count, qa_count) = (count(spec.chess_share), count(spec.qa_share));
+    let math_count = spec.conversations.saturating_sub(chess_count + qa_count);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut corpus = math_conversations(spec, math_count, seed, &mut rng);
+    corpus.extend(chess_conversations(chess_count, seed, &mut rng));
+    corpus.extend(qa_conversations(qa_count, seed, &mut rng));
+    corpus.shuffle(&mut rng);
+    corpus
+}
+
+/// A seed for one generator call, distinct per (corpus seed, domain, part).
+fn sub_seed(seed: u64, domain: u64, part: u64) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (domain << 56) ^ part.wrapping_mul(0xD1B5_4A32_D192_ED03)
+}
+
+fn user(content: impl Into<String>) -> ChatMessage {
+    ChatMessage::new("user", content)
+}
+
+fn assistant(content: impl Into<String>) -> ChatMessage {
+    ChatMessage::new("assistant", content)
+}
+
+fn system(content: impl Into<String>) -> ChatMessage {
+    ChatMessage::new("system", content)
+}
+
+fn text_field<'a>(task: &'a Task, field: &str) -> Option<&'a str> {
+    task.payload.get(field).and_then(Value::as_str)
+}
+
+/// Picks an item by relative weight.
+fn weighted<'a, T>(rng: &mut ChaCha8Rng, items: &'a [(T, f64)]) -> &'a T {
+    let total: f64 = items.iter().map(|(_, w)| w).sum();
+    let mut target = rng.gen::<f64>() * total;
+    for (item, weight) in items {
+        if target < *weight {
+            return item;
+        }
+        target -= weight;
+    }
+    &items[items.len() - 1].0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Math
+
+/// One worked step of a generated solution: `Description: expression = value.`
+#[derive(Debug, Clone, PartialEq)]
+struct MathStep {
+    description: String,
+    expression: String,
+    value: String,
+}
+
+/// A generated problem with its steps read back from the worked solution.
+struct MathProblem {
+    question: String,
+    answer: String,
+    steps: Vec<MathStep>,
+    solution: String,
+}
+
+impl MathProblem {
+    fn from_task(task: &Task) -> Option<Self> {
+        let solution = text_field(task, "solution")?.to_string();
+        let steps = solution.lines().filter(|line| !line.starts_with("####")).map(parse_step).collect::<Option<_>>()?;
+        Some(Self {
+            question: text_field(task, "question")?.to_string(),
+            answer: text_field(task, "answer")?.to_string(),
+            steps,
+            solution,
+        })
+    }
+}
+
+fn parse_step(line: &str) -> Option<MathStep> {
+    let (description, rest) = line.split_once(": ")?;
+    let (expression, value) = rest.rsplit_once(" = ")?;
+    Some(MathStep {
+        description: description.to_string(),
+        expression: expression.to_string(),
+        value: value.trim_end_matches('.').to_string(),
+    })
+}
+
+/// The math renderings and their relative frequencies; `Plain` is the default prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MathStyle {
+    Plain,
+    BareQuestion,
+    StepByStep,
+    Boxed,
+    Tutor,
+    AnswerOnly,
+    QuestionAnswer,
+    Annotated,
+    Calculator,
+    Check,
+}
+
+const MATH_STYLES: [(MathStyle, f64); 10] = [
+    (MathStyle::Plain, 26.0),
+    (MathStyle::BareQuestion, 8.0),
+    (MathStyle::StepByStep, 12.0),
+    (MathStyle::Boxed, 12.0),
+    (MathStyle::Tutor, 7.0),
+    (MathStyle::AnswerOnly, 4.0),
+    (MathStyle::QuestionAnswer, 7.0),
+    (MathStyle::Annotated, 7.0),
+    (MathStyle::Calculator, 12.0),
+    (MathStyle::Check, 5.0),
+];
+
+impl MathStyle {
+    fn name(self) -> &'static str {
+        match self {
+            MathStyle::Plain => "math/plain",
+            MathStyle::BareQuestion => "math/bare-question",
+            MathStyle::StepByStep => "math/step-by-step",
+            MathStyle::Boxed => "math/boxed",
+            MathStyle::Tutor => "math/tutor",
+            MathStyle::AnswerOnly => "math/answer-only",
+            MathStyle::QuestionAnswer => "math/question-answer",
+            MathStyle::Annotated => "math/annotated",
+            MathStyle::Calculator => "math/calculator",
+            MathStyle::Check => "math/check",
+        }
+    }
+}
+
+/// The system prompt of the calculator transcripts; the tool protocol it describes is
+/// `CALC: <expression>` from the assistant, `RESULT: <value>` back as a user turn.
+pub const CALCULATOR_INSTRUCTION: &str = "You can use a calculator. To use it, reply with one line \
+`CALC: <expression>` and wait for `RESULT: <value>`. When you are done, give the final answer after ####.";
+
+fn math_conversations(spec: &CorpusSpec, count: usize, seed: u64, rng: &mut ChaCha8Rng) -> Vec<Conversation> {
+    let mut conversations = Vec::with_capacity(count);
+    let mut part = 0;
+    while conversations.len() < count {
+        let difficulty = *weighted(rng, &spec.math_difficulties);
+        let chunk = (count - conversations.len()).min(64);
+        for task in math::generate(chunk, sub_seed(seed, 1, part), difficulty) {
+            let Some(problem) = MathProblem::from_task(&task) else { continue };
+            if spec.excluded_questions.contains(&problem.question) {
+                continue;
+            }
+            let style = *weighted(rng, &MATH_STYLES);
+            let messages = render_math(&problem, style, rng);
+            conversations.push(Conversation { domain: Domain::Math, style: style.name(), messages });
+        }
+        part += 1;
+    }
+    conversations.truncate(count);
+    conversations
+}
+
+fn render_math(problem: &MathProblem, style: MathStyle, rng: &mut ChaCha8Rng) -> Vec<ChatMessage> {
+    let (question, answer) = (&problem.question, &problem.answer);
+    let steps = &problem.steps;
+    match style {
+        MathStyle::Plain => vec![user(plain_math_prompt(question)), assistant(&problem.solution)],
+        MathStyle::BareQuestion => vec![user(question), assistant(&problem.solution)],
+        MathStyle::StepByStep => {
+            let mut lines: Vec<String> = steps
+                .iter()
+                .enumerate()
+                .map(|(i, s)| format!("Step {}: {}: {} = {}.", i + 1, s.description, s.expression, s.value))
+                .collect();
+            lines.push(format!("So the answer is {answer}."));
+            vec![user(format!("{question}\nLet's think step by step.")), assistant(lines.join("\n"))]
+        }
+        MathStyle::Boxed => {
+            let mut lines = step_lines(steps);
+            lines.push(format!("The final answer is $\\boxed{{{answer}}}$."));
+            let ask = format!("{question}\nPut your final answer within \\boxed{{}}.");
+            vec![user(ask), assistant(lines.join("\n"))]
+        }
+        MathStyle::Tutor => vec![
+            system("You are a patient math tutor. Solve the problem one step per line, then write the final answer after ####."),
+            user(question),
+            assistant(&problem.solution),
+        ],
+        MathStyle::AnswerOnly => {
+            vec![user(format!("{question}\nReply with the final number only.")), assistant(answer)]
+        }
+        MathStyle::QuestionAnswer => {
+            let work: Vec<String> = steps.iter().map(|s| format!("{} = {}", s.expression, s.value)).collect();
+            let reply = format!("We compute {}. The answer is {answer}.", work.join(", then "));
+            vec![user(format!("Question: {question}\nAnswer:")), assistant(reply)]
+        }
+        MathStyle::Annotated => {
+            let mut lines: Vec<String> = steps
+                .iter()
+                .map(|s| format!("{}: <<{}={}>>{}.", s.description, s.expression.replace(' ', ""), s.value, s.value))
+                .collect();
+            lines.push(format!("#### {answer}"));
+            let ask = format!("{question}\nShow each calculation as <<expression=result>> and end with #### and the answer.");
+            vec![user(ask), assistant(lines.join("\n"))]
+        }
+        MathStyle::Calculator => calculator_transcript(problem),
+        MathStyle::Check => {
+            let correct = rng.gen_bool(0.5);
+            let proposed = if correct { answer.clone() } else { wrong_answer(answer, rng) };
+            let ask = format!("{question}\nProposed answer: {proposed}\nIs the proposed answer correct? Reply yes or no.");
+            vec![user(ask), assistant(if correct { "yes" } else { "no" })]
+        }
+    }
+}
+
+fn step_lines(steps: &[MathStep]) -> Vec<String> {
+    steps.iter().map(|s| format!("{}: {} = {}.", s.description, s.expression, s.value)).collect()
+}
+
+/// The calculator protocol: one `CALC:` turn per step, the result as a user turn, and a final
+/// turn with the answer.
+fn calculator_transcript(problem: &MathProblem) -> Vec<ChatMessage> {
+    let mut messages = vec![system(CALCULATOR_INSTRUCTION), user(&problem.question)];
+    for step in &problem.steps {
+        messages.push(assistant(format!("{}: CALC: {}", step.description, step.expression)));
+        messages.push(user(format!("RESULT: {}", step.value)));
+    }
+    messages.push(assistant(format!("#### {}", problem.answer)));
+    messages
+}
+
+/// A plausible wrong answer: the right one moved by a small non-zero amount.
+fn wrong_answer(answer: &str, rng: &mut ChaCha8Rng) -> String {
+    match answer.parse::<i64>() {
+        Ok(value) => {
+            let delta = *[-10, -2, -1, 1, 2, 10].choose(rng).unwrap_or(&1);
+            (value + delta).to_string()
+        }
+        Err(_) => format!("{answer}0"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chess
+
+/// A puzzle seen through its episode: what each solver move faced.
+struct ChessTurn {
+    observation: String,
+    fen: String,
+    board: String,
+    side: String,
+    legal_uci: Vec<String>,
+    /// The opponent's move just before this turn, in UCI.
+    last_uci: String,
+    /// The solver's stored move.
+    best_uci: String,
+}
+
+fn chess_turns(task: &Task) -> Option<Vec<ChessTurn>> {
+    let mut episode = chess::episode(task, &ChessConfig::default()).ok()?;
+    let mut turns = Vec::new();
+    for best in chess::gold_actions(task) {
+        let tool = |episode: &mut chess::ChessEpisode, name: &str| episode.call_tool(name, &[]).ok();
+        let legal = tool(&mut episode, "legal_moves")?;
+        let legal_uci = legal.get("uci")?.as_array()?.iter().filter_map(|m| m.as_str().map(str::to_string)).collect();
+        let last = tool(&mut episode, "last_move")?;
+        turns.push(ChessTurn {
+            observation: episode.observation(),
+            fen: episode.fen(),
+            board: tool(&mut episode, "board")?.as_str()?.to_string(),
+            side: tool(&mut episode, "side_to_move")?.as_str()?.to_string(),
+            legal_uci,
+            last_uci: last.get("uci")?.as_str()?.to_string(),
+            best_uci: best.clone(),
+        });
+        if episode.act(&best).done {
+            break;
+        }
+    }
+    Some(turns)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChessStyle {
+    LegalMoves,
+    Observation,
+    Board,
+    ListMoves,
+}
+
+const CHESS_STYLES: [(ChessStyle, f64); 4] = [
+    (ChessStyle::LegalMoves, 4.0),
+    (ChessStyle::Observation, 3.0),
+    (ChessStyle::Board, 1.0),
+    (ChessStyle::ListMoves, 2.0),
+];
+
+impl ChessStyle {
+    fn name(self) -> &'static str {
+        match self {
+            ChessStyle::LegalMoves => "chess/legal-moves",
+            ChessStyle::Observation => "chess/observation",
+            ChessStyle::Board => "chess/board",
+            ChessStyle::ListMoves => "chess/list-moves",
+        }
+    }
+}
+
+fn chess_conversations(count: usize, seed: u64, rng: &mut ChaCha8Rng) -> Vec<Conversation> {
+    let mut conversations = Vec::with_capacity(count);
+    let mut part = 0;
+    while conversations.len() < count {
+        let difficulty = if rng.gen_bool(0.6) { 1 } else { 2 };
+        let chunk = (count - conversations.len()).min(32);
+        for task in chess::generate(chunk, sub_seed(seed, 2, part), difficulty) {
+            let Some(turns) = chess_turns(&task).filter(|turns| !turns.is_empty()) else { continue };
+            let style = *weighted(rng, &CHESS_STYLES);
+            let messages = render_chess(&turns, style);
+            conversations.push(Conversation { domain: Domain::Chess, style: style.name(), messages });
+        }
+        part += 1;
+    }
+    conversations.truncate(count);
+    conversations
+}
+
+fn render_chess(turns: &[ChessTurn], style: ChessStyle) -> Vec<ChatMessage> {
+    let mate_in = turns.len();
+    let mut messages = Vec::new();
+    for (index, turn) in turns.iter().enumerate() {
+        let first = index == 0;
+        let ask = match style {
+            ChessStyle::LegalMoves => {
+                let opening = if first {
+                    format!("Chess puzzle: {} to move and mate in {mate_in}.", turn.side)
+                } else {
+                    format!("The opponent replied {}.", turn.last_uci)
+                };
+                format!(
+                    "{opening}\nFEN: {}\nLegal moves: {}\nReply with the best move in UCI.",
+                    turn.fen,
+                    turn.legal_uci.join(" ")
+                )
+            }
+            ChessStyle::Observation => {
+                let opening = if first { String::new() } else { format!("The opponent replied {}.\n", turn.last_uci) };
+                format!("{opening}{}\nReply with your move in UCI (like e2e4).", turn.observation)
+            }
+            ChessStyle::Board => {
+                format!("{}\n{} to move; the last move was {}. Find the strongest move.", turn.board, turn.side, turn.last_uci)
+            }
+            ChessStyle::ListMoves => {
+                let ask = format!("FEN: {}\nList every legal move in UCI.", turn.fen);
+                return vec![user(ask), assistant(turn.legal_uci.join(" "))];
+            }
+        };
+        messages.push(user(ask));
+        let reply = if style == ChessStyle::Board { format!("Best move: {}", turn.best_uci) } else { turn.best_uci.clone() };
+        messages.push(assistant(reply));
+    }
+    messages
+}
+
+// ---------------------------------------------------------------------------------------------
+// QA
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QaStyle {
+    Passages,
+    ShortForm,
+    Search,
+}
+
+const QA_STYLES: [(QaStyle, f64); 3] = [(QaStyle::Passages, 4.0), (QaStyle::ShortForm, 2.0), (QaStyle::Search, 3.0)];
+
+impl QaStyle {
+    fn name(self) -> &'static str {
+        match self {
+            QaStyle::Passages => "qa/passages",
+            QaStyle::ShortForm => "qa/short-form",
+            QaStyle::Search => "qa/search",
+        }
+    }
+}
+
+/// The system prompt of the search transcripts: `SEARCH: <query>` from the assistant,
+/// `RESULTS:` with passages back as a user turn, then the short answer.
+pub const SEARCH_INSTRUCTION: &str = "You can search a collection of passages. To search, reply with one \
+line `SEARCH: <query>` and wait for the RESULTS. Answer with the short answer only.";
+
+/// Passages shown with a QA question: the supporting ones plus distractors.
+const QA_PASSAGES: usize = 3;
+
+fn qa_conversations(count: usize, seed: u64, rng: &mut ChaCha8Rng) -> Vec<Conversation> {
+    let mut conversations = Vec::with_capacity(count);
+    let mut part = 0;
+    while conversations.len() < count {
+        let difficulty = if rng.gen_bool(0.7) { 1 } else { 3 };
+        let chunk = (count - conversations.len()).min(64);
+        for task in qa::generate(chunk, sub_seed(seed, 3, part), difficulty) {
+            let Ok(payload) = QaPayload::from_task(&task) else { continue };
+            let Some(answer) = payload.answers.first() else { continue };
+            let style = *weighted(rng, &QA_STYLES);
+            let messages = render_qa(&payload, answer, style, rng);
+            conversations.push(Conversation { domain: Domain::Qa, style: style.name(), messages });
+        }
+        part += 1;
+    }
+    conversations.truncate(count);
+    conversations
+}
+
+fn passage_text(paragraphs: &[&qa::ContextParagraph]) -> String {
+    paragraphs.iter().map(|p| format!("[{}] {}", p.title, p.text)).collect::<Vec<_>>().join("\n")
+}
+
+fn render_qa(payload: &QaPayload, answer: &str, style: QaStyle, rng: &mut ChaCha8Rng) -> Vec<ChatMessage> {
+    let supporting: Vec<&qa::ContextParagraph> = payload
+        .supporting_titles
+        .iter()
+        .filter_map(|title| payload.context.iter().find(|p| &p.title == title))
+        .collect();
+    let mut distractors: Vec<&qa::ContextParagraph> =
+        payload.context.iter().filter(|p| !payload.supporting_titles.contains(&p.title)).collect();
+    distractors.shuffle(rng);
+    let question = &payload.question;
+    match style {
+        QaStyle::Passages | QaStyle::ShortForm => {
+            let mut shown: Vec<&qa::ContextParagraph> = supporting.clone();
+            shown.extend(distractors.iter().take(QA_PASSAGES.saturating_sub(supporting.len())));
+            shown.shuffle(rng);
+            let passages = passage_text(&shown);
+            let ask = if style == QaStyle::Passages {
+                format!("Answer the question using the passages.\n{passages}\nQuestion: {question}")
+            } else {
+                format!("{passages}\nQ: {question}\nA:")
+            };
+            vec![user(ask), assistant(answer)]
+        }
+        QaStyle::Search => {
+            let mut messages = vec![system(SEARCH_INSTRUCTION), user(question)];
+            for (hop, found) in supporting.iter().enumerate() {
+                let mut results = vec![*found];
+                results.extend(distractors.get(hop));
+                results.shuffle(rng);
+                messages.push(assistant(format!("SEARCH: {}", found.title)));
+                messages.push(user(format!("RESULTS:\n{}", passage_text(&results))));
+            }
+            messages.push(assistant(answer));
+            messages
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(conversations: usize) -> CorpusSpec {
+        CorpusSpec {
+            conversations,
+            math_share: 0.75,
+            chess_share: 0.1,
+            qa_share: 0.15,
+            math_difficulties: vec![(1, 1.0), (2, 1.0)],
+            excluded_questions: HashSet::new(),
+        }
+    }
+
+    #[test]
+    fn the_corpus_is_deterministic_per_seed_and_covers_every_domain() {
+        let a = build(&spec(300), 7);
+        assert_eq!(a, build(&spec(300), 7));
+        assert_ne!(a, build(&spec(300), 8));
+        assert_eq!(a.len(), 300);
+        for domain in [Domain::Math, Domain::Chess, Domain::Qa] {
+            let n = a.iter().filter(|c| c.domain == domain).count();
+            assert!(n >= 20, "{domain}: {n}");
+        }
+        let math = a.iter().filter(|c| c.domain == Domain::Math).count();
+        assert!(math > 200, "math should dominate: {math}");
+    }
+
+    #[test]
+    fn every_conversation_ends_with_an_assistant_turn_and_alternates() {
+        for conversation in build(&spec(400), 3) {
+            let roles: Vec<&str> = conversation.messages.iter().map(|m| m.role.as_str()).collect();
+            assert_eq!(roles.last(), Some(&"assistant"), "{}", conversation.style);
+            let turns: Vec<&&str> = roles.iter().filter(|r| **r != "system").collect();
+            for pair in turns.windows(2) {
+                assert_ne!(pair[0], pair[1], "{}: {roles:?}", conversation.style);
+            }
+            assert!(conversation.messages.iter().all(|m| !m.content.is_empty()), "{}", conversation.style);
+        }
+    }
+
+    #[test]
+    fn math_answers_are_right_in_every_style() {
+        let spec = spec(600);
+        let tasks: Vec<Task> = (0..20).flat_map(|part| math::generate(64, sub_seed(5, 1, part), 1)).collect();
+        let by_question: std::collections::HashMap<&str, &Task> =
+            tasks.iter().filter_map(|t| Some((text_field(t, "question")?, t))).collect();
+        let mut checked = HashSet::new();
+        for conversation in build(&spec, 5).iter().filter(|c| c.domain == Domain::Math) {
+            if matches!(conversation.style, "math/check" | "math/calculator") {
+                continue;
+            }
+            let question = conversation.messages.iter().find(|m| m.role == "user").map(|m| m.content.as_str());
+            let Some(task) = question.and_then(|q| by_question.iter().find(|(k, _)| q.starts_with(**k))) else {
+                continue;
+            };
+            let reply = &conversation.messages.last().expect("a reply").content;
+            assert!(math::score(task.1, reply).success, "{}: {reply}", conversation.style);
+            checked.insert(conversation.style);
+        }
+        assert!(checked.len() >= 6, "styles checked: {checked:?}");
+    }
+
+    #[test]
+    fn calculator_transcripts_use_expressions_the_calculator_accepts() {
+        let corpus = build(&spec(400), 11);
+        let transcript = corpus.iter().find(|c| c.style == "math/calculator").expect("a calculator transcript");
+        let calls = transcript.messages.iter().filter(|m| m.role == "assistant").filter_map(|m| m.content.split_once("CALC: "));
+        let results = transcript.messages.iter().filter_map(|m| m.content.strip_prefix("RESULT: "));
+        let mut n = 0;
+        for ((_, expression), result) in calls.zip(results) {
+            assert_eq!(math::calculate(expression).expect("calculable").to_string(), result);
+            n += 1;
+        }
+        assert!(n >= 2);
+    }
+
+    #[test]
+    fn chess_replies_are_the_stored_solutions_and_legal() {
+        for conversation in build(&spec(400), 13).iter().filter(|c| c.domain == Domain::Chess) {
+            if conversation.style == "chess/list-moves" {
+                continue;
+            }
+            for pair in conversation.messages.windows(2).filter(|p| p[1].role == "assistant") {
+                let reply = pair[1].content.trim_start_matches("Best move: ");
+                assert!(pair[0].content.contains(&format!(" {reply}")) || conversation.style != "chess/legal-moves");
+                assert!((4..=5).contains(&reply.len()), "{reply}");
+            }
+        }
+    }
+
+    #[test]
+    fn excluded_questions_never_appear() {
+        let mut spec = spec(200);
+        let first = build(&spec, 2);
+        let question = first.iter().find(|c| c.style == "math/plain").expect("a plain one").messages[0]
+            .content
+            .trim_end_matches(PLAIN_MATH_INSTRUCTION)
+            .trim_end()
+            .to_string();
+        spec.excluded_questions.insert(question.clone());
+        let second = build(&spec, 2);
+        assert!(second.iter().all(|c| c.messages.iter().all(|m| !m.content.contains(&question))));
+    }
+}
