@@ -12,11 +12,8 @@ pub mod pareto;
 pub mod task;
 pub mod trajectory;
 
-
 pub use ledger::{Ledger, Purpose, Spend};
 pub use metrics::{Estimate, Scores, TaskSamples};
 pub use pareto::Objectives;
 pub use task::{Domain, Split, Task};
-pub use trajectory::{
-    ChatMessage, ErrorKind, ModelCall, RolloutError, ToolCall, Trajectory, Verdict, WallTime,
-};
+pub use trajectory::{ChatMessage, ErrorKind, ModelCall, RolloutError, ToolCall, Trajectory, Verdict, WallTime};

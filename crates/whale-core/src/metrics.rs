@@ -62,10 +62,7 @@ pub fn task_pass_at(s: &TaskSamples, k: usize) -> f64 {
     if n - c < k {
         return 1.0;
     }
-    let fail: f64 = ((n - c - k + 1)..=(n - c))
-        .zip((n - k + 1)..=n)
-        .map(|(a, b)| a as f64 / b as f64)
-        .product();
+    let fail: f64 = ((n - c - k + 1)..=(n - c)).zip((n - k + 1)..=n).map(|(a, b)| a as f64 / b as f64).product();
     1.0 - fail
 }
 
@@ -79,10 +76,7 @@ pub fn task_majority(s: &TaskSamples) -> f64 {
             e.0 += 1;
         }
     }
-    let best = counts
-        .values()
-        .max_by(|x, y| x.0.cmp(&y.0).then(y.1.cmp(&x.1)))
-        .map(|&(_, first)| first);
+    let best = counts.values().max_by(|x, y| x.0.cmp(&y.0).then(y.1.cmp(&x.1))).map(|&(_, first)| first);
     best.map_or(0.0, |i| s.rewards.get(i).copied().unwrap_or(0.0))
 }
 
@@ -94,9 +88,8 @@ pub fn bootstrap_mean(values: &[f64], resamples: usize, seed: u64) -> Estimate {
     }
     let value = values.iter().sum::<f64>() / n as f64;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut means: Vec<f64> = (0..resamples.max(1))
-        .map(|_| (0..n).map(|_| values[rng.gen_range(0..n)]).sum::<f64>() / n as f64)
-        .collect();
+    let mut means: Vec<f64> =
+        (0..resamples.max(1)).map(|_| (0..n).map(|_| values[rng.gen_range(0..n)]).sum::<f64>() / n as f64).collect();
     means.sort_by(|a, b| a.total_cmp(b));
     let at = |q: f64| means[((q * (means.len() - 1) as f64).round() as usize).min(means.len() - 1)];
     Estimate { value, lo: at(0.025), hi: at(0.975) }

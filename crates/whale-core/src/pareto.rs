@@ -20,18 +20,15 @@ impl Objectives {
         let ge = self.success >= other.success
             && self.mean_turns <= other.mean_turns
             && self.mean_tokens <= other.mean_tokens;
-        let gt = self.success > other.success
-            || self.mean_turns < other.mean_turns
-            || self.mean_tokens < other.mean_tokens;
+        let gt =
+            self.success > other.success || self.mean_turns < other.mean_turns || self.mean_tokens < other.mean_tokens;
         ge && gt
     }
 }
 
 /// Indices of the non-dominated items, in input order.
 pub fn front(items: &[Objectives]) -> Vec<usize> {
-    (0..items.len())
-        .filter(|&i| !items.iter().any(|o| o.dominates(&items[i])))
-        .collect()
+    (0..items.len()).filter(|&i| !items.iter().any(|o| o.dominates(&items[i]))).collect()
 }
 
 /// The index of the best item: highest success, then fewest turns, then fewest tokens;

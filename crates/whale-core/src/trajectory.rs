@@ -173,10 +173,9 @@ mod tests {
 
     #[test]
     fn model_calls_default_to_trainable() {
-        let c: ModelCall = serde_json::from_str(
-            r#"{"messages":[],"completion":"x","prompt_tokens":1,"completion_tokens":1}"#,
-        )
-        .unwrap();
+        let c: ModelCall =
+            serde_json::from_str(r#"{"messages":[],"completion":"x","prompt_tokens":1,"completion_tokens":1}"#)
+                .unwrap();
         assert!(c.trainable);
     }
 }

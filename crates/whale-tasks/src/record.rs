@@ -17,12 +17,7 @@ pub struct RecordError {
 
 impl RecordError {
     pub fn new(file: &Path, line: usize, field: Option<&str>, reason: impl Into<String>) -> Self {
-        Self {
-            file: file.to_path_buf(),
-            line,
-            field: field.map(str::to_string),
-            reason: reason.into(),
-        }
+        Self { file: file.to_path_buf(), line, field: field.map(str::to_string), reason: reason.into() }
     }
 }
 

@@ -12,10 +12,8 @@ use whale_core::{Domain, Task};
 use whale_tasks::chess::{self, ChessConfig};
 use whale_tasks::{Episode, LoadReport, RecordError};
 
-const SHARED_FILES: [(&str, usize); 2] = [
-    ("kagi_llm_chess_puzzles.csv", 1000),
-    ("darlinx25_chess_practice_puzzles.csv", 1499),
-];
+const SHARED_FILES: [(&str, usize); 2] =
+    [("kagi_llm_chess_puzzles.csv", 1000), ("darlinx25_chess_practice_puzzles.csv", 1499)];
 
 fn shared_data() -> PathBuf {
     let relative = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");
@@ -33,18 +31,13 @@ fn shared_file(name: &str) -> PathBuf {
 fn shared_tasks() -> &'static Vec<Task> {
     static TASKS: OnceLock<Vec<Task>> = OnceLock::new();
     TASKS.get_or_init(|| {
-        SHARED_FILES
-            .iter()
-            .flat_map(|(name, _)| chess::load(&shared_file(name)).into_tasks())
-            .collect()
+        SHARED_FILES.iter().flat_map(|(name, _)| chess::load(&shared_file(name)).into_tasks()).collect()
     })
 }
 
 fn position(fen: &str) -> Chess {
     let parsed: Fen = fen.parse().expect("FEN parses");
-    parsed
-        .into_position(CastlingMode::Standard)
-        .expect("legal position")
+    parsed.into_position(CastlingMode::Standard).expect("legal position")
 }
 
 fn uci_move(position: &Chess, text: &str) -> Move {
@@ -57,12 +50,7 @@ fn uci_of(m: Move) -> String {
 }
 
 fn payload_moves(task: &Task) -> Vec<String> {
-    task.payload["moves"]
-        .as_array()
-        .expect("moves")
-        .iter()
-        .map(|m| m.as_str().expect("uci").to_string())
-        .collect()
+    task.payload["moves"].as_array().expect("moves").iter().map(|m| m.as_str().expect("uci").to_string()).collect()
 }
 
 /// The position after the setup move, replayed with shakmaty alone.
@@ -85,11 +73,7 @@ fn mates(pos: &Chess) -> Vec<Move> {
 }
 
 fn write_temp(contents: &[u8], suffix: &str) -> tempfile::NamedTempFile {
-    let mut file = tempfile::Builder::new()
-        .prefix("chess-test-")
-        .suffix(suffix)
-        .tempfile()
-        .expect("temp file");
+    let mut file = tempfile::Builder::new().prefix("chess-test-").suffix(suffix).tempfile().expect("temp file");
     file.write_all(contents).expect("write temp file");
     file
 }
@@ -103,17 +87,9 @@ fn play_all(task: &Task, actions: &[String]) -> whale_core::Verdict {
     let mut episode = chess::episode(task, &ChessConfig::default()).expect("valid task");
     for action in actions {
         let outcome = episode.act(action);
-        assert!(
-            !outcome.invalid,
-            "{}: `{action}` rejected: {}",
-            task.id, outcome.reply
-        );
+        assert!(!outcome.invalid, "{}: `{action}` rejected: {}", task.id, outcome.reply);
     }
-    assert!(
-        episode.is_done(),
-        "{}: episode not over after the gold line",
-        task.id
-    );
+    assert!(episode.is_done(), "{}: episode not over after the gold line", task.id);
     episode.verdict()
 }
 
@@ -121,11 +97,7 @@ fn play_all(task: &Task, actions: &[String]) -> whale_core::Verdict {
 fn every_shared_puzzle_loads_without_rejection() {
     for (name, expected) in SHARED_FILES {
         let report = chess::load(&shared_file(name));
-        assert!(
-            report.rejected.is_empty(),
-            "{name}: {:?}",
-            &report.rejected[..report.rejected.len().min(5)]
-        );
+        assert!(report.rejected.is_empty(), "{name}: {:?}", &report.rejected[..report.rejected.len().min(5)]);
         assert_eq!(report.tasks.len(), expected, "{name}");
         let (line, task) = &report.tasks[0];
         assert_eq!(*line, 2, "the first record sits under the header");
@@ -134,16 +106,10 @@ fn every_shared_puzzle_loads_without_rejection() {
     }
     let first = &chess::load(&shared_file("kagi_llm_chess_puzzles.csv")).tasks[0].1;
     assert_eq!(first.id, "tewjc");
-    assert_eq!(
-        first.payload["fen"],
-        "r5k1/pp3p1p/2b2qp1/3pr3/8/4P2P/R1PN1PP1/Q3K2R w K - 0 19"
-    );
+    assert_eq!(first.payload["fen"], "r5k1/pp3p1p/2b2qp1/3pr3/8/4P2P/R1PN1PP1/Q3K2R w K - 0 19");
     assert_eq!(first.payload["rating"], 1493);
     assert_eq!(first.payload["themes"][0], "crushing");
-    assert_eq!(
-        payload_moves(first),
-        ["a2a7", "e5e3", "f2e3", "f6a1", "a7a1", "a8a1"]
-    );
+    assert_eq!(payload_moves(first), ["a2a7", "e5e3", "f2e3", "f6a1", "a7a1", "a8a1"]);
 }
 
 #[test]
@@ -154,19 +120,10 @@ fn every_shared_puzzle_is_solved_by_its_gold_line_in_uci_and_san() {
         let gold = chess::gold_actions(task);
         assert_eq!(gold.len(), payload_moves(task).len() / 2);
         let verdict = play_all(task, &gold);
-        assert!(
-            verdict.success && verdict.reward == 1.0,
-            "{}: {}",
-            task.id,
-            verdict.detail
-        );
+        assert!(verdict.success && verdict.reward == 1.0, "{}: {}", task.id, verdict.detail);
         let san = gold_in_san(task);
         let verdict = chess::score(task, &san.join(" "));
-        assert!(
-            verdict.success,
-            "{} in SAN {san:?}: {}",
-            task.id, verdict.detail
-        );
+        assert!(verdict.success, "{} in SAN {san:?}: {}", task.id, verdict.detail);
     }
 }
 
@@ -191,30 +148,18 @@ fn a_legal_wrong_move_fails_the_puzzle() {
         let start = solver_start(task);
         let expected = uci_move(&start, &chess::gold_actions(task)[0]);
         let mating = mates(&start);
-        let Some(wrong) = start
-            .legal_moves()
-            .into_iter()
-            .find(|&m| m != expected && !mating.contains(&m))
-        else {
+        let Some(wrong) = start.legal_moves().into_iter().find(|&m| m != expected && !mating.contains(&m)) else {
             continue;
         };
         let mut episode = chess::episode(task, &ChessConfig::default()).expect("valid");
         let outcome = episode.act(&uci_of(wrong));
-        assert!(
-            outcome.done && !outcome.solved && !outcome.invalid,
-            "{}: {}",
-            task.id,
-            outcome.reply
-        );
+        assert!(outcome.done && !outcome.solved && !outcome.invalid, "{}: {}", task.id, outcome.reply);
         let verdict = episode.verdict();
         assert_eq!(verdict.reward, 0.0);
         assert!(!verdict.success);
         checked += 1;
     }
-    assert!(
-        checked > 2400,
-        "only {checked} puzzles had a wrong legal move"
-    );
+    assert!(checked > 2400, "only {checked} puzzles had a wrong legal move");
 }
 
 #[test]
@@ -228,19 +173,10 @@ fn another_mating_move_solves_a_mate_puzzle() {
         let other = mates(&start).into_iter().find(|&m| uci_of(m) != gold[0])?;
         Some((task, uci_of(other)))
     });
-    let (task, other) =
-        alternative.expect("the shared data holds a mate in one with two mating moves");
+    let (task, other) = alternative.expect("the shared data holds a mate in one with two mating moves");
     let verdict = chess::score(task, &other);
-    assert!(
-        verdict.success,
-        "{} with {other}: {}",
-        task.id, verdict.detail
-    );
-    assert!(
-        verdict.detail.contains("another mate"),
-        "{}",
-        verdict.detail
-    );
+    assert!(verdict.success, "{} with {other}: {}", task.id, verdict.detail);
+    assert!(verdict.detail.contains("another mate"), "{}", verdict.detail);
 }
 
 /// A hand-built mate in one where either rook mates on the back rank.
@@ -263,18 +199,9 @@ fn either_back_rank_mate_solves_the_hand_built_puzzle() {
 #[test]
 fn illegal_and_malformed_moves_have_separate_retries() {
     let task = two_rook_task();
-    assert!(
-        chess::score(&task, "a1a9x e1e8").success,
-        "one malformed move is forgiven"
-    );
-    assert!(
-        chess::score(&task, "e1e7e a1b8 e1e8").success,
-        "one of each kind is forgiven"
-    );
-    assert!(
-        !chess::score(&task, "hello world e1e8").success,
-        "two malformed moves fail"
-    );
+    assert!(chess::score(&task, "a1a9x e1e8").success, "one malformed move is forgiven");
+    assert!(chess::score(&task, "e1e7e a1b8 e1e8").success, "one of each kind is forgiven");
+    assert!(!chess::score(&task, "hello world e1e8").success, "two malformed moves fail");
 
     let mut episode = chess::episode(&task, &ChessConfig::default()).expect("valid");
     let first = episode.act("a1a7a");
@@ -285,10 +212,7 @@ fn illegal_and_malformed_moves_have_separate_retries() {
     assert!(second_illegal.invalid && second_illegal.done && !second_illegal.solved);
     assert_eq!(episode.verdict().reward, 0.0);
 
-    let strict = ChessConfig {
-        malformed_retries: 0,
-        illegal_retries: 3,
-    };
+    let strict = ChessConfig { malformed_retries: 0, illegal_retries: 3 };
     let mut episode = chess::episode(&task, &strict).expect("valid");
     assert!(episode.act("nonsense").done);
     assert!(!episode.verdict().success);
@@ -296,10 +220,7 @@ fn illegal_and_malformed_moves_have_separate_retries() {
 
 #[test]
 fn an_illegal_move_then_the_solution_passes_but_two_illegal_moves_fail() {
-    let task = shared_tasks()
-        .iter()
-        .find(|t| chess::gold_actions(t).len() >= 2)
-        .expect("a longer puzzle");
+    let task = shared_tasks().iter().find(|t| chess::gold_actions(t).len() >= 2).expect("a longer puzzle");
     let illegal = "a1a1";
     let mut episode = chess::episode(task, &ChessConfig::default()).expect("valid");
     let outcome = episode.act(illegal);
@@ -309,44 +230,22 @@ fn an_illegal_move_then_the_solution_passes_but_two_illegal_moves_fail() {
     assert!(chess::score(task, &with_one).success);
     let with_two = format!("{illegal} {illegal} {}", gold.join(" "));
     let verdict = chess::score(task, &with_two);
-    assert!(
-        !verdict.success && verdict.reward == 0.0,
-        "{}",
-        verdict.detail
-    );
+    assert!(!verdict.success && verdict.reward == 0.0, "{}", verdict.detail);
 }
 
 #[test]
 fn replies_and_tools_follow_the_stored_line() {
-    let task = shared_tasks()
-        .iter()
-        .find(|t| chess::gold_actions(t).len() >= 2)
-        .expect("a longer puzzle");
+    let task = shared_tasks().iter().find(|t| chess::gold_actions(t).len() >= 2).expect("a longer puzzle");
     let moves = payload_moves(task);
     let mut episode = chess::episode(task, &ChessConfig::default()).expect("valid");
     let start = solver_start(task);
-    assert!(episode
-        .observation()
-        .contains(&Fen::from_position(&start, EnPassantMode::Legal).to_string()));
-    assert_eq!(
-        episode.call_tool("last_move", &[]).expect("tool")["uci"],
-        moves[0].as_str()
-    );
+    assert!(episode.observation().contains(&Fen::from_position(&start, EnPassantMode::Legal).to_string()));
+    assert_eq!(episode.call_tool("last_move", &[]).expect("tool")["uci"], moves[0].as_str());
 
     let legal = episode.call_tool("legal_moves", &[]).expect("tool");
-    assert_eq!(
-        legal["uci"].as_array().expect("uci").len(),
-        start.legal_moves().len()
-    );
-    assert_eq!(
-        legal["san"].as_array().expect("san").len(),
-        start.legal_moves().len()
-    );
-    let side = if start.turn().is_white() {
-        "white"
-    } else {
-        "black"
-    };
+    assert_eq!(legal["uci"].as_array().expect("uci").len(), start.legal_moves().len());
+    assert_eq!(legal["san"].as_array().expect("san").len(), start.legal_moves().len());
+    let side = if start.turn().is_white() { "white" } else { "black" };
     assert_eq!(episode.call_tool("side_to_move", &[]).expect("tool"), side);
     let board = episode.call_tool("board", &[]).expect("tool");
     assert_eq!(board.as_str().expect("text").lines().count(), 9);
@@ -359,11 +258,7 @@ fn replies_and_tools_follow_the_stored_line() {
     after_reply.play_unchecked(uci_move(&start, &moves[1]));
     let reply = uci_move(&after_reply, &moves[2]);
     let reply_san = SanPlus::from_move(after_reply.clone(), reply).to_string();
-    assert!(
-        outcome.reply.contains(&moves[2]) && outcome.reply.contains(&reply_san),
-        "{}",
-        outcome.reply
-    );
+    assert!(outcome.reply.contains(&moves[2]) && outcome.reply.contains(&reply_san), "{}", outcome.reply);
     let last = episode.call_tool("last_move", &[]).expect("tool");
     assert_eq!(last, json!({"uci": moves[2], "san": reply_san}));
     after_reply.play_unchecked(reply);
@@ -381,24 +276,17 @@ fn public_view_hides_the_line() {
     let text = view.to_string();
     let moves = payload_moves(task);
     for solver_move in moves.iter().skip(1).step_by(2) {
-        assert!(
-            !text.contains(solver_move.as_str()),
-            "{solver_move} leaks into {text}"
-        );
+        assert!(!text.contains(solver_move.as_str()), "{solver_move} leaks into {text}");
     }
     let start = solver_start(task);
-    assert_eq!(
-        view["fen"],
-        Fen::from_position(&start, EnPassantMode::Legal).to_string()
-    );
+    assert_eq!(view["fen"], Fen::from_position(&start, EnPassantMode::Legal).to_string());
     assert_eq!(view["last_move"]["uci"], moves[0].as_str());
     assert_eq!(view["rating"], task.payload["rating"]);
 }
 
 /// The first `n` records of a shared file as (PuzzleId, FEN, Moves, Rating, Themes).
 fn shared_rows(n: usize) -> Vec<[String; 5]> {
-    let mut reader =
-        csv::Reader::from_path(shared_file("kagi_llm_chess_puzzles.csv")).expect("shared csv");
+    let mut reader = csv::Reader::from_path(shared_file("kagi_llm_chess_puzzles.csv")).expect("shared csv");
     reader
         .records()
         .take(n)
@@ -410,30 +298,18 @@ fn shared_rows(n: usize) -> Vec<[String; 5]> {
 }
 
 fn payload_core(task: &Task) -> (Value, Value, Value) {
-    (
-        task.payload["fen"].clone(),
-        task.payload["moves"].clone(),
-        task.payload["rating"].clone(),
-    )
+    (task.payload["fen"].clone(), task.payload["moves"].clone(), task.payload["rating"].clone())
 }
 
 #[test]
 fn headerless_rows_load_with_ids_from_file_and_line() {
     let rows = shared_rows(40);
-    let text: String = rows
-        .iter()
-        .map(|r| format!("{},{},{}\n", r[1], r[2], r[3]))
-        .collect();
+    let text: String = rows.iter().map(|r| format!("{},{},{}\n", r[1], r[2], r[3])).collect();
     let (report, file) = load_bytes(text.as_bytes(), ".csv");
     assert!(report.rejected.is_empty(), "{:?}", report.rejected);
     let reference = &shared_tasks()[..40];
     assert_eq!(report.tasks.len(), 40);
-    let stem = file
-        .path()
-        .file_stem()
-        .expect("stem")
-        .to_string_lossy()
-        .to_string();
+    let stem = file.path().file_stem().expect("stem").to_string_lossy().to_string();
     for (index, ((line, task), original)) in report.tasks.iter().zip(reference).enumerate() {
         assert_eq!(*line, index + 1);
         assert_eq!(task.id, format!("{stem}-{line}"));
@@ -446,54 +322,30 @@ fn jsonl_loads_with_moves_as_string_or_array() {
     let rows = shared_rows(30);
     let mut text = String::new();
     for (index, r) in rows.iter().enumerate() {
-        let moves: Value = if index % 2 == 0 {
-            json!(r[2])
-        } else {
-            json!(r[2].split(' ').collect::<Vec<_>>())
-        };
-        let rating: Value = if index % 3 == 0 {
-            json!(r[3])
-        } else {
-            json!(r[3].parse::<u32>().expect("rating"))
-        };
+        let moves: Value = if index % 2 == 0 { json!(r[2]) } else { json!(r[2].split(' ').collect::<Vec<_>>()) };
+        let rating: Value = if index % 3 == 0 { json!(r[3]) } else { json!(r[3].parse::<u32>().expect("rating")) };
         let record = json!({"PuzzleId": r[0], "FEN": r[1], "Moves": moves, "Rating": rating, "Themes": r[4]});
         text.push_str(&format!("{record}\n\n"));
     }
     for suffix in [".jsonl", ".txt"] {
         let (report, _file) = load_bytes(text.as_bytes(), suffix);
-        assert!(
-            report.rejected.is_empty(),
-            "{suffix}: {:?}",
-            report.rejected
-        );
-        assert_eq!(
-            report
-                .tasks
-                .iter()
-                .map(|(_, t)| t.clone())
-                .collect::<Vec<_>>(),
-            shared_tasks()[..30]
-        );
+        assert!(report.rejected.is_empty(), "{suffix}: {:?}", report.rejected);
+        assert_eq!(report.tasks.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>(), shared_tasks()[..30]);
         assert_eq!(report.tasks[1].0, 3, "blank lines still count");
     }
 }
 
 #[test]
 fn a_reordered_header_loads_the_same_tasks() {
-    let source =
-        std::fs::read_to_string(shared_file("darlinx25_chess_practice_puzzles.csv")).expect("read");
+    let source = std::fs::read_to_string(shared_file("darlinx25_chess_practice_puzzles.csv")).expect("read");
     let mut reader = csv::Reader::from_reader(source.as_bytes());
     let header = reader.headers().expect("header").clone();
     let order = [7, 3, 2, 10, 0, 1, 4, 5, 6, 8, 9];
     let mut writer = csv::Writer::from_writer(Vec::new());
-    writer
-        .write_record(order.map(|i| &header[i]))
-        .expect("header");
+    writer.write_record(order.map(|i| &header[i])).expect("header");
     for record in reader.records().take(100) {
         let record = record.expect("record");
-        writer
-            .write_record(order.map(|i| &record[i]))
-            .expect("record");
+        writer.write_record(order.map(|i| &record[i])).expect("record");
     }
     let bytes = writer.into_inner().expect("csv bytes");
     let (report, _file) = load_bytes(&bytes, ".csv");
@@ -512,8 +364,7 @@ fn error_at(report: &LoadReport, line: usize) -> &RecordError {
 
 #[test]
 fn every_bad_record_is_reported_and_the_good_ones_load() {
-    let good =
-        "0kDWS,1r6/1PN5/3p4/4kpp1/1R6/P3n3/K1P5/8 b - - 0 49,e3d5 b4b5 b8b7 b5b7,1947,endgame pin";
+    let good = "0kDWS,1r6/1PN5/3p4/4kpp1/1R6/P3n3/K1P5/8 b - - 0 49,e3d5 b4b5 b8b7 b5b7,1947,endgame pin";
     let mut bytes = b"PuzzleId,FEN,Moves,Rating,Themes\n".to_vec();
     let lines: [&[u8]; 8] = [
         good.as_bytes(),
@@ -532,75 +383,31 @@ fn every_bad_record_is_reported_and_the_good_ones_load() {
     bytes.extend_from_slice(format!("{}\n", good.replace("0kDWS", "again")).as_bytes());
     let (report, _file) = load_bytes(&bytes, ".csv");
     assert_eq!(
-        report
-            .tasks
-            .iter()
-            .map(|(line, t)| (*line, t.id.as_str()))
-            .collect::<Vec<_>>(),
+        report.tasks.iter().map(|(line, t)| (*line, t.id.as_str())).collect::<Vec<_>>(),
         [(2, "0kDWS"), (10, "again")]
     );
     assert_eq!(report.rejected.len(), 7, "{:?}", report.rejected);
-    let expect = [
-        (3, "FEN"),
-        (4, "Moves"),
-        (5, "Moves"),
-        (6, "Rating"),
-        (7, "Themes"),
-        (8, "Moves"),
-        (9, "Moves"),
-    ];
+    let expect = [(3, "FEN"), (4, "Moves"), (5, "Moves"), (6, "Rating"), (7, "Themes"), (8, "Moves"), (9, "Moves")];
     for (line, field) in expect {
         let error = error_at(&report, line);
         assert_eq!(error.field.as_deref(), Some(field), "line {line}: {error}");
-        assert!(error
-            .to_string()
-            .starts_with(&format!("{}:{line}: field `{field}`", error.file.display())));
+        assert!(error.to_string().starts_with(&format!("{}:{line}: field `{field}`", error.file.display())));
     }
-    assert!(
-        error_at(&report, 4).reason.contains("move 2 `b4c5`"),
-        "{}",
-        error_at(&report, 4)
-    );
-    assert!(
-        error_at(&report, 5).reason.contains("has 1 moves"),
-        "{}",
-        error_at(&report, 5)
-    );
-    assert!(
-        error_at(&report, 6).reason.contains("`high`"),
-        "{}",
-        error_at(&report, 6)
-    );
-    assert!(
-        error_at(&report, 7).reason.contains("UTF-8"),
-        "{}",
-        error_at(&report, 7)
-    );
-    assert!(
-        error_at(&report, 9).reason.contains("missing"),
-        "{}",
-        error_at(&report, 9)
-    );
+    assert!(error_at(&report, 4).reason.contains("move 2 `b4c5`"), "{}", error_at(&report, 4));
+    assert!(error_at(&report, 5).reason.contains("has 1 moves"), "{}", error_at(&report, 5));
+    assert!(error_at(&report, 6).reason.contains("`high`"), "{}", error_at(&report, 6));
+    assert!(error_at(&report, 7).reason.contains("UTF-8"), "{}", error_at(&report, 7));
+    assert!(error_at(&report, 9).reason.contains("missing"), "{}", error_at(&report, 9));
 }
 
 #[test]
 fn whole_file_problems_are_reported() {
-    let (report, _file) = load_bytes(
-        b"PuzzleId,FEN,Rating\nx,8/8/8/8/8/8/8/K1k5 w - - 0 1,1000\n",
-        ".csv",
-    );
+    let (report, _file) = load_bytes(b"PuzzleId,FEN,Rating\nx,8/8/8/8/8/8/8/K1k5 w - - 0 1,1000\n", ".csv");
     assert!(report.tasks.is_empty());
     assert_eq!(report.rejected.len(), 1);
-    assert_eq!(
-        (report.rejected[0].line, report.rejected[0].field.as_deref()),
-        (1, Some("Moves"))
-    );
+    assert_eq!((report.rejected[0].line, report.rejected[0].field.as_deref()), (1, Some("Moves")));
 
-    for (contents, suffix) in [
-        (&b""[..], ".csv"),
-        (b"  \n\n", ".jsonl"),
-        (b"PuzzleId,FEN,Moves\n", ".csv"),
-    ] {
+    for (contents, suffix) in [(&b""[..], ".csv"), (b"  \n\n", ".jsonl"), (b"PuzzleId,FEN,Moves\n", ".csv")] {
         let (report, _file) = load_bytes(contents, suffix);
         assert!(report.tasks.is_empty());
         assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
@@ -623,29 +430,11 @@ fn bad_json_records_name_their_field() {
     ]
     .join("\n");
     let (report, file) = load_bytes(text.as_bytes(), ".jsonl");
-    let stem = file
-        .path()
-        .file_stem()
-        .expect("stem")
-        .to_string_lossy()
-        .to_string();
+    let stem = file.path().file_stem().expect("stem").to_string_lossy().to_string();
     assert_eq!(report.tasks.len(), 1);
     assert_eq!(report.tasks[0].1.id, format!("{stem}-1"));
-    let fields: Vec<(usize, Option<&str>)> = report
-        .rejected
-        .iter()
-        .map(|e| (e.line, e.field.as_deref()))
-        .collect();
-    assert_eq!(
-        fields,
-        [
-            (2, Some("Moves")),
-            (3, Some("Rating")),
-            (4, Some("Moves")),
-            (5, None),
-            (6, Some("FEN"))
-        ]
-    );
+    let fields: Vec<(usize, Option<&str>)> = report.rejected.iter().map(|e| (e.line, e.field.as_deref())).collect();
+    assert_eq!(fields, [(2, Some("Moves")), (3, Some("Rating")), (4, Some("Moves")), (5, None), (6, Some("FEN"))]);
 }
 
 #[test]
@@ -683,11 +472,7 @@ fn assert_real_mate(task: &Task, depth: usize) {
         let m = uci_move(&pos, text);
         pos.play_unchecked(m);
     }
-    assert!(
-        pos.is_checkmate(),
-        "{}: the line does not end in mate",
-        task.id
-    );
+    assert!(pos.is_checkmate(), "{}: the line does not end in mate", task.id);
     if depth == 2 {
         assert!(mates(&start).is_empty(), "{}: has a mate in one", task.id);
         let mut defended = start.clone();
@@ -697,12 +482,7 @@ fn assert_real_mate(task: &Task, depth: usize) {
         for reply in replies {
             let mut answer = defended.clone();
             answer.play_unchecked(reply);
-            assert!(
-                !mates(&answer).is_empty(),
-                "{}: {} escapes",
-                task.id,
-                uci_of(reply)
-            );
+            assert!(!mates(&answer).is_empty(), "{}: {} escapes", task.id, uci_of(reply));
         }
     }
 }
@@ -712,10 +492,7 @@ fn generated_mates_are_real_and_gold_solves_them() {
     for (depth, count, seed) in [(1usize, 200usize, 11u64), (2, 50, 12)] {
         let tasks = chess::generate(count, seed, depth as u32);
         assert_eq!(tasks.len(), count);
-        let mut fens: Vec<&str> = tasks
-            .iter()
-            .map(|t| t.payload["fen"].as_str().expect("fen"))
-            .collect();
+        let mut fens: Vec<&str> = tasks.iter().map(|t| t.payload["fen"].as_str().expect("fen")).collect();
         fens.sort_unstable();
         fens.dedup();
         assert_eq!(fens.len(), count, "duplicate puzzles");
@@ -723,10 +500,7 @@ fn generated_mates_are_real_and_gold_solves_them() {
             assert_real_mate(task, depth);
             let verdict = play_all(task, &chess::gold_actions(task));
             assert!(verdict.success, "{}: {}", task.id, verdict.detail);
-            assert!(task.payload["themes"]
-                .as_array()
-                .expect("themes")
-                .contains(&json!(format!("mateIn{depth}"))));
+            assert!(task.payload["themes"].as_array().expect("themes").contains(&json!(format!("mateIn{depth}"))));
             assert!(task.payload["rating"].as_u64().is_some());
         }
         let mut bytes = Vec::new();
@@ -742,9 +516,5 @@ fn generation_is_deterministic_per_seed() {
     assert_eq!(chess::generate(10, 5, 1), chess::generate(10, 5, 1));
     assert_ne!(chess::generate(10, 5, 1), chess::generate(10, 6, 1));
     assert_eq!(chess::generate(3, 5, 2), chess::generate(3, 5, 2));
-    assert_eq!(
-        chess::generate(4, 9, 7),
-        chess::generate(4, 9, 2),
-        "difficulty is clamped to 2"
-    );
+    assert_eq!(chess::generate(4, 9, 7), chess::generate(4, 9, 2), "difficulty is clamped to 2");
 }

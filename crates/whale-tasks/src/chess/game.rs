@@ -24,10 +24,7 @@ pub struct ChessConfig {
 
 impl Default for ChessConfig {
     fn default() -> Self {
-        Self {
-            malformed_retries: 1,
-            illegal_retries: 1,
-        }
+        Self { malformed_retries: 1, illegal_retries: 1 }
     }
 }
 
@@ -56,16 +53,7 @@ impl ChessEpisode {
     pub(crate) fn new(puzzle: Puzzle, config: ChessConfig) -> ChessEpisode {
         let last_move = MoveText::of(&puzzle.start, puzzle.line[0]);
         let position = puzzle.after_setup();
-        ChessEpisode {
-            puzzle,
-            config,
-            position,
-            next: 1,
-            last_move,
-            malformed: 0,
-            illegal: 0,
-            status: Status::Playing,
-        }
+        ChessEpisode { puzzle, config, position, next: 1, last_move, malformed: 0, illegal: 0, status: Status::Playing }
     }
 
     /// The current position in FEN.
@@ -79,44 +67,26 @@ impl ChessEpisode {
 
     /// Legal moves sorted by UCI, with the SAN of each at the same index.
     fn legal_moves(&self) -> Value {
-        let mut moves: Vec<MoveText> = self
-            .position
-            .legal_moves()
-            .into_iter()
-            .map(|m| MoveText::of(&self.position, m))
-            .collect();
+        let mut moves: Vec<MoveText> =
+            self.position.legal_moves().into_iter().map(|m| MoveText::of(&self.position, m)).collect();
         moves.sort_by(|a, b| a.uci.cmp(&b.uci));
-        let (uci, san): (Vec<String>, Vec<String>) =
-            moves.into_iter().map(|t| (t.uci, t.san)).unzip();
+        let (uci, san): (Vec<String>, Vec<String>) = moves.into_iter().map(|t| (t.uci, t.san)).unzip();
         json!({ "uci": uci, "san": san })
     }
 
     fn outcome(&self, reply: String, invalid: bool) -> StepOutcome {
-        StepOutcome {
-            reply,
-            invalid,
-            done: self.is_done(),
-            solved: matches!(self.status, Status::Solved(_)),
-        }
+        StepOutcome { reply, invalid, done: self.is_done(), solved: matches!(self.status, Status::Solved(_)) }
     }
 
     fn reject(&mut self, action: &str, rejection: MoveRejection) -> StepOutcome {
         let (count, allowed, what) = match rejection {
             MoveRejection::Malformed => {
                 self.malformed += 1;
-                (
-                    self.malformed,
-                    self.config.malformed_retries,
-                    "is not a move in UCI (e2e4) or SAN (Nf3)",
-                )
+                (self.malformed, self.config.malformed_retries, "is not a move in UCI (e2e4) or SAN (Nf3)")
             }
             MoveRejection::Illegal => {
                 self.illegal += 1;
-                (
-                    self.illegal,
-                    self.config.illegal_retries,
-                    "is not a legal move in this position",
-                )
+                (self.illegal, self.config.illegal_retries, "is not a legal move in this position")
             }
         };
         let problem = format!("`{}` {what}", action.trim());
@@ -135,32 +105,16 @@ impl ChessEpisode {
         self.position.play_unchecked(m);
         self.last_move = played.clone();
         if self.position.is_checkmate() {
-            let how = if m == expected {
-                "the stored mate"
-            } else {
-                "a checkmate (another mate than the stored one)"
-            };
+            let how = if m == expected { "the stored mate" } else { "a checkmate (another mate than the stored one)" };
             self.status = Status::Solved(format!("{played} is {how}"));
-            return self.outcome(
-                format!("correct: {played} is checkmate; puzzle solved"),
-                false,
-            );
+            return self.outcome(format!("correct: {played} is checkmate; puzzle solved"), false);
         }
         if m != expected {
-            self.status = Status::Failed(format!(
-                "move {} was {played}, the solution is {stored}",
-                self.next / 2 + 1
-            ));
-            return self.outcome(
-                format!("{played} is legal but not the solution; puzzle failed"),
-                false,
-            );
+            self.status = Status::Failed(format!("move {} was {played}, the solution is {stored}", self.next / 2 + 1));
+            return self.outcome(format!("{played} is legal but not the solution; puzzle failed"), false);
         }
         if self.next + 1 == self.puzzle.line.len() {
-            self.status = Status::Solved(format!(
-                "all {} solver moves played",
-                self.puzzle.solver_move_count()
-            ));
+            self.status = Status::Solved(format!("all {} solver moves played", self.puzzle.solver_move_count()));
             return self.outcome(format!("correct: {played}; puzzle solved"), false);
         }
         let reply_move = self.puzzle.line[self.next + 1];
@@ -168,10 +122,7 @@ impl ChessEpisode {
         self.position.play_unchecked(reply_move);
         self.last_move = reply.clone();
         self.next += 2;
-        self.outcome(
-            format!("correct: {played}; opponent replied {reply}"),
-            false,
-        )
+        self.outcome(format!("correct: {played}; opponent replied {reply}"), false)
     }
 
     fn run_tool(&self, tool: Tool) -> Value {
@@ -196,13 +147,7 @@ enum Tool {
 }
 
 impl Tool {
-    const ALL: [Tool; 5] = [
-        Tool::LegalMoves,
-        Tool::Fen,
-        Tool::Board,
-        Tool::SideToMove,
-        Tool::LastMove,
-    ];
+    const ALL: [Tool; 5] = [Tool::LegalMoves, Tool::Fen, Tool::Board, Tool::SideToMove, Tool::LastMove];
 
     fn name(self) -> &'static str {
         match self {
@@ -226,9 +171,7 @@ impl Tool {
                  file letters below."
             }
             Tool::SideToMove => "The side to move: \"white\" or \"black\".",
-            Tool::LastMove => {
-                "The last move played as {uci, san}: the opponent's reply while the puzzle goes on."
-            }
+            Tool::LastMove => "The last move played as {uci, san}: the opponent's reply while the puzzle goes on.",
         }
     }
 
@@ -239,10 +182,7 @@ impl Tool {
 
 impl Episode for ChessEpisode {
     fn observation(&self) -> String {
-        let rating = self
-            .puzzle
-            .rating
-            .map_or_else(|| "unrated".to_string(), |r| format!("rating {r}"));
+        let rating = self.puzzle.rating.map_or_else(|| "unrated".to_string(), |r| format!("rating {r}"));
         format!(
             "Chess puzzle {} ({rating}).\nPosition (FEN): {}\nSide to move: {}\nOpponent's last move: {}\n\
              Board:\n{}",
@@ -269,10 +209,7 @@ impl Episode for ChessEpisode {
         let tool = Tool::from_name(name).ok_or_else(|| ToolError::Unknown(name.to_string()))?;
         if !args.is_empty() {
             let reason = format!("takes no arguments, got {}", args.len());
-            return Err(ToolError::BadArgs {
-                tool: name.to_string(),
-                reason,
-            });
+            return Err(ToolError::BadArgs { tool: name.to_string(), reason });
         }
         Ok(self.run_tool(tool))
     }

@@ -43,12 +43,7 @@ pub(crate) fn generate(n: usize, seed: u64, difficulty: u32) -> Vec<Task> {
 }
 
 /// Plays one random game and returns the first puzzle of the wanted depth it reaches.
-fn puzzle_from_random_game(
-    rng: &mut ChaCha8Rng,
-    depth: u32,
-    index: usize,
-    seed: u64,
-) -> Option<Puzzle> {
+fn puzzle_from_random_game(rng: &mut ChaCha8Rng, depth: u32, index: usize, seed: u64) -> Option<Puzzle> {
     let mut position = Chess::default();
     for ply in 0..MAX_GAME_PLIES {
         let setup = random_move(&position, rng)?;
@@ -78,11 +73,7 @@ fn random_move(position: &Chess, rng: &mut ChaCha8Rng) -> Option<Move> {
     let moves = position.legal_moves();
     let weights = moves.iter().map(|&m| {
         let capture = if m.is_capture() { CAPTURE_WEIGHT } else { 0 };
-        let check = if after(position, m).is_check() {
-            CHECK_WEIGHT
-        } else {
-            0
-        };
+        let check = if after(position, m).is_check() { CHECK_WEIGHT } else { 0 };
         1 + capture + check
     });
     let chooser = WeightedIndex::new(weights).ok()?;
@@ -113,7 +104,5 @@ fn rating(depth: u32, choices: usize) -> u32 {
 
 fn themes(depth: u32) -> Vec<String> {
     let length = if depth == 1 { "oneMove" } else { "short" };
-    ["mate", &format!("mateIn{depth}"), length]
-        .map(str::to_string)
-        .to_vec()
+    ["mate", &format!("mateIn{depth}"), length].map(str::to_string).to_vec()
 }

@@ -25,17 +25,11 @@ fn is_mate_after(position: &Chess, m: Move) -> bool {
 
 /// Every move that checkmates at once, in UCI order.
 pub(crate) fn mating_moves(position: &Chess) -> Vec<Move> {
-    sorted_moves(position)
-        .into_iter()
-        .filter(|&m| is_mate_after(position, m))
-        .collect()
+    sorted_moves(position).into_iter().filter(|&m| is_mate_after(position, m)).collect()
 }
 
 fn has_mate_in_one(position: &Chess) -> bool {
-    position
-        .legal_moves()
-        .into_iter()
-        .any(|m| is_mate_after(position, m))
+    position.legal_moves().into_iter().any(|m| is_mate_after(position, m))
 }
 
 /// A forced mate in two: `first`, the defence `reply`, then `mate`.
@@ -51,10 +45,7 @@ pub(crate) struct MateInTwo {
 fn forces_mate_in_two(position: &Chess, first: Move) -> bool {
     let defended = after(position, first);
     let replies = defended.legal_moves();
-    !replies.is_empty()
-        && replies
-            .into_iter()
-            .all(|reply| has_mate_in_one(&after(&defended, reply)))
+    !replies.is_empty() && replies.into_iter().all(|reply| has_mate_in_one(&after(&defended, reply)))
 }
 
 /// The mate in two of a position that has no mate in one and exactly one first move that forces
@@ -64,9 +55,7 @@ pub(crate) fn unique_mate_in_two(position: &Chess) -> Option<MateInTwo> {
     if has_mate_in_one(position) {
         return None;
     }
-    let mut forcing = sorted_moves(position)
-        .into_iter()
-        .filter(|&m| forces_mate_in_two(position, m));
+    let mut forcing = sorted_moves(position).into_iter().filter(|&m| forces_mate_in_two(position, m));
     let first = forcing.next()?;
     if forcing.next().is_some() {
         return None;
@@ -76,11 +65,7 @@ pub(crate) fn unique_mate_in_two(position: &Chess) -> Option<MateInTwo> {
         .into_iter()
         .map(|reply| (reply, mating_moves(&after(&defended, reply))))
         .min_by_key(|(_, mates)| mates.len())?;
-    Some(MateInTwo {
-        first,
-        reply,
-        mate: *mates.first()?,
-    })
+    Some(MateInTwo { first, reply, mate: *mates.first()? })
 }
 
 #[cfg(test)]
@@ -91,16 +76,11 @@ mod tests {
 
     fn position(fen: &str) -> Chess {
         let parsed: Fen = fen.parse().expect("test FEN parses");
-        parsed
-            .into_position(CastlingMode::Standard)
-            .expect("test FEN is legal")
+        parsed.into_position(CastlingMode::Standard).expect("test FEN is legal")
     }
 
     fn uci(moves: &[Move]) -> Vec<String> {
-        moves
-            .iter()
-            .map(|&m| UciMove::from_standard(m).to_string())
-            .collect()
+        moves.iter().map(|&m| UciMove::from_standard(m).to_string()).collect()
     }
 
     #[test]
@@ -115,10 +95,8 @@ mod tests {
     fn two_forcing_first_moves_make_no_puzzle() {
         // Black Ka8 against Kc6 and Rh1: both 1. Kb6 (Kb8 2. Rh8#) and 1. Kc7 (Ka7 2. Ra1#) force mate.
         let position = position("k7/8/2K5/8/8/8/8/7R w - - 0 1");
-        let forcing: Vec<Move> = sorted_moves(&position)
-            .into_iter()
-            .filter(|&m| forces_mate_in_two(&position, m))
-            .collect();
+        let forcing: Vec<Move> =
+            sorted_moves(&position).into_iter().filter(|&m| forces_mate_in_two(&position, m)).collect();
         assert_eq!(uci(&forcing), ["c6b6", "c6c7"]);
         assert_eq!(unique_mate_in_two(&position), None);
     }
@@ -128,17 +106,11 @@ mod tests {
         // 1... Ba2+ 2. Ka1 (the rook on h2 guards a2 and b2, the bishop on e3 c1) Bd4#.
         let position = position("3k4/8/p1n1b3/P1p5/6pp/4b1N1/7r/1K6 b - - 8 40");
         let found = unique_mate_in_two(&position).expect("a mate in two");
-        assert_eq!(
-            uci(&[found.first, found.reply, found.mate]),
-            ["e6a2", "b1a1", "e3d4"]
-        );
+        assert_eq!(uci(&[found.first, found.reply, found.mate]), ["e6a2", "b1a1", "e3d4"]);
     }
 
     #[test]
     fn a_mate_in_one_is_not_a_mate_in_two() {
-        assert_eq!(
-            unique_mate_in_two(&position("6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1")),
-            None
-        );
+        assert_eq!(unique_mate_in_two(&position("6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1")), None);
     }
 }

@@ -36,11 +36,7 @@ pub fn load(path: &Path) -> LoadReport {
 
 /// Reads one JSON object keyed by the Lichess column names (`PuzzleId`, `FEN`, `Moves`, `Rating`,
 /// `Themes`); `Moves` and `Themes` may be space-separated strings or arrays.
-pub fn parse_record(
-    value: &serde_json::Value,
-    file: &Path,
-    line: usize,
-) -> Result<Task, RecordError> {
+pub fn parse_record(value: &serde_json::Value, file: &Path, line: usize) -> Result<Task, RecordError> {
     lichess::parse_record(value, file, line)
 }
 
@@ -58,9 +54,7 @@ pub fn write_native(tasks: &[Task], out: &mut dyn std::io::Write) -> std::io::Re
 
 /// The solver's moves of the stored line in UCI (empty for a task that is not a valid puzzle).
 pub fn gold_actions(task: &Task) -> Vec<String> {
-    Puzzle::from_task(task)
-        .map(|puzzle| puzzle.solver_moves())
-        .unwrap_or_default()
+    Puzzle::from_task(task).map(|puzzle| puzzle.solver_moves()).unwrap_or_default()
 }
 
 /// What a solver may see: the position after the setup move, never the line.

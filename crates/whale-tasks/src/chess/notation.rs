@@ -26,9 +26,7 @@ pub(crate) fn parse_move(position: &Chess, text: &str) -> Result<Move, MoveRejec
     }
     let san_text = castling_with_letters(text);
     let san = SanPlus::from_ascii(san_text.as_bytes()).map_err(|_| MoveRejection::Malformed)?;
-    san.san
-        .to_move(position)
-        .map_err(|_| MoveRejection::Illegal)
+    san.san.to_move(position).map_err(|_| MoveRejection::Illegal)
 }
 
 /// `0-0` / `0-0-0` (zeros, as some writers use) become SAN's `O-O` / `O-O-O`.
@@ -96,9 +94,7 @@ mod tests {
 
     fn position(fen: &str) -> Chess {
         let parsed: Fen = fen.parse().expect("test FEN parses");
-        parsed
-            .into_position(CastlingMode::Standard)
-            .expect("test FEN is legal")
+        parsed.into_position(CastlingMode::Standard).expect("test FEN is legal")
     }
 
     fn uci_of(position: &Chess, text: &str) -> Result<String, MoveRejection> {

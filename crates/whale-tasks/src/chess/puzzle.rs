@@ -75,32 +75,19 @@ impl Puzzle {
         if line.len() < 2 || line.len() % 2 != 0 {
             return Err(TaskError::LineLength(line.len()));
         }
-        Ok(Puzzle {
-            id: raw.id,
-            fen: raw.fen,
-            start,
-            line,
-            rating: raw.rating,
-            themes: raw.themes,
-        })
+        Ok(Puzzle { id: raw.id, fen: raw.fen, start, line, rating: raw.rating, themes: raw.themes })
     }
 
     pub fn from_task(task: &Task) -> Result<Puzzle, TaskError> {
         if task.domain != Domain::Chess {
-            return Err(TaskError::WrongDomain {
-                id: task.id.clone(),
-                domain: task.domain,
-            });
+            return Err(TaskError::WrongDomain { id: task.id.clone(), domain: task.domain });
         }
         Puzzle::validate(raw_from_payload(&task.id, &task.payload)?)
     }
 
     /// The line in standard UCI (castling as the king's two-square move).
     pub fn uci_line(&self) -> Vec<String> {
-        self.line
-            .iter()
-            .map(|&m| UciMove::from_standard(m).to_string())
-            .collect()
+        self.line.iter().map(|&m| UciMove::from_standard(m).to_string()).collect()
     }
 
     /// The position after the setup move, where the solver is to move.
@@ -127,40 +114,24 @@ impl Puzzle {
             "rating": self.rating,
             "themes": self.themes,
         });
-        Task {
-            id: self.id,
-            domain: Domain::Chess,
-            payload,
-            split: None,
-        }
+        Task { id: self.id, domain: Domain::Chess, payload, split: None }
     }
 }
 
 pub(crate) fn parse_position(fen: &str) -> Result<Chess, TaskError> {
-    let invalid = |reason: String| TaskError::Fen {
-        fen: fen.to_string(),
-        reason,
-    };
+    let invalid = |reason: String| TaskError::Fen { fen: fen.to_string(), reason };
     let parsed = Fen::from_ascii(fen.trim().as_bytes()).map_err(|e| invalid(e.to_string()))?;
-    parsed
-        .into_position(CastlingMode::Standard)
-        .map_err(|e| invalid(e.to_string()))
+    parsed.into_position(CastlingMode::Standard).map_err(|e| invalid(e.to_string()))
 }
 
 fn replay_line(start: &Chess, moves: &[String]) -> Result<Vec<Move>, TaskError> {
     let mut position = start.clone();
     let mut line = Vec::with_capacity(moves.len());
     for (index, text) in moves.iter().enumerate() {
-        let bad = |reason: &str| TaskError::Move {
-            number: index + 1,
-            text: text.clone(),
-            reason: reason.to_string(),
-        };
-        let uci = UciMove::from_ascii(text.as_bytes())
-            .map_err(|_| bad("expected a move in UCI notation (e2e4, e7e8q)"))?;
-        let m = uci
-            .to_move(&position)
-            .map_err(|_| bad("not a legal move in the position reached by the line"))?;
+        let bad = |reason: &str| TaskError::Move { number: index + 1, text: text.clone(), reason: reason.to_string() };
+        let uci =
+            UciMove::from_ascii(text.as_bytes()).map_err(|_| bad("expected a move in UCI notation (e2e4, e7e8q)"))?;
+        let m = uci.to_move(&position).map_err(|_| bad("not a legal move in the position reached by the line"))?;
         position.play_unchecked(m);
         line.push(m);
     }
@@ -169,21 +140,12 @@ fn replay_line(start: &Chess, moves: &[String]) -> Result<Vec<Move>, TaskError> 
 
 /// Reads the payload schema `{puzzle_id, fen, moves: [uci], rating: int|null, themes: [str]}`.
 fn raw_from_payload(task_id: &str, payload: &Value) -> Result<RawPuzzle, TaskError> {
-    let bad = |field: &'static str, reason: &str| TaskError::Payload {
-        field,
-        reason: reason.to_string(),
-    };
+    let bad = |field: &'static str, reason: &str| TaskError::Payload { field, reason: reason.to_string() };
     let id = match payload.get("puzzle_id") {
         None | Some(Value::Null) => task_id.to_string(),
-        Some(value) => value
-            .as_str()
-            .ok_or_else(|| bad("puzzle_id", "expected a string"))?
-            .to_string(),
+        Some(value) => value.as_str().ok_or_else(|| bad("puzzle_id", "expected a string"))?.to_string(),
     };
-    let fen = payload
-        .get("fen")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("fen", "expected a FEN string"))?;
+    let fen = payload.get("fen").and_then(Value::as_str).ok_or_else(|| bad("fen", "expected a FEN string"))?;
     let moves = payload
         .get("moves")
         .and_then(string_array)
@@ -199,23 +161,11 @@ fn raw_from_payload(task_id: &str, payload: &Value) -> Result<RawPuzzle, TaskErr
     };
     let themes = match payload.get("themes") {
         None | Some(Value::Null) => Vec::new(),
-        Some(value) => {
-            string_array(value).ok_or_else(|| bad("themes", "expected an array of strings"))?
-        }
+        Some(value) => string_array(value).ok_or_else(|| bad("themes", "expected an array of strings"))?,
     };
-    Ok(RawPuzzle {
-        id,
-        fen: fen.to_string(),
-        moves,
-        rating,
-        themes,
-    })
+    Ok(RawPuzzle { id, fen: fen.to_string(), moves, rating, themes })
 }
 
 fn string_array(value: &Value) -> Option<Vec<String>> {
-    value
-        .as_array()?
-        .iter()
-        .map(|v| v.as_str().map(str::to_string))
-        .collect()
+    value.as_array()?.iter().map(|v| v.as_str().map(str::to_string)).collect()
 }

@@ -22,19 +22,12 @@ pub struct Passage {
 pub fn corpus_from_tasks(tasks: &[Task]) -> Vec<Passage> {
     let mut seen: HashSet<(String, String)> = HashSet::new();
     let mut passages = Vec::new();
-    for payload in tasks
-        .iter()
-        .filter_map(|task| QaPayload::from_task(task).ok())
-    {
+    for payload in tasks.iter().filter_map(|task| QaPayload::from_task(task).ok()) {
         for paragraph in payload.context {
             let key = (paragraph.title, paragraph.text);
             if seen.insert(key.clone()) {
                 let (title, text) = key;
-                passages.push(Passage {
-                    id: passages.len().to_string(),
-                    title,
-                    text,
-                });
+                passages.push(Passage { id: passages.len().to_string(), title, text });
             }
         }
     }
@@ -70,21 +63,13 @@ pub fn load_corpus(path: &Path) -> (Vec<Passage>, Vec<RecordError>) {
 
 fn parse_passage(value: &Value, file: &Path, line: usize) -> Result<Passage, RecordError> {
     let fields = RecordFields::new(value, file, line)?;
-    let id = fields
-        .optional_id("id")?
-        .ok_or_else(|| fields.error("id", "missing: expected a string or integer id"))?;
+    let id = fields.optional_id("id")?.ok_or_else(|| fields.error("id", "missing: expected a string or integer id"))?;
     let (title, text) = if fields.has("contents") {
         split_contents(&fields, &fields.text("contents")?)?
     } else if fields.has("text") {
-        (
-            fields.optional_text("title")?.unwrap_or_default(),
-            fields.text("text")?,
-        )
+        (fields.optional_text("title")?.unwrap_or_default(), fields.text("text")?)
     } else {
-        return Err(fields.error(
-            "contents",
-            "missing: expected `contents` or `title` and `text`",
-        ));
+        return Err(fields.error("contents", "missing: expected `contents` or `title` and `text`"));
     };
     Ok(Passage { id, title, text })
 }
@@ -92,16 +77,10 @@ fn parse_passage(value: &Value, file: &Path, line: usize) -> Result<Passage, Rec
 /// `"Title"\ntext` -> (Title, text).
 fn split_contents(fields: &RecordFields, contents: &str) -> Result<(String, String), RecordError> {
     let Some((first_line, rest)) = contents.split_once('\n') else {
-        return Err(fields.error(
-            "contents",
-            "expected the title on the first line and the text after it",
-        ));
+        return Err(fields.error("contents", "expected the title on the first line and the text after it"));
     };
     let first_line = first_line.trim();
-    let title = first_line
-        .strip_prefix('"')
-        .and_then(|t| t.strip_suffix('"'))
-        .unwrap_or(first_line);
+    let title = first_line.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(first_line);
     let text = rest.trim();
     if text.is_empty() {
         return Err(fields.error("contents", "passage has a title but no text"));

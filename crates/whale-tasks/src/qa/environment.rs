@@ -29,12 +29,7 @@ pub struct QaConfig {
 
 impl Default for QaConfig {
     fn default() -> Self {
-        Self {
-            default_k: 3,
-            max_k: 20,
-            search_budget_chars: 2000,
-            reward: RewardMetric::ExactMatch,
-        }
+        Self { default_k: 3, max_k: 20, search_budget_chars: 2000, reward: RewardMetric::ExactMatch }
     }
 }
 
@@ -55,14 +50,7 @@ pub fn episode(task: &Task, retriever: Arc<Retriever>, config: &QaConfig) -> QaE
         Ok(payload) => (payload.question, payload.answers, None),
         Err(reason) => (String::new(), Vec::new(), Some(reason)),
     };
-    QaEpisode {
-        question,
-        answers,
-        retriever,
-        config: config.clone(),
-        broken_task,
-        submitted: None,
-    }
+    QaEpisode { question, answers, retriever, config: config.clone(), broken_task, submitted: None }
 }
 
 impl QaEpisode {
@@ -71,21 +59,12 @@ impl QaEpisode {
         let hits = self
             .retriever
             .search(&query, k)
-            .map_err(|e| ToolError::Failed {
-                tool: SEARCH_TOOL.into(),
-                reason: e.to_string(),
-            })?;
-        Ok(Value::Array(fit_to_budget(
-            &hits,
-            self.config.search_budget_chars,
-        )))
+            .map_err(|e| ToolError::Failed { tool: SEARCH_TOOL.into(), reason: e.to_string() })?;
+        Ok(Value::Array(fit_to_budget(&hits, self.config.search_budget_chars)))
     }
 
     fn search_args(&self, args: &[Value]) -> Result<(String, usize), ToolError> {
-        let bad = |reason: String| ToolError::BadArgs {
-            tool: SEARCH_TOOL.into(),
-            reason,
-        };
+        let bad = |reason: String| ToolError::BadArgs { tool: SEARCH_TOOL.into(), reason };
         let query = match args.first() {
             Some(Value::String(query)) => query.clone(),
             Some(other) => return Err(bad(format!("query must be a string, got {other}"))),
@@ -95,19 +74,11 @@ impl QaEpisode {
             None | Some(Value::Null) => self.config.default_k,
             Some(value) => match value.as_u64() {
                 Some(k) if (1..=self.config.max_k as u64).contains(&k) => k as usize,
-                _ => {
-                    return Err(bad(format!(
-                        "k must be an integer from 1 to {}, got {value}",
-                        self.config.max_k
-                    )))
-                }
+                _ => return Err(bad(format!("k must be an integer from 1 to {}, got {value}", self.config.max_k))),
             },
         };
         if args.len() > 2 {
-            return Err(bad(format!(
-                "expected at most 2 arguments (query, k), got {}",
-                args.len()
-            )));
+            return Err(bad(format!("expected at most 2 arguments (query, k), got {}", args.len())));
         }
         Ok((query, k))
     }
@@ -163,10 +134,7 @@ impl Episode for QaEpisode {
             return Err(ToolError::Unknown(name.to_string()));
         }
         if self.submitted.is_some() {
-            return Err(ToolError::Failed {
-                tool: SEARCH_TOOL.into(),
-                reason: "the episode is over".into(),
-            });
+            return Err(ToolError::Failed { tool: SEARCH_TOOL.into(), reason: "the episode is over".into() });
         }
         self.search(args)
     }
@@ -183,12 +151,7 @@ impl Episode for QaEpisode {
         let score = score_against(action, &self.answers, self.config.reward);
         let solved = score.verdict.success;
         self.submitted = Some(score);
-        StepOutcome {
-            reply: if solved { "correct" } else { "incorrect" }.into(),
-            invalid: false,
-            done: true,
-            solved,
-        }
+        StepOutcome { reply: if solved { "correct" } else { "incorrect" }.into(), invalid: false, done: true, solved }
     }
 
     fn is_done(&self) -> bool {
@@ -211,21 +174,12 @@ mod tests {
     use super::*;
 
     fn hit(title: &str, text: &str) -> Hit {
-        Hit {
-            id: title.into(),
-            title: title.into(),
-            text: text.into(),
-            score: 1.0,
-        }
+        Hit { id: title.into(), title: title.into(), text: text.into(), score: 1.0 }
     }
 
     #[test]
     fn budget_counts_titles_and_texts_and_marks_cuts() {
-        let hits = [
-            hit("Ab", "0123456789"),
-            hit("Cd", "abcdefghij"),
-            hit("Ef", "xyz"),
-        ];
+        let hits = [hit("Ab", "0123456789"), hit("Cd", "abcdefghij"), hit("Ef", "xyz")];
         let fitted = fit_to_budget(&hits, 20);
         assert_eq!(fitted.len(), 2);
         assert_eq!(fitted[0]["text"], "0123456789");

@@ -16,20 +16,10 @@ use whale_core::Task;
 
 /// Paragraphs per task, supporting ones included (HotpotQA's distractor setting uses 10).
 const CONTEXT_PARAGRAPHS: usize = 10;
-const ONSETS: [&str; 16] = [
-    "b", "d", "k", "l", "m", "n", "r", "s", "t", "v", "z", "th", "dr", "kr", "zh", "qu",
-];
+const ONSETS: [&str; 16] = ["b", "d", "k", "l", "m", "n", "r", "s", "t", "v", "z", "th", "dr", "kr", "zh", "qu"];
 const VOWELS: [&str; 7] = ["a", "e", "i", "o", "u", "ae", "y"];
 const CODAS: [&str; 7] = ["", "n", "r", "l", "x", "th", "sk"];
-const COMPANY_KINDS: [&str; 7] = [
-    "Industries",
-    "Works",
-    "Labs",
-    "Holdings",
-    "Systems",
-    "Foundry",
-    "Dynamics",
-];
+const COMPANY_KINDS: [&str; 7] = ["Industries", "Works", "Labs", "Holdings", "Systems", "Foundry", "Dynamics"];
 const OCCUPATIONS: [&str; 12] = [
     "architect",
     "botanist",
@@ -105,11 +95,7 @@ pub fn generate(n: usize, seed: u64, difficulty: u32) -> Vec<Task> {
             3 => true,
             _ => rng.gen_bool(0.5),
         };
-        let pools = if wants_two_hop {
-            [&mut two_hop, &mut one_hop]
-        } else {
-            [&mut one_hop, &mut two_hop]
-        };
+        let pools = if wants_two_hop { [&mut two_hop, &mut one_hop] } else { [&mut one_hop, &mut two_hop] };
         let Some(question) = pools.into_iter().find_map(Vec::pop) else {
             break;
         };
@@ -151,17 +137,8 @@ impl KnowledgeBase {
                 }
             })
             .collect();
-        let mut kb = Self {
-            people,
-            cities,
-            companies,
-            passages: Vec::new(),
-        };
-        kb.passages = kb
-            .entities()
-            .into_iter()
-            .map(|e| (e, kb.render(e, rng)))
-            .collect();
+        let mut kb = Self { people, cities, companies, passages: Vec::new() };
+        kb.passages = kb.entities().into_iter().map(|e| (e, kb.render(e, rng))).collect();
         kb
     }
 
@@ -187,20 +164,12 @@ impl KnowledgeBase {
             Entity::City(i) => city_text(&self.cities[i], variant),
             Entity::Company(i) => self.company_text(i, variant),
         };
-        ContextParagraph {
-            title: self.name(entity).to_string(),
-            text,
-        }
+        ContextParagraph { title: self.name(entity).to_string(), text }
     }
 
     fn person_text(&self, i: usize, variant: u32) -> String {
         let p = &self.people[i];
-        let (name, year, job, city) = (
-            &p.name,
-            p.birth_year,
-            p.occupation,
-            &self.cities[p.birth_city].name,
-        );
+        let (name, year, job, city) = (&p.name, p.birth_year, p.occupation, &self.cities[p.birth_city].name);
         let surname = name.rsplit(' ').next().unwrap_or(name);
         let mut text = match variant {
             0 => format!("{name} (born {year} in {city}) is a {job}."),
@@ -208,10 +177,7 @@ impl KnowledgeBase {
             _ => format!("Born in {city} in {year}, {name} became a well-known {job}."),
         };
         for company in self.companies.iter().filter(|c| c.founder == i) {
-            text.push_str(&format!(
-                " {surname} founded {} in {}.",
-                company.name, company.founded
-            ));
+            text.push_str(&format!(" {surname} founded {} in {}.", company.name, company.founded));
         }
         text
     }
@@ -239,40 +205,20 @@ impl KnowledgeBase {
                 &self.cities[p.birth_city].name,
                 &about,
             ));
-            questions.push(question(
-                format!("In what year was {name} born?"),
-                &p.birth_year.to_string(),
-                &about,
-            ));
-            questions.push(question(
-                format!("What is the occupation of {name}?"),
-                p.occupation,
-                &about,
-            ));
+            questions.push(question(format!("In what year was {name} born?"), &p.birth_year.to_string(), &about));
+            questions.push(question(format!("What is the occupation of {name}?"), p.occupation, &about));
         }
         for (i, c) in self.companies.iter().enumerate() {
             let about = vec![Entity::Company(i)];
             let name = &c.name;
-            questions.push(question(
-                format!("In what year was {name} founded?"),
-                &c.founded.to_string(),
-                &about,
-            ));
-            questions.push(question(
-                format!("Who founded {name}?"),
-                &self.people[c.founder].name,
-                &about,
-            ));
+            questions.push(question(format!("In what year was {name} founded?"), &c.founded.to_string(), &about));
+            questions.push(question(format!("Who founded {name}?"), &self.people[c.founder].name, &about));
             questions.push(question(
                 format!("In which city is {name} headquartered?"),
                 &self.cities[c.headquarters].name,
                 &about,
             ));
-            questions.push(question(
-                format!("Who is the CEO of {name}?"),
-                &self.people[c.ceo].name,
-                &about,
-            ));
+            questions.push(question(format!("Who is the CEO of {name}?"), &self.people[c.ceo].name, &about));
         }
         for (i, c) in self.cities.iter().enumerate() {
             let about = vec![Entity::City(i)];
@@ -282,11 +228,7 @@ impl KnowledgeBase {
                 &with_thousands(c.population),
                 &about,
             ));
-            questions.push(question(
-                format!("In what year was {name} founded?"),
-                &c.founded.to_string(),
-                &about,
-            ));
+            questions.push(question(format!("In what year was {name} founded?"), &c.founded.to_string(), &about));
         }
         questions
     }
@@ -295,11 +237,7 @@ impl KnowledgeBase {
         let mut questions = Vec::new();
         for (i, c) in self.companies.iter().enumerate() {
             let name = &c.name;
-            let (founder, ceo, hq) = (
-                &self.people[c.founder],
-                &self.people[c.ceo],
-                &self.cities[c.headquarters],
-            );
+            let (founder, ceo, hq) = (&self.people[c.founder], &self.people[c.ceo], &self.cities[c.headquarters]);
             let via_founder = [Entity::Company(i), Entity::Person(c.founder)];
             let via_ceo = [Entity::Company(i), Entity::Person(c.ceo)];
             let via_hq = [Entity::Company(i), Entity::City(c.headquarters)];
@@ -313,11 +251,7 @@ impl KnowledgeBase {
                 &self.cities[founder.birth_city].name,
                 &via_founder,
             ));
-            questions.push(question(
-                format!("What is the occupation of the CEO of {name}?"),
-                ceo.occupation,
-                &via_ceo,
-            ));
+            questions.push(question(format!("What is the occupation of the CEO of {name}?"), ceo.occupation, &via_ceo));
             questions.push(question(
                 format!("What is the population of the city where {name} is headquartered?"),
                 &with_thousands(hq.population),
@@ -328,10 +262,7 @@ impl KnowledgeBase {
             let city = &self.cities[p.birth_city];
             let via_city = [Entity::Person(i), Entity::City(p.birth_city)];
             questions.push(question(
-                format!(
-                    "In what year was the city where {} was born founded?",
-                    p.name
-                ),
+                format!("In what year was the city where {} was born founded?", p.name),
                 &city.founded.to_string(),
                 &via_city,
             ));
@@ -343,25 +274,12 @@ impl KnowledgeBase {
     fn task(&self, question: Question, id: String, rng: &mut ChaCha8Rng) -> Task {
         let is_supporting = |entity: &Entity| question.supporting.contains(entity);
         let supporting = self.passages.iter().filter(|(e, _)| is_supporting(e));
-        let others: Vec<_> = self
-            .passages
-            .iter()
-            .filter(|(e, _)| !is_supporting(e))
-            .collect();
-        let distractors = others.choose_multiple(
-            rng,
-            CONTEXT_PARAGRAPHS.saturating_sub(question.supporting.len()),
-        );
-        let mut context: Vec<ContextParagraph> = supporting
-            .chain(distractors.copied())
-            .map(|(_, p)| p.clone())
-            .collect();
+        let others: Vec<_> = self.passages.iter().filter(|(e, _)| !is_supporting(e)).collect();
+        let distractors = others.choose_multiple(rng, CONTEXT_PARAGRAPHS.saturating_sub(question.supporting.len()));
+        let mut context: Vec<ContextParagraph> =
+            supporting.chain(distractors.copied()).map(|(_, p)| p.clone()).collect();
         context.shuffle(rng);
-        let kind = if question.supporting.len() == 1 {
-            "single-hop"
-        } else {
-            "bridge"
-        };
+        let kind = if question.supporting.len() == 1 { "single-hop" } else { "bridge" };
         QaPayload {
             question: question.text,
             answers: vec![question.answer],
@@ -369,22 +287,14 @@ impl KnowledgeBase {
             kind: Some(kind.to_string()),
             level: None,
             context,
-            supporting_titles: question
-                .supporting
-                .iter()
-                .map(|e| self.name(*e).to_string())
-                .collect(),
+            supporting_titles: question.supporting.iter().map(|e| self.name(*e).to_string()).collect(),
         }
         .into_task(id)
     }
 }
 
 fn question(text: String, answer: &str, supporting: &[Entity]) -> Question {
-    Question {
-        text,
-        answer: answer.to_string(),
-        supporting: supporting.to_vec(),
-    }
+    Question { text, answer: answer.to_string(), supporting: supporting.to_vec() }
 }
 
 fn city_text(c: &City, variant: u32) -> String {
@@ -401,11 +311,7 @@ fn city_text(c: &City, variant: u32) -> String {
 }
 
 /// A name not used before in this knowledge base.
-fn unique_name(
-    rng: &mut ChaCha8Rng,
-    used: &mut HashSet<String>,
-    make: fn(&mut ChaCha8Rng) -> String,
-) -> String {
+fn unique_name(rng: &mut ChaCha8Rng, used: &mut HashSet<String>, make: fn(&mut ChaCha8Rng) -> String) -> String {
     loop {
         let name = make(rng);
         if used.insert(name.clone()) {
@@ -446,11 +352,7 @@ fn word(rng: &mut ChaCha8Rng, syllables: usize) -> String {
 /// 1234567 -> "1,234,567".
 fn with_thousands(n: u32) -> String {
     let digits: Vec<char> = n.to_string().chars().collect();
-    let groups: Vec<String> = digits
-        .rchunks(3)
-        .rev()
-        .map(|group| group.iter().collect())
-        .collect();
+    let groups: Vec<String> = digits.rchunks(3).rev().map(|group| group.iter().collect()).collect();
     groups.join(",")
 }
 
@@ -475,12 +377,7 @@ mod tests {
                 .iter()
                 .find(|p| p.title == payload.supporting_titles[1])
                 .expect("second hop in context");
-            assert!(
-                second.text.contains(&payload.answers[0]),
-                "{} -> {}",
-                payload.question,
-                payload.answers[0]
-            );
+            assert!(second.text.contains(&payload.answers[0]), "{} -> {}", payload.question, payload.answers[0]);
             assert!(payload.question.contains(&payload.supporting_titles[0]));
         }
     }

@@ -1,59 +1,10 @@
-//! Reading JSON Lines for the QA loaders: one JSON value per line, and typed field access
-//! whose every failure is a [`RecordError`] naming the file, the line and the field.
+//! Typed field access for the QA loaders (lines come from [`read_jsonl`]): every failure
+//! is a [`RecordError`] naming the file, the line and the field.
 
+pub use crate::record::read_jsonl;
 use crate::record::RecordError;
 use serde_json::{Map, Value};
 use std::path::Path;
-
-/// Every non-blank line of a JSONL file parsed as JSON (with its 1-based line number), and one
-/// error per line that is not valid UTF-8 or not valid JSON. A file without records, or one
-/// that cannot be read, yields a single error on line 0.
-pub fn read_jsonl(path: &Path) -> (Vec<(usize, Value)>, Vec<RecordError>) {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            return (
-                Vec::new(),
-                vec![RecordError::new(
-                    path,
-                    0,
-                    None,
-                    format!("cannot read file: {e}"),
-                )],
-            )
-        }
-    };
-    let mut values = Vec::new();
-    let mut errors = Vec::new();
-    for (index, raw) in bytes.split(|b| *b == b'\n').enumerate() {
-        let line = index + 1;
-        let Ok(text) = std::str::from_utf8(raw) else {
-            errors.push(RecordError::new(
-                path,
-                line,
-                None,
-                "line is not valid UTF-8",
-            ));
-            continue;
-        };
-        if text.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<Value>(text) {
-            Ok(value) => values.push((line, value)),
-            Err(e) => errors.push(RecordError::new(
-                path,
-                line,
-                None,
-                format!("invalid JSON: {e}"),
-            )),
-        }
-    }
-    if values.is_empty() && errors.is_empty() {
-        errors.push(RecordError::new(path, 0, None, "file holds no records"));
-    }
-    (values, errors)
-}
 
 /// The fields of one record, with the location to blame when one is wrong.
 pub struct RecordFields<'a> {
@@ -114,17 +65,11 @@ impl<'a> RecordFields<'a> {
         if items.is_empty() {
             return Err(self.error(name, "expected at least one string, got an empty list"));
         }
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| self.text_at(item, &format!("{name}[{i}]")))
-            .collect()
+        items.iter().enumerate().map(|(i, item)| self.text_at(item, &format!("{name}[{i}]"))).collect()
     }
 
     pub fn list_at(&self, value: &'a Value, path: &str) -> Result<&'a Vec<Value>, RecordError> {
-        value
-            .as_array()
-            .ok_or_else(|| self.error(path, format!("expected a list, got {}", kind_of(value))))
+        value.as_array().ok_or_else(|| self.error(path, format!("expected a list, got {}", kind_of(value))))
     }
 
     /// A record id: a non-blank string or a non-negative integer, if the field is present.

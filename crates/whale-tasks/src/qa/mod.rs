@@ -30,11 +30,7 @@ use whale_core::{Task, Verdict};
 
 /// The actions that solve the task when replayed: submitting its first answer alias.
 pub fn gold_actions(task: &Task) -> Vec<String> {
-    QaPayload::from_task(task)
-        .ok()
-        .and_then(|payload| payload.answers.into_iter().next())
-        .into_iter()
-        .collect()
+    QaPayload::from_task(task).ok().and_then(|payload| payload.answers.into_iter().next()).into_iter().collect()
 }
 
 /// What a harness may see of the task: the payload without answers and supporting titles.
@@ -51,10 +47,6 @@ pub fn public_view(task: &Task) -> serde_json::Value {
 pub fn score(task: &Task, prediction: &str) -> QaScore {
     match QaPayload::from_task(task) {
         Ok(payload) => score_against(prediction, &payload.answers, RewardMetric::ExactMatch),
-        Err(reason) => QaScore {
-            em: 0.0,
-            f1: 0.0,
-            verdict: Verdict::fail(reason),
-        },
+        Err(reason) => QaScore { em: 0.0, f1: 0.0, verdict: Verdict::fail(reason) },
     }
 }

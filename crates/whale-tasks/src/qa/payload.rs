@@ -25,14 +25,9 @@ impl Source {
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
-        [
-            Source::Hotpotqa,
-            Source::NqOpen,
-            Source::Flashrag,
-            Source::Generated,
-        ]
-        .into_iter()
-        .find(|source| source.as_str() == name)
+        [Source::Hotpotqa, Source::NqOpen, Source::Flashrag, Source::Generated]
+            .into_iter()
+            .find(|source| source.as_str() == name)
     }
 }
 
@@ -65,24 +60,15 @@ impl QaPayload {
     /// Reads the payload of a task, which must be a QA task.
     pub fn from_task(task: &Task) -> Result<Self, String> {
         if task.domain != Domain::Qa {
-            return Err(format!(
-                "task {} belongs to the {} domain, not qa",
-                task.id, task.domain
-            ));
+            return Err(format!("task {} belongs to the {} domain, not qa", task.id, task.domain));
         }
         serde_json::from_value(task.payload.clone())
             .map_err(|e| format!("task {}: payload is not a QA payload: {e}", task.id))
     }
 
     pub fn into_task(self, id: String) -> Task {
-        let payload = serde_json::to_value(&self).unwrap_or_else(|e| {
-            unreachable!("a QaPayload holds only strings and lists, so it always serializes: {e}")
-        });
-        Task {
-            id,
-            domain: Domain::Qa,
-            payload,
-            split: None,
-        }
+        let payload = serde_json::to_value(&self)
+            .unwrap_or_else(|e| unreachable!("a QaPayload holds only strings and lists, so it always serializes: {e}"));
+        Task { id, domain: Domain::Qa, payload, split: None }
     }
 }

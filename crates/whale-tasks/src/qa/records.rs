@@ -44,9 +44,7 @@ pub fn load(path: &Path) -> LoadReport {
 /// `context` or `supporting_facts` is HotpotQA, `answer` alone is NQ-open.
 pub fn parse_record(value: &Value, file: &Path, line: usize) -> Result<Task, RecordError> {
     let fields = RecordFields::new(value, file, line)?;
-    let id = fields
-        .optional_id("id")?
-        .unwrap_or_else(|| default_id(file, line));
+    let id = fields.optional_id("id")?.unwrap_or_else(|| default_id(file, line));
     let payload = if fields.has("golden_answers") {
         simple_payload(&fields, "golden_answers", Source::Flashrag)?
     } else if fields.has("context") || fields.has("supporting_facts") {
@@ -54,28 +52,20 @@ pub fn parse_record(value: &Value, file: &Path, line: usize) -> Result<Task, Rec
     } else if fields.has("answer") {
         simple_payload(&fields, "answer", Source::NqOpen)?
     } else {
-        return Err(fields.error(
-            "answer",
-            "missing: expected `answer` (HotpotQA, NQ-open) or `golden_answers` (FlashRAG)",
-        ));
+        return Err(
+            fields.error("answer", "missing: expected `answer` (HotpotQA, NQ-open) or `golden_answers` (FlashRAG)")
+        );
     };
     Ok(payload.into_task(id))
 }
 
 fn default_id(file: &Path, line: usize) -> String {
-    let stem = file
-        .file_stem()
-        .map(|s| s.to_string_lossy())
-        .unwrap_or_default();
+    let stem = file.file_stem().map(|s| s.to_string_lossy()).unwrap_or_default();
     format!("{stem}-{line}")
 }
 
 /// NQ-open and FlashRAG: a question and a list of answer aliases.
-fn simple_payload(
-    fields: &RecordFields,
-    answers_key: &str,
-    source: Source,
-) -> Result<QaPayload, RecordError> {
+fn simple_payload(fields: &RecordFields, answers_key: &str, source: Source) -> Result<QaPayload, RecordError> {
     Ok(QaPayload {
         question: fields.text("question")?,
         answers: fields.text_list(answers_key)?,
@@ -93,10 +83,7 @@ fn hotpot_payload(fields: &RecordFields) -> Result<QaPayload, RecordError> {
     let source = match fields.optional_text("source")? {
         None => Source::Hotpotqa,
         Some(name) => Source::from_name(&name).ok_or_else(|| {
-            fields.error(
-                "source",
-                format!("expected hotpotqa, nq_open, flashrag or generated, got {name:?}"),
-            )
+            fields.error("source", format!("expected hotpotqa, nq_open, flashrag or generated, got {name:?}"))
         })?,
     };
     let context = hotpot_context(fields)?;
@@ -120,13 +107,7 @@ fn hotpot_answers(fields: &RecordFields) -> Result<Vec<String>, RecordError> {
     }
     let aliases = fields.text_list("answers")?;
     if aliases[0] != answer {
-        return Err(fields.error(
-            "answers",
-            format!(
-                "first alias {:?} differs from `answer` {answer:?}",
-                aliases[0]
-            ),
-        ));
+        return Err(fields.error("answers", format!("first alias {:?} differs from `answer` {answer:?}", aliases[0])));
     }
     Ok(aliases)
 }
@@ -149,16 +130,10 @@ fn hotpot_context(fields: &RecordFields) -> Result<Vec<ContextParagraph>, Record
         .collect()
 }
 
-fn paragraph_text(
-    fields: &RecordFields,
-    paragraph: &Value,
-    path: &str,
-) -> Result<String, RecordError> {
+fn paragraph_text(fields: &RecordFields, paragraph: &Value, path: &str) -> Result<String, RecordError> {
     let mut pieces = Vec::new();
     for (j, sentence) in fields.list_at(paragraph, path)?.iter().enumerate() {
-        let sentence = sentence
-            .as_str()
-            .ok_or_else(|| fields.error(&format!("{path}[{j}]"), "expected a string"))?;
+        let sentence = sentence.as_str().ok_or_else(|| fields.error(&format!("{path}[{j}]"), "expected a string"))?;
         let sentence = sentence.trim();
         if !sentence.is_empty() {
             pieces.push(sentence);
@@ -171,23 +146,17 @@ fn paragraph_text(
 }
 
 /// `supporting_facts: {"title": [..], "sent_id": [..]}`; every title must be a context title.
-fn hotpot_supporting_titles(
-    fields: &RecordFields,
-    context: &[ContextParagraph],
-) -> Result<Vec<String>, RecordError> {
+fn hotpot_supporting_titles(fields: &RecordFields, context: &[ContextParagraph]) -> Result<Vec<String>, RecordError> {
     let Some(facts) = fields.get("supporting_facts") else {
         return Ok(Vec::new());
     };
-    let (titles, sentence_ids) =
-        parallel_lists(fields, facts, "supporting_facts", "title", "sent_id")?;
+    let (titles, sentence_ids) = parallel_lists(fields, facts, "supporting_facts", "title", "sent_id")?;
     let mut supporting: Vec<String> = Vec::new();
     for (i, (title, sentence_id)) in titles.iter().zip(sentence_ids).enumerate() {
         let title = fields.text_at(title, &format!("supporting_facts.title[{i}]"))?;
         if !sentence_id.is_u64() {
-            return Err(fields.error(
-                &format!("supporting_facts.sent_id[{i}]"),
-                "expected a non-negative integer sentence index",
-            ));
+            return Err(fields
+                .error(&format!("supporting_facts.sent_id[{i}]"), "expected a non-negative integer sentence index"));
         }
         if !context.iter().any(|p| p.title == title) {
             return Err(fields.error(
@@ -213,10 +182,7 @@ fn parallel_lists<'a>(
     let list = |key: &str| {
         let path = format!("{name}.{key}");
         let value = object.get(key).ok_or_else(|| {
-            fields.error(
-                &path,
-                format!("missing: expected an object with `{left}` and `{right}` lists"),
-            )
+            fields.error(&path, format!("missing: expected an object with `{left}` and `{right}` lists"))
         })?;
         fields.list_at(value, &path)
     };
@@ -224,11 +190,7 @@ fn parallel_lists<'a>(
     if left_items.len() != right_items.len() {
         return Err(fields.error(
             name,
-            format!(
-                "`{left}` has {} entries but `{right}` has {}",
-                left_items.len(),
-                right_items.len()
-            ),
+            format!("`{left}` has {} entries but `{right}` has {}", left_items.len(), right_items.len()),
         ));
     }
     Ok((left_items, right_items))
@@ -237,10 +199,10 @@ fn parallel_lists<'a>(
 /// Writes tasks as HotpotQA-form JSONL that [`load`] reads back to equal tasks.
 pub fn write_native(tasks: &[Task], out: &mut dyn std::io::Write) -> std::io::Result<()> {
     for task in tasks {
-        let payload = QaPayload::from_task(task)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let record = native_record(&task.id, &payload)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let payload =
+            QaPayload::from_task(task).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let record =
+            native_record(&task.id, &payload).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         serde_json::to_writer(&mut *out, &record)?;
         out.write_all(b"\n")?;
     }
@@ -248,10 +210,7 @@ pub fn write_native(tasks: &[Task], out: &mut dyn std::io::Write) -> std::io::Re
 }
 
 fn native_record(id: &str, payload: &QaPayload) -> Result<Value, String> {
-    let first_answer = payload
-        .answers
-        .first()
-        .ok_or_else(|| format!("task {id} has no answers"))?;
+    let first_answer = payload.answers.first().ok_or_else(|| format!("task {id} has no answers"))?;
     let mut record = json!({
         "id": id,
         "question": payload.question,

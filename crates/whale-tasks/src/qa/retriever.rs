@@ -13,9 +13,7 @@ use std::path::{Path, PathBuf};
 use tantivy::collector::TopDocs;
 use tantivy::directory::MmapDirectory;
 use tantivy::query::{BooleanQuery, Occur, Query, TermQuery};
-use tantivy::schema::{
-    Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value, STORED, STRING,
-};
+use tantivy::schema::{Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value, STORED, STRING};
 use tantivy::tokenizer::{
     Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer,
 };
@@ -36,10 +34,7 @@ pub enum QaError {
     #[error("cannot open index directory: {0}")]
     Directory(#[from] tantivy::directory::error::OpenDirectoryError),
     #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("stored passage lacks its `{0}` field; the index directory was not built by whale")]
     IncompleteDocument(&'static str),
 }
@@ -88,10 +83,7 @@ impl Retriever {
     /// Opens the index in `dir` if it was built from exactly these passages (same fingerprint, same
     /// document count), else (re)builds it there.
     pub fn open_or_build(passages: &[Passage], dir: &Path) -> Result<Self, QaError> {
-        std::fs::create_dir_all(dir).map_err(|source| QaError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(|source| QaError::Io { path: dir.to_path_buf(), source })?;
         let (schema, fields) = schema();
         let index = Index::open_or_create(MmapDirectory::open(dir)?, schema)?;
         register_analyzer(&index);
@@ -108,26 +100,14 @@ impl Retriever {
             remove_file(&fingerprint_path)?;
         }
         write_passages(&index, fields, passages)?;
-        std::fs::write(&fingerprint_path, format!("{fingerprint}\n")).map_err(|source| {
-            QaError::Io {
-                path: fingerprint_path,
-                source,
-            }
-        })?;
+        std::fs::write(&fingerprint_path, format!("{fingerprint}\n"))
+            .map_err(|source| QaError::Io { path: fingerprint_path, source })?;
         Self::from_index(index, fields, IndexOrigin::Built)
     }
 
     fn from_index(index: Index, fields: Fields, origin: IndexOrigin) -> Result<Self, QaError> {
-        let reader = index
-            .reader_builder()
-            .reload_policy(ReloadPolicy::Manual)
-            .try_into()?;
-        Ok(Self {
-            index,
-            reader,
-            fields,
-            origin,
-        })
+        let reader = index.reader_builder().reload_policy(ReloadPolicy::Manual).try_into()?;
+        Ok(Self { index, reader, fields, origin })
     }
 
     pub fn origin(&self) -> IndexOrigin {
@@ -177,10 +157,7 @@ impl Retriever {
             .iter()
             .flat_map(|word| [self.fields.title, self.fields.text].map(|field| (field, word)))
             .map(|(field, word)| {
-                let term = TermQuery::new(
-                    Term::from_field_text(field, word),
-                    IndexRecordOption::WithFreqs,
-                );
+                let term = TermQuery::new(Term::from_field_text(field, word), IndexRecordOption::WithFreqs);
                 (Occur::Should, Box::new(term) as Box<dyn Query>)
             })
             .collect();
@@ -207,9 +184,7 @@ impl Retriever {
 fn schema() -> (Schema, Fields) {
     let analyzed = TextOptions::default()
         .set_indexing_options(
-            TextFieldIndexing::default()
-                .set_tokenizer(ANALYZER)
-                .set_index_option(IndexRecordOption::WithFreqs),
+            TextFieldIndexing::default().set_tokenizer(ANALYZER).set_index_option(IndexRecordOption::WithFreqs),
         )
         .set_stored();
     let mut builder = Schema::builder();
@@ -229,9 +204,7 @@ fn register_analyzer(index: &Index) {
     if let Some(stop_words) = StopWordFilter::new(Language::English) {
         builder = builder.filter_dynamic(stop_words);
     }
-    let analyzer = builder
-        .filter_dynamic(Stemmer::new(Language::English))
-        .build();
+    let analyzer = builder.filter_dynamic(Stemmer::new(Language::English)).build();
     index.tokenizers().register(ANALYZER, analyzer);
 }
 
@@ -261,16 +234,9 @@ fn fingerprint(passages: &[Passage]) -> String {
             hasher.update(field.as_bytes());
         }
     }
-    hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 fn remove_file(path: &Path) -> Result<(), QaError> {
-    std::fs::remove_file(path).map_err(|source| QaError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    std::fs::remove_file(path).map_err(|source| QaError::Io { path: path.to_path_buf(), source })
 }

@@ -32,15 +32,8 @@ pub struct QaScore {
 /// SQuAD normalization: lowercase, drop ASCII punctuation, drop the articles a/an/the,
 /// collapse whitespace.
 pub fn normalize_answer(s: &str) -> String {
-    let without_punctuation: String = s
-        .to_lowercase()
-        .chars()
-        .filter(|c| !c.is_ascii_punctuation())
-        .collect();
-    remove_articles(&without_punctuation)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    let without_punctuation: String = s.to_lowercase().chars().filter(|c| !c.is_ascii_punctuation()).collect();
+    remove_articles(&without_punctuation).split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Replaces every maximal run of word characters equal to `a`, `an` or `the` by a space,
@@ -99,19 +92,12 @@ fn matches_alias(prediction: &str, alias: &str) -> bool {
 
 /// The best token F1 of the prediction against any alias (0 with no aliases).
 pub fn f1(prediction: &str, aliases: &[String]) -> f64 {
-    aliases
-        .iter()
-        .map(|alias| f1_against(prediction, alias))
-        .fold(0.0, f64::max)
+    aliases.iter().map(|alias| f1_against(prediction, alias)).fold(0.0, f64::max)
 }
 
 fn f1_against(prediction: &str, alias: &str) -> f64 {
     if normalize_answer(alias).is_empty() {
-        return if matches_alias(prediction, alias) {
-            1.0
-        } else {
-            0.0
-        };
+        return if matches_alias(prediction, alias) { 1.0 } else { 0.0 };
     }
     let predicted = normalize_answer(prediction);
     let gold = normalize_answer(alias);
@@ -147,17 +133,9 @@ fn token_f1(predicted: &str, gold: &str) -> f64 {
 /// Scores a prediction against the aliases; success means exact match, the reward follows `metric`.
 pub fn score_against(prediction: &str, aliases: &[String], metric: RewardMetric) -> QaScore {
     if aliases.is_empty() {
-        return QaScore {
-            em: 0.0,
-            f1: 0.0,
-            verdict: Verdict::fail("the task has no answer aliases to compare with"),
-        };
+        return QaScore { em: 0.0, f1: 0.0, verdict: Verdict::fail("the task has no answer aliases to compare with") };
     }
-    let em = if exact_match(prediction, aliases) {
-        1.0
-    } else {
-        0.0
-    };
+    let em = if exact_match(prediction, aliases) { 1.0 } else { 0.0 };
     let f1 = f1(prediction, aliases);
     let reward = match metric {
         RewardMetric::ExactMatch => em,
@@ -168,15 +146,7 @@ pub fn score_against(prediction: &str, aliases: &[String], metric: RewardMetric)
     } else {
         format!("no exact match for {prediction:?} (F1 {f1:.3}); expected one of {aliases:?}")
     };
-    QaScore {
-        em,
-        f1,
-        verdict: Verdict {
-            reward,
-            success: em == 1.0,
-            detail,
-        },
-    }
+    QaScore { em, f1, verdict: Verdict { reward, success: em == 1.0, detail } }
 }
 
 #[cfg(test)]

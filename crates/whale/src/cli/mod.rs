@@ -11,7 +11,7 @@ use whale_core::Domain;
 /// whale trains LLM agents by alternating weight updates (online RFT) with search over
 /// harness code (Meta-Harness): WHALE, Weight-Harness Alternating LEarning.
 #[derive(Debug, Parser)]
-#[command(name = "whale", version, about, long_about = None)]
+#[command(name = "whale", version)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
