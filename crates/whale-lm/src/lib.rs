@@ -5,10 +5,14 @@
 //! - [`checkpoint::load_model`] reads `config.json` ([`config::Qwen3Config`]) and the
 //!   safetensors weights into a [`model::Qwen3Model`], whose parameters live in a candle
 //!   `VarMap` under their Hugging Face names; [`model::Qwen3Model::new_random`] makes a fresh one.
-//! - Rollouts: a scheduler keeps one [`model::KvCache`] per live sequence and calls
+//! - Rollouts: [`engine::LocalPolicy`] implements [`policy::Policy`]. Each rollout thread's
+//!   [`policy::Policy::chat`] renders the messages with the [`chat_template::ChatTemplate`],
+//!   tokenizes them ([`tokenizer::Tokenizer`]) and hands the prompt to the engine's scheduler
+//!   thread, which keeps one [`model::KvCache`] per live sequence and calls
 //!   [`model::Qwen3Model::forward_step`] with a chunk of new tokens for each sequence it serves
-//!   (a prompt to prefill, or the last sampled token); it gets the next-token logits back, one
-//!   row per sequence, and samples from them.
+//!   (prompts to prefill in one call, the last sampled tokens in another); it gets the
+//!   next-token logits back, one row per sequence, samples each row with the request's own
+//!   seeded [`sampling::Sampler`], and sends each finished [`policy::Completion`] back.
 //! - Weight phase: the caller renders and tokenizes the accepted rollouts into
 //!   [`train::SftExample`]s (prompt tokens, completion tokens); [`train::SftTrainer::step`] pads
 //!   them into [`train::SftBatch`]es, computes the completion-only loss with
@@ -16,19 +20,27 @@
 //!   so every clone of the model (the one the rollout engine holds included) sees them.
 //! - [`train::SftTrainer::save`] writes a Hugging Face checkpoint plus the optimizer state;
 //!   [`train::SftTrainer::resume`] continues from it exactly.
+//! - After a trainer step the owner calls [`engine::LocalPolicy::set_weights_version`], which
+//!   bumps [`policy::Policy::weights_version`] and rebuilds the caches of requests in flight.
+//! - [`bench::run_bench`] measures generation through the engine, SFT training steps and the
+//!   machine's matmul ceiling in one run, as a [`bench::BenchTable`].
 
+pub mod bench;
 pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
+pub mod engine;
 pub mod model;
 pub mod policy;
 pub mod sampling;
 pub mod tokenizer;
 pub mod train;
 
+pub use bench::{run_bench, BenchConfig, BenchError, BenchRow, BenchTable};
 pub use chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
 pub use checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
 pub use config::{ConfigError, ConfigIssue, ModelSize, Qwen3Config};
+pub use engine::{EngineConfig, EngineError, EngineStats, LocalPolicy};
 pub use model::{KvCache, ModelError, Qwen3Model, SeqStep};
 pub use policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 pub use sampling::{Sampler, SamplingParams};

@@ -74,6 +74,13 @@ pub enum PolicyError {
     PromptTooLong { prompt_tokens: usize, context_window: usize },
     #[error("the generation engine has stopped")]
     EngineStopped,
+    /// The prompt cannot be fed to the model (empty, or ids outside its vocabulary).
+    #[error("invalid prompt: {0}")]
+    InvalidPrompt(String),
+    /// The model's forward pass failed (e.g. out of device memory); every request batched
+    /// with it gets this error.
+    #[error("the model failed: {0}")]
+    Model(String),
     #[error("remote policy{}: {message}", status.map(|s| format!(" (HTTP {s})")).unwrap_or_default())]
     Remote { status: Option<u16>, message: String },
     #[error(transparent)]

@@ -1,0 +1,15 @@
+//! Prints the whale-lm performance table on the CPU:
+//! `cargo run --release -p whale-lm --example bench [MODEL_DIR]` (no directory: a random
+//! `ModelSize::BASE` model).
+
+use std::path::PathBuf;
+
+use candle_core::Device;
+use whale_lm::{run_bench, BenchConfig};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let config = BenchConfig { model_dir: std::env::args().nth(1).map(PathBuf::from), ..BenchConfig::default() };
+    let table = run_bench(&config, &Device::Cpu)?;
+    println!("{table}");
+    Ok(())
+}

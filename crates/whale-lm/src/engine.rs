@@ -1,0 +1,723 @@
+//! The in-process policy: many rollout threads call [`LocalPolicy::chat`] at once and one
+//! scheduler thread serves them all with continuous batching over per-sequence KV caches.
+//!
+//! Why one scheduler: a decode step reads every weight once however many sequences it serves,
+//! so throughput comes from decoding all live requests together. Callers render and tokenize in
+//! their own threads, send the prompt over a channel and block on their own reply channel.
+//! Between steps the scheduler admits waiting requests (at most `max_batch_size` live), prefills
+//! new prompts together in one [`Qwen3Model::forward_step`] call — apart from the one-token
+//! decodes, since a long chunk in a decode batch would pad every row to its length — then
+//! decodes one token for every other live sequence in a second call, samples each row with the
+//! request's own seeded [`Sampler`] and retires what finished. A request's tokens thus depend on
+//! its prompt, parameters and seed only, never on what shares its batch (up to the float
+//! rounding of a batched forward pass).
+//!
+//! Weights: the SFT trainer updates the parameters in place and the engine's model shares them,
+//! so after a trainer step the owner calls [`LocalPolicy::set_weights_version`]; a different
+//! model (a loaded checkpoint) comes in through [`LocalPolicy::reload`]. Either way the
+//! scheduler drops the KV caches of the requests in flight and rebuilds them from each prompt
+//! and the tokens sampled so far, so every later token comes from the new weights alone (the
+//! tokens already sampled stay). Do not step the trainer while requests are in flight: a
+//! forward pass running during the update reads a mix of old and new weights.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::thread::JoinHandle;
+
+use candle_core::{DType, Device};
+use serde::{Deserialize, Serialize};
+use whale_core::ChatMessage;
+
+use crate::chat_template::{ChatTemplate, ChatTemplateError, RenderOptions, TOKENIZER_CONFIG_FILE};
+use crate::checkpoint::{load_model, CheckpointError, GenerationConfig};
+use crate::model::{KvCache, ModelError, Qwen3Model, SeqStep};
+use crate::policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+use crate::sampling::{Sampler, SamplingParams, StopMatcher};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// File name of the Hugging Face tokenizer in a model directory.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// How the scheduler batches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EngineConfig {
+    /// Most sequences generating at once; later requests wait in arrival order.
+    pub max_batch_size: usize,
+    /// Most tokens of prompt plus completion; capped by the model's `max_position_embeddings`.
+    pub max_context: usize,
+    /// Most cells (sequences x longest prompt, padding included) of one prefill call; a prompt
+    /// longer than this is prefilled alone.
+    pub max_prefill_tokens: usize,
+    /// End-of-sequence ids besides `<|im_end|>`, `<|endoftext|>` and the model config's
+    /// `eos_token_id` (e.g. those of `generation_config.json`).
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self { max_batch_size: 64, max_context: 4096, max_prefill_tokens: 8192, eos_token_ids: Vec::new() }
+    }
+}
+
+impl EngineConfig {
+    fn validate(&self) -> Result<(), EngineError> {
+        let sizes = [
+            ("max_batch_size", self.max_batch_size),
+            ("max_context", self.max_context),
+            ("max_prefill_tokens", self.max_prefill_tokens),
+        ];
+        match sizes.iter().find(|(_, value)| *value == 0) {
+            Some((key, _)) => Err(EngineError::Config { key, reason: "must be positive".to_string() }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why an engine could not be built or updated.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Template(#[from] ChatTemplateError),
+    #[error("engine config `{key}`: {reason}")]
+    Config { key: &'static str, reason: String },
+    #[error("{reason}")]
+    Mismatch { reason: String },
+    #[error("cannot start the scheduler thread: {0}")]
+    Spawn(std::io::Error),
+    #[error("the generation engine has stopped")]
+    Stopped,
+}
+
+/// Counters of the scheduler's work since the engine started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Requests answered, with a completion or an error.
+    pub requests_done: u64,
+    /// Tokens sampled for the requests answered.
+    pub tokens_generated: u64,
+    /// `forward_step` calls that fed prompts, and the sequences they fed.
+    pub prefill_calls: u64,
+    pub prefill_rows: u64,
+    /// `forward_step` calls that fed one sampled token per sequence, and the sequences they fed.
+    pub decode_calls: u64,
+    pub decode_rows: u64,
+    /// The most sequences one decode call fed.
+    pub peak_decode_batch: u64,
+}
+
+/// A Qwen3 model served in-process to concurrent callers; see the module documentation.
+pub struct LocalPolicy {
+    name: String,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    eos: Vec<u32>,
+    vocab_size: usize,
+    context_window: usize,
+    model: RwLock<Qwen3Model>,
+    weights_version: AtomicU64,
+    stats: Arc<Mutex<EngineStats>>,
+    commands: Sender<Command>,
+    scheduler: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl LocalPolicy {
+    /// Starts the scheduler thread for `model`. The end-of-sequence ids are `<|im_end|>`,
+    /// `<|endoftext|>`, the model config's `eos_token_id` and `config.eos_token_ids`.
+    pub fn new(
+        model: Qwen3Model,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        config.validate()?;
+        let vocab_size = model.config().vocab_size;
+        if tokenizer.vocab_size() > vocab_size {
+            return Err(EngineError::Mismatch {
+                reason: format!("the tokenizer has {} ids, the model only {vocab_size}", tokenizer.vocab_size()),
+            });
+        }
+        let context_window = config.max_context.min(model.config().max_position_embeddings);
+        let specials = tokenizer.specials();
+        let mut eos = vec![specials.im_end, specials.endoftext];
+        eos.extend(&model.config().eos_token_id);
+        eos.extend(&config.eos_token_ids);
+        eos.sort_unstable();
+        eos.dedup();
+        let stats = Arc::new(Mutex::new(EngineStats::default()));
+        let (commands, inbox) = mpsc::channel();
+        let scheduler = Scheduler {
+            model: model.clone(),
+            tokenizer: tokenizer.clone(),
+            eos: eos.clone(),
+            context_window,
+            max_batch_size: config.max_batch_size,
+            max_prefill_tokens: config.max_prefill_tokens,
+            inbox,
+            waiting: VecDeque::new(),
+            live: Vec::new(),
+            stats: Arc::clone(&stats),
+        };
+        let handle = std::thread::Builder::new()
+            .name("whale-lm-scheduler".to_string())
+            .spawn(move || scheduler.run())
+            .map_err(EngineError::Spawn)?;
+        Ok(Self {
+            name: "local".to_string(),
+            tokenizer,
+            template,
+            eos,
+            vocab_size,
+            context_window,
+            model: RwLock::new(model),
+            weights_version: AtomicU64::new(0),
+            stats,
+            commands,
+            scheduler: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Serves a Hugging Face model directory: `config.json` and the safetensors weights,
+    /// `tokenizer.json`, `tokenizer_config.json` (its `chat_template` is required) and, when
+    /// present, `generation_config.json`, whose `eos_token_id`s end generation too.
+    pub fn load(dir: &Path, dtype: DType, device: &Device, mut config: EngineConfig) -> Result<Self, EngineError> {
+        let model = load_model(dir, dtype, device)?;
+        let tokenizer = Tokenizer::from_file(dir.join(TOKENIZER_FILE))?;
+        let template = ChatTemplate::from_tokenizer_config(dir.join(TOKENIZER_CONFIG_FILE))?;
+        if let Some(generation) = GenerationConfig::load(dir)? {
+            config.eos_token_ids.extend(generation.eos_token_id);
+        }
+        Ok(Self::new(model, tokenizer, template, config)?.with_name(dir.display().to_string()))
+    }
+
+    /// Sets the name [`Policy::name`] reports.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
+    /// The model being served; a clone shares its weights, so a trainer built on it updates them.
+    pub fn model(&self) -> Qwen3Model {
+        self.model.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Most tokens of prompt plus completion.
+    pub fn context_window(&self) -> usize {
+        self.context_window
+    }
+
+    /// The ids that end a completion with [`FinishReason::Stop`], sorted.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The prompt of a chat call: `messages` rendered with the chat template and its generation
+    /// prompt, then tokenized. The weight phase builds its training prompts with this too.
+    pub fn prompt_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, PolicyError> {
+        let options = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
+        let text = self.template.render(messages, &options)?;
+        Ok(self.tokenizer.encode(&text)?)
+    }
+
+    /// Continues raw text, without the chat template (`whale lm generate --prompt`).
+    pub fn generate_text(&self, prompt: &str, params: &SamplingParams) -> Result<Completion, PolicyError> {
+        self.generate(self.tokenizer.encode(prompt)?, params)
+    }
+
+    /// Continues `prompt` token ids; blocks until the scheduler has finished the request.
+    ///
+    /// Generation ends with [`FinishReason::Stop`] at an end-of-sequence token or when the text
+    /// contains a stop string, and with [`FinishReason::Length`] after `max_tokens` tokens or when
+    /// prompt plus completion fill the context window. `token_ids` and `logprobs` hold every
+    /// sampled token, the end-of-sequence token and the tokens that completed a stop string
+    /// included; `text` is cut before the stop string and leaves the end-of-sequence token out.
+    pub fn generate(&self, prompt: Vec<u32>, params: &SamplingParams) -> Result<Completion, PolicyError> {
+        params.validate()?;
+        self.check_prompt(&prompt)?;
+        let prompt_tokens = prompt.len();
+        let (reply, answer) = mpsc::channel();
+        let job = Job { prompt, params: params.clone(), reply };
+        self.commands.send(Command::Generate(job)).map_err(|_| PolicyError::EngineStopped)?;
+        let generated = answer.recv().map_err(|_| PolicyError::EngineStopped)??;
+        self.completion(generated, prompt_tokens, &params.stop)
+    }
+
+    fn check_prompt(&self, prompt: &[u32]) -> Result<(), PolicyError> {
+        if prompt.is_empty() {
+            return Err(PolicyError::InvalidPrompt("no token to continue".to_string()));
+        }
+        if let Some(id) = prompt.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(PolicyError::InvalidPrompt(format!(
+                "token id {id} is outside the vocabulary of {}",
+                self.vocab_size
+            )));
+        }
+        if prompt.len() >= self.context_window {
+            return Err(PolicyError::PromptTooLong {
+                prompt_tokens: prompt.len(),
+                context_window: self.context_window,
+            });
+        }
+        Ok(())
+    }
+
+    fn completion(
+        &self,
+        generated: Generated,
+        prompt_tokens: usize,
+        stops: &[String],
+    ) -> Result<Completion, PolicyError> {
+        let Generated { token_ids, logprobs, finish_reason } = generated;
+        let body = match token_ids.split_last() {
+            Some((last, body)) if self.eos.contains(last) => body,
+            _ => &token_ids[..],
+        };
+        let mut text = self.tokenizer.decode(body, false)?;
+        if let Some(found) = StopMatcher::new(stops).find(&text) {
+            text.truncate(found.start);
+        }
+        let completion_tokens = token_ids.len();
+        Ok(Completion { text, token_ids, logprobs, finish_reason, prompt_tokens, completion_tokens })
+    }
+
+    /// Records that the shared weights changed in place (after a trainer step): requests from
+    /// now on are answered by weights `version`, and the requests in flight have their caches
+    /// rebuilt with the new weights.
+    pub fn set_weights_version(&self, version: u64) -> Result<(), EngineError> {
+        self.weights_version.store(version, Ordering::SeqCst);
+        self.commands.send(Command::NewWeights(None)).map_err(|_| EngineError::Stopped)
+    }
+
+    /// Serves `model` (same vocabulary size, a context at least as long) as weights `version`
+    /// from now on; the requests in flight have their caches rebuilt with it.
+    pub fn reload(&self, model: Qwen3Model, version: u64) -> Result<(), EngineError> {
+        let config = model.config();
+        if config.vocab_size != self.vocab_size || config.max_position_embeddings < self.context_window {
+            return Err(EngineError::Mismatch {
+                reason: format!(
+                    "the new model has a vocabulary of {} and {} positions; the engine needs {} and {}",
+                    config.vocab_size, config.max_position_embeddings, self.vocab_size, self.context_window
+                ),
+            });
+        }
+        *self.model.write().unwrap_or_else(PoisonError::into_inner) = model.clone();
+        self.weights_version.store(version, Ordering::SeqCst);
+        self.commands.send(Command::NewWeights(Some(Box::new(model)))).map_err(|_| EngineError::Stopped)
+    }
+
+    /// Stops the scheduler and waits for its thread: requests in flight or queued, and every
+    /// later one, fail with [`PolicyError::EngineStopped`]. Dropping the policy does this too.
+    pub fn shutdown(&self) {
+        // A send error means the scheduler is gone already.
+        let _ = self.commands.send(Command::Shutdown);
+        let handle = self.scheduler.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(handle) = handle {
+            // A scheduler that panicked has dropped its reply channels; nothing more to do.
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for LocalPolicy {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Policy for LocalPolicy {
+    fn chat(&self, request: ChatRequest) -> Result<Completion, PolicyError> {
+        let prompt = self.prompt_ids(&request.messages)?;
+        self.generate(prompt, &request.params)
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn weights_version(&self) -> u64 {
+        self.weights_version.load(Ordering::SeqCst)
+    }
+}
+
+enum Command {
+    Generate(Job),
+    /// The weights changed: in place (`None`) or to a new model.
+    NewWeights(Option<Box<Qwen3Model>>),
+    Shutdown,
+}
+
+/// One request as the caller hands it over.
+struct Job {
+    prompt: Vec<u32>,
+    params: SamplingParams,
+    reply: Sender<Result<Generated, PolicyError>>,
+}
+
+/// The scheduler's answer; the caller decodes the text in its own thread.
+struct Generated {
+    token_ids: Vec<u32>,
+    logprobs: Vec<f32>,
+    finish_reason: FinishReason,
+}
+
+/// A request being generated.
+struct Sequence {
+    prompt: Vec<u32>,
+    reply: Sender<Result<Generated, PolicyError>>,
+    sampler: Sampler,
+    stops: Option<StopMatcher>,
+    /// Most tokens to sample: `max_tokens`, or fewer where the context window ends first.
+    limit: usize,
+    cache: KvCache,
+    /// Tokens to feed next: the prompt (or, after a weight change, prompt plus completion so
+    /// far), then the last sampled token.
+    feed: Vec<u32>,
+    generated: Vec<u32>,
+    logprobs: Vec<f32>,
+    text: TextStream,
+    outcome: Option<Result<FinishReason, PolicyError>>,
+}
+
+impl Sequence {
+    fn new(job: Job, sampler: Sampler, cache: KvCache, context_window: usize) -> Self {
+        let stops = job.params.stop.iter().any(|stop| !stop.is_empty()).then(|| StopMatcher::new(&job.params.stop));
+        Self {
+            limit: job.params.max_tokens.min(context_window.saturating_sub(job.prompt.len())),
+            feed: job.prompt.clone(),
+            prompt: job.prompt,
+            reply: job.reply,
+            sampler,
+            stops,
+            cache,
+            generated: Vec::new(),
+            logprobs: Vec::new(),
+            text: TextStream::default(),
+            outcome: None,
+        }
+    }
+
+    /// Samples the next token from this sequence's logits row and decides whether it is done.
+    fn accept(&mut self, logits: &[f32], tokenizer: &Tokenizer, eos: &[u32]) {
+        let token = match self.sampler.sample(logits) {
+            Ok(token) => token,
+            Err(error) => {
+                self.outcome = Some(Err(error.into()));
+                return;
+            }
+        };
+        self.generated.push(token.id);
+        self.logprobs.push(token.logprob);
+        self.feed.clear();
+        self.feed.push(token.id);
+        self.outcome = self.finish_reason(token.id, tokenizer, eos).transpose();
+    }
+
+    fn finish_reason(
+        &mut self,
+        token: u32,
+        tokenizer: &Tokenizer,
+        eos: &[u32],
+    ) -> Result<Option<FinishReason>, PolicyError> {
+        if eos.contains(&token) {
+            return Ok(Some(FinishReason::Stop));
+        }
+        if let Some(stops) = &self.stops {
+            let new_from = self.text.extend(tokenizer, &self.generated)?;
+            if stops.find_since(&self.text.text, new_from).is_some() {
+                return Ok(Some(FinishReason::Stop));
+            }
+        }
+        Ok((self.generated.len() >= self.limit).then_some(FinishReason::Length))
+    }
+
+    fn answer(self, outcome: Result<FinishReason, PolicyError>) {
+        let message = outcome.map(|finish_reason| Generated {
+            token_ids: self.generated,
+            logprobs: self.logprobs,
+            finish_reason,
+        });
+        // The caller may have gone away; nobody is left to tell.
+        let _ = self.reply.send(message);
+    }
+}
+
+/// The generated text decoded as tokens arrive, for the stop-string check. Each step decodes
+/// only the tokens since the last settled piece, and text is appended only once its last
+/// character is complete (a byte-level token may end inside a UTF-8 character).
+#[derive(Default)]
+struct TextStream {
+    text: String,
+    /// Start of the window re-decoded each step: the last appended piece.
+    prefix_offset: usize,
+    /// End of the last appended piece.
+    read_offset: usize,
+}
+
+impl TextStream {
+    /// Appends what `tokens` (every generated token, the newest last) add to the text and
+    /// returns the byte offset where the new text starts.
+    fn extend(&mut self, tokenizer: &Tokenizer, tokens: &[u32]) -> Result<usize, TokenizerError> {
+        let start = self.text.len();
+        let settled = tokenizer.decode(&tokens[self.prefix_offset..self.read_offset], false)?;
+        let current = tokenizer.decode(&tokens[self.prefix_offset..], false)?;
+        if let Some(new) = current.get(settled.len()..) {
+            if !new.is_empty() && !new.ends_with(char::REPLACEMENT_CHARACTER) {
+                self.text.push_str(new);
+                self.prefix_offset = self.read_offset;
+                self.read_offset = tokens.len();
+            }
+        }
+        Ok(start)
+    }
+}
+
+/// Logits one sampling thread should get at least: below that, starting a thread costs more
+/// than it saves (sampling costs about 10 ns per logit).
+const LOGITS_PER_SAMPLING_THREAD: usize = 1 << 17;
+
+/// Samples every row, on several threads when there is enough work: with a real vocabulary of
+/// 150k ids, sampling 64 rows on one thread takes longer than the decode step itself.
+fn accept_rows(mut rows: Vec<(&mut Sequence, &Vec<f32>)>, tokenizer: &Tokenizer, eos: &[u32]) {
+    let logits: usize = rows.iter().map(|(_, row)| row.len()).sum();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads = cores.min(logits / LOGITS_PER_SAMPLING_THREAD).clamp(1, rows.len().max(1));
+    let accept_all = |part: &mut [(&mut Sequence, &Vec<f32>)]| {
+        for (sequence, row) in part {
+            sequence.accept(row, tokenizer, eos);
+        }
+    };
+    if threads == 1 {
+        accept_all(&mut rows);
+        return;
+    }
+    let per_thread = rows.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for part in rows.chunks_mut(per_thread) {
+            scope.spawn(move || accept_all(part));
+        }
+    });
+}
+
+#[derive(Clone, Copy)]
+enum Phase {
+    Prefill,
+    Decode,
+}
+
+/// The scheduler thread's state: the model, the queue and the live sequences.
+struct Scheduler {
+    model: Qwen3Model,
+    tokenizer: Tokenizer,
+    eos: Vec<u32>,
+    context_window: usize,
+    max_batch_size: usize,
+    max_prefill_tokens: usize,
+    inbox: Receiver<Command>,
+    waiting: VecDeque<Job>,
+    live: Vec<Sequence>,
+    stats: Arc<Mutex<EngineStats>>,
+}
+
+impl Scheduler {
+    /// Serves until shut down; dropping `self` then drops every reply channel, which wakes the
+    /// callers still waiting with [`PolicyError::EngineStopped`].
+    fn run(mut self) {
+        while self.receive() {
+            self.admit();
+            self.step();
+            self.retire();
+        }
+    }
+
+    /// Applies every pending command, blocking while there is nothing to generate. Returns
+    /// false when the engine is shutting down.
+    fn receive(&mut self) -> bool {
+        if self.live.is_empty() && self.waiting.is_empty() {
+            let Ok(command) = self.inbox.recv() else { return false };
+            if !self.apply(command) {
+                return false;
+            }
+        }
+        loop {
+            match self.inbox.try_recv() {
+                Ok(command) => {
+                    if !self.apply(command) {
+                        return false;
+                    }
+                }
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    fn apply(&mut self, command: Command) -> bool {
+        match command {
+            Command::Generate(job) => self.waiting.push_back(job),
+            Command::NewWeights(model) => {
+                if let Some(model) = model {
+                    self.model = *model;
+                }
+                for sequence in &mut self.live {
+                    sequence.cache = self.model.new_cache();
+                    sequence.feed = [&sequence.prompt[..], &sequence.generated[..]].concat();
+                }
+            }
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    fn admit(&mut self) {
+        while self.live.len() < self.max_batch_size {
+            let Some(job) = self.waiting.pop_front() else { break };
+            match Sampler::new(&job.params) {
+                Ok(sampler) => {
+                    let cache = self.model.new_cache();
+                    self.live.push(Sequence::new(job, sampler, cache, self.context_window));
+                }
+                Err(error) => {
+                    let _ = job.reply.send(Err(error.into()));
+                    self.stats().requests_done += 1;
+                }
+            }
+        }
+    }
+
+    /// One prefill call for the prompts that fit the prefill budget, then one decode call for
+    /// every sequence waiting on a single token.
+    fn step(&mut self) {
+        let prefill = self.prefill_members();
+        let decode: Vec<bool> = self.live.iter().map(|sequence| sequence.feed.len() == 1).collect();
+        for (members, phase) in [(prefill, Phase::Prefill), (decode, Phase::Decode)] {
+            if members.contains(&true) {
+                self.forward(&members, phase);
+            }
+        }
+    }
+
+    /// Sequences with a prompt to feed, in arrival order, while the padded batch stays within
+    /// `max_prefill_tokens` (the first always goes, however long).
+    fn prefill_members(&self) -> Vec<bool> {
+        let mut members = vec![false; self.live.len()];
+        let (mut rows, mut longest) = (0, 0);
+        for (member, sequence) in members.iter_mut().zip(&self.live) {
+            let len = sequence.feed.len();
+            if len < 2 || (rows > 0 && (rows + 1) * longest.max(len) > self.max_prefill_tokens) {
+                continue;
+            }
+            *member = true;
+            rows += 1;
+            longest = longest.max(len);
+        }
+        members
+    }
+
+    /// Feeds the members' chunks in one batched step and samples a token for each.
+    fn forward(&mut self, members: &[bool], phase: Phase) {
+        let mut steps: Vec<SeqStep<'_>> = self
+            .live
+            .iter_mut()
+            .zip(members)
+            .filter(|(_, &member)| member)
+            .map(|(sequence, _)| {
+                let Sequence { feed, cache, .. } = sequence;
+                SeqStep { tokens: feed, cache }
+            })
+            .collect();
+        let rows = steps.len();
+        let logits =
+            self.model.forward_step(&mut steps).and_then(|logits| logits.to_vec2::<f32>().map_err(ModelError::from));
+        drop(steps);
+        let batch = self.live.iter_mut().zip(members).filter(|(_, &member)| member).map(|(sequence, _)| sequence);
+        match logits {
+            Ok(logits) => accept_rows(batch.zip(&logits).collect(), &self.tokenizer, &self.eos),
+            Err(error) => {
+                for sequence in batch {
+                    sequence.outcome = Some(Err(PolicyError::Model(error.to_string())));
+                }
+            }
+        }
+        self.record(phase, rows as u64);
+    }
+
+    fn record(&self, phase: Phase, rows: u64) {
+        let mut stats = self.stats();
+        match phase {
+            Phase::Prefill => {
+                stats.prefill_calls += 1;
+                stats.prefill_rows += rows;
+            }
+            Phase::Decode => {
+                stats.decode_calls += 1;
+                stats.decode_rows += rows;
+                stats.peak_decode_batch = stats.peak_decode_batch.max(rows);
+            }
+        }
+    }
+
+    /// Answers and removes the sequences that finished or failed.
+    fn retire(&mut self) {
+        let mut index = 0;
+        while index < self.live.len() {
+            match self.live[index].outcome.take() {
+                Some(outcome) => {
+                    let sequence = self.live.remove(index);
+                    let mut stats = self.stats();
+                    stats.requests_done += 1;
+                    stats.tokens_generated += sequence.generated.len() as u64;
+                    drop(stats);
+                    sequence.answer(outcome);
+                }
+                None => index += 1,
+            }
+        }
+    }
+
+    fn stats(&self) -> std::sync::MutexGuard<'_, EngineStats> {
+        self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::MIN_VOCAB_SIZE;
+
+    #[test]
+    fn the_text_stream_holds_back_split_characters_and_ends_with_the_full_text() {
+        let text = "naïve café 🐳 — ∫x dx, then plain ascii text.";
+        let tokenizer = Tokenizer::train_bpe([text, text], MIN_VOCAB_SIZE + 8).expect("bpe");
+        let ids = tokenizer.encode(text).expect("encode");
+        let mut stream = TextStream::default();
+        let mut held_back = 0;
+        for end in 1..=ids.len() {
+            let before = stream.text.len();
+            let new_from = stream.extend(&tokenizer, &ids[..end]).expect("decode");
+            assert_eq!(new_from, before);
+            assert!(text.starts_with(&stream.text), "{:?} is not a prefix", stream.text);
+            held_back += usize::from(stream.text.len() == before);
+        }
+        assert_eq!(stream.text, text);
+        assert!(held_back > 0, "no token ended inside a character, so nothing was tested");
+    }
+}

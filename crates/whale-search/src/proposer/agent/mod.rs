@@ -1,0 +1,178 @@
+//! The agentic proposer: an LLM behind an OpenAI-compatible chat API, with tool calling,
+//! that reads the archive (list, read, grep), checks candidates and writes them. Its system
+//! prompt carries the rules of good harness search and the harness API; its whole session
+//! (messages, tool calls and their replies, tokens) is kept in the archive as
+//! `sessions/<iteration>.json`, whether the session succeeded or not.
+
+mod client;
+mod tools;
+
+use super::confine::ConfinedDir;
+use super::{Proposal, ProposalContext, Proposer, ProposerError, TokenUsage};
+use crate::durable;
+use crate::guide::{HARNESS_API, SEARCH_RULES};
+use client::{ChatClient, Sampling};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::time::Duration;
+use tools::ArchiveTools;
+
+/// Where the proposer's model is served and how a session runs. `base_url`, `model` and
+/// `api_key` fall back to `WHALE_PROPOSER_BASE_URL`, `WHALE_PROPOSER_MODEL` and
+/// `WHALE_PROPOSER_API_KEY` (then `OPENAI_API_KEY`); a local server needs no key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The API root, e.g. `http://127.0.0.1:8000/v1` (requests go to `<base_url>/chat/completions`).
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub api_key: Option<String>,
+    /// Most model turns per session.
+    pub max_turns: usize,
+    /// Seconds one request may take.
+    pub timeout_s: u64,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            base_url: None,
+            model: None,
+            api_key: None,
+            max_turns: 40,
+            timeout_s: 600,
+            temperature: None,
+            max_tokens: None,
+        }
+    }
+}
+
+/// The agentic proposer.
+pub struct AgentProposer {
+    client: ChatClient,
+    model: String,
+    base_url: String,
+    max_turns: usize,
+    usage: TokenUsage,
+}
+
+impl AgentProposer {
+    pub fn new(config: AgentConfig) -> Result<Self, ProposerError> {
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let base_url = config
+            .base_url
+            .or_else(|| env("WHALE_PROPOSER_BASE_URL"))
+            .ok_or_else(|| ProposerError::Config("no base_url (set it or WHALE_PROPOSER_BASE_URL)".into()))?;
+        let model = config
+            .model
+            .or_else(|| env("WHALE_PROPOSER_MODEL"))
+            .ok_or_else(|| ProposerError::Config("no model (set it or WHALE_PROPOSER_MODEL)".into()))?;
+        let api_key = config.api_key.or_else(|| env("WHALE_PROPOSER_API_KEY")).or_else(|| env("OPENAI_API_KEY"));
+        let sampling = Sampling { temperature: config.temperature, max_tokens: config.max_tokens };
+        let client =
+            ChatClient::new(&base_url, &model, api_key, Duration::from_secs(config.timeout_s.max(1)), sampling)?;
+        Ok(Self { client, model, base_url, max_turns: config.max_turns.max(1), usage: TokenUsage::default() })
+    }
+
+    /// Runs the conversation; `messages` holds it so far whatever happens.
+    fn converse(
+        &mut self,
+        tools: &mut ArchiveTools<'_>,
+        messages: &mut Vec<Value>,
+        session: &mut Session,
+    ) -> Result<(), ProposerError> {
+        let specs = ArchiveTools::specs();
+        for _ in 0..self.max_turns {
+            if tools.is_done() {
+                return Ok(());
+            }
+            let turn = self.client.complete(messages, &specs)?;
+            self.usage.add(turn.usage);
+            session.usage.add(turn.usage);
+            session.turns += 1;
+            messages.push(turn.message);
+            if turn.tool_requests.is_empty() {
+                return Ok(());
+            }
+            for request in turn.tool_requests {
+                let reply = tools.call(&request.name, &request.arguments);
+                messages.push(json!({"role": "tool", "tool_call_id": request.id, "content": reply}));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Proposer for AgentProposer {
+    fn name(&self) -> &str {
+        "agent"
+    }
+
+    fn propose(&mut self, ctx: &ProposalContext<'_>) -> Result<Vec<Proposal>, ProposerError> {
+        let dir = ConfinedDir::new(ctx.archive)
+            .map_err(|source| ProposerError::Io { context: format!("archive {}", ctx.archive.display()), source })?;
+        let mut tools = ArchiveTools::new(dir, ctx.limits, ctx.candidates, ctx.incumbent.meta.id.clone());
+        let mut messages = vec![
+            json!({"role": "system", "content": system_prompt()}),
+            json!({"role": "user", "content": task_prompt(ctx)}),
+        ];
+        let mut session = Session { model: self.model.clone(), base_url: self.base_url.clone(), ..Session::default() };
+        let outcome = self.converse(&mut tools, &mut messages, &mut session);
+        session.iteration = ctx.iteration;
+        session.messages = messages;
+        session.error = outcome.as_ref().err().map(ToString::to_string);
+        session.candidates = tools.written.iter().map(|p| p.hypothesis.clone()).collect();
+        let path = ctx.session_path("json");
+        let text = serde_json::to_string_pretty(&session).unwrap_or_default();
+        durable::write_file(&path, text.as_bytes())
+            .map_err(|source| ProposerError::Io { context: format!("session {}", path.display()), source })?;
+        outcome.map(|()| tools.written)
+    }
+
+    fn usage(&self) -> TokenUsage {
+        self.usage
+    }
+}
+
+/// `sessions/<iteration>.json`.
+#[derive(Debug, Default, Serialize)]
+struct Session {
+    iteration: u64,
+    model: String,
+    base_url: String,
+    turns: usize,
+    usage: TokenUsage,
+    /// The hypotheses of the candidates written.
+    candidates: Vec<String>,
+    error: Option<String>,
+    /// The whole conversation: system and task prompts, model turns, tool calls and replies.
+    messages: Vec<Value>,
+}
+
+fn system_prompt() -> String {
+    format!(
+        "You improve a harness: the JavaScript program that wraps a language model to solve tasks. You work \
+         in an archive of every harness tried so far, with their scores and raw rollout traces, through tools: \
+         list_dir, read_file and grep to study it, check_candidate to validate a source, write_candidate to \
+         submit a candidate. Study the incumbent and its failed traces first, then write candidates, each a \
+         complete harness source with one new mechanism and a hypothesis.\n\n{SEARCH_RULES}\n\
+         The harness API follows.\n\n{HARNESS_API}"
+    )
+}
+
+fn task_prompt(ctx: &ProposalContext<'_>) -> String {
+    let incumbent = &ctx.incumbent.meta;
+    format!(
+        "Iteration {iteration}, domain {domain}. The incumbent is candidates/{id}/harness.js (hash {hash}); its \
+         scores and traces under the current weights are in results/{hash}/w{version}/. summary.jsonl logs every \
+         earlier candidate, frontier.json the Pareto front. Write {m} candidate(s) with write_candidate, then stop.",
+        iteration = ctx.iteration,
+        domain = ctx.domain,
+        id = incumbent.id,
+        hash = incumbent.hash,
+        version = ctx.weights_version,
+        m = ctx.candidates,
+    )
+}

@@ -1,0 +1,356 @@
+//! The offline proposer: real source-level edits of the incumbent, one mechanism per
+//! candidate, each with a written hypothesis, and no network.
+//!
+//! Two kinds of edit, each anchored on something every harness has or degrading to "does not
+//! apply" when it is missing:
+//! - in place, on the prompt text (`instructions`): a phrase-bank sentence added, a sentence
+//!   replaced or dropped in a string literal that reads as an instruction;
+//! - around the harness (`layers`): the exported `solve` is wrapped in a middleware that
+//!   adds a tool step, samples several replies and votes, retries invalid output, reformats
+//!   the context, inserts few-shot examples or changes how answers are parsed; earlier layers
+//!   can be removed again (an ablation, e.g. dropping a tool step).
+//!
+//! The proposer is deterministic for (seed, iteration, incumbent, examples), and every
+//! candidate it returns has passed `whale_harness::validate`.
+
+mod instructions;
+mod layers;
+mod mechanisms;
+mod phrases;
+mod tokens;
+
+use super::{Proposal, ProposalContext, Proposer, ProposerError};
+use mechanisms::{Formatting, Parsing, Shot};
+use phrases::{Phrase, PHRASES};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use whale_harness::{content_hash, validate, Limits};
+
+/// Passes over the mutation kinds before a proposer settles for fewer than M candidates.
+const ROUNDS: usize = 3;
+/// Few-shot examples per candidate, and the characters one example may have.
+const SHOTS: usize = 2;
+const SHOT_CHARS: usize = 2_000;
+/// Characters of a tool result shown to the model.
+const TOOL_RESULT_CHARS: usize = 1_500;
+
+/// One kind of source edit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mutation {
+    /// Add a phrase-bank instruction to a prompt literal (or to the system message).
+    AddPhrase,
+    /// Replace one sentence of a prompt literal with a phrase-bank instruction.
+    RewriteSentence,
+    /// Drop one sentence of a prompt literal.
+    DropSentence,
+    /// Consult a tool before model calls and show its result.
+    ToolStep,
+    /// Remove one earlier mechanism (a tool step or any other layer).
+    DropLayer,
+    /// k samples per model call and a majority vote on the final answer.
+    Vote,
+    /// Ask again after a cut-off or empty reply or a refused answer.
+    Retry,
+    /// Change how the messages are formatted.
+    Format,
+    /// Few-shot examples from accepted training trajectories.
+    FewShot,
+    /// Change how the answer is parsed.
+    Parse,
+}
+
+impl Mutation {
+    pub const ALL: [Mutation; 10] = [
+        Mutation::AddPhrase,
+        Mutation::RewriteSentence,
+        Mutation::DropSentence,
+        Mutation::ToolStep,
+        Mutation::DropLayer,
+        Mutation::Vote,
+        Mutation::Retry,
+        Mutation::Format,
+        Mutation::FewShot,
+        Mutation::Parse,
+    ];
+}
+
+/// The mutation proposer.
+#[derive(Debug, Clone)]
+pub struct MutateProposer {
+    mutations: Vec<Mutation>,
+}
+
+impl Default for MutateProposer {
+    fn default() -> Self {
+        Self { mutations: Mutation::ALL.to_vec() }
+    }
+}
+
+impl MutateProposer {
+    /// A proposer drawing only from `mutations`.
+    pub fn with_mutations(mutations: Vec<Mutation>) -> Self {
+        Self { mutations }
+    }
+
+    /// The candidate `mutation` makes of the incumbent with `seed`, if it applies and the
+    /// result validates.
+    pub fn mutate(mutation: Mutation, ctx: &ProposalContext<'_>, seed: u64) -> Option<Proposal> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let source = &ctx.incumbent.source;
+        let (edited, hypothesis) = match mutation {
+            Mutation::AddPhrase => add_phrase(source, ctx.limits, &mut rng),
+            Mutation::RewriteSentence => rewrite_sentence(source, &mut rng),
+            Mutation::DropSentence => drop_sentence(source, &mut rng),
+            Mutation::ToolStep => tool_step(source, ctx, &mut rng),
+            Mutation::DropLayer => drop_layer(source, &mut rng),
+            Mutation::Vote => vote(source, ctx, &mut rng),
+            Mutation::Retry => retry(source, ctx.limits),
+            Mutation::Format => format(source, ctx.limits, &mut rng),
+            Mutation::FewShot => few_shot(source, ctx, &mut rng),
+            Mutation::Parse => parse(source, ctx.limits, &mut rng),
+        }?;
+        validate(&edited, ctx.limits).ok()?;
+        Some(Proposal { source: edited, hypothesis, parent: Some(ctx.incumbent.meta.id.clone()) })
+    }
+}
+
+impl Proposer for MutateProposer {
+    fn name(&self) -> &str {
+        "mutate"
+    }
+
+    fn propose(&mut self, ctx: &ProposalContext<'_>) -> Result<Vec<Proposal>, ProposerError> {
+        let mut rng = ChaCha8Rng::seed_from_u64(ctx.seed ^ ctx.iteration.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut order = self.mutations.clone();
+        order.shuffle(&mut rng);
+        let mut seen: HashSet<String> = HashSet::from([ctx.incumbent.meta.hash.clone()]);
+        let mut proposals = Vec::new();
+        for _ in 0..ROUNDS {
+            for &mutation in &order {
+                if proposals.len() >= ctx.candidates {
+                    return Ok(proposals);
+                }
+                let seed = rng.gen();
+                if let Some(proposal) = Self::mutate(mutation, ctx, seed) {
+                    if seen.insert(content_hash(&proposal.source)) {
+                        proposals.push(proposal);
+                    }
+                }
+            }
+        }
+        Ok(proposals)
+    }
+}
+
+type Edit = Option<(String, String)>;
+
+fn excerpt(text: &str) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match flat.char_indices().nth(60) {
+        Some((cut, _)) => format!("{}…", &flat[..cut]),
+        None => flat,
+    }
+}
+
+fn phrase_outside(text: &str, rng: &mut ChaCha8Rng) -> Option<Phrase> {
+    let fresh: Vec<Phrase> = PHRASES.into_iter().filter(|p| !text.contains(p.text)).collect();
+    fresh.choose(rng).copied()
+}
+
+const REFUTED: &str = "Refuted if the success rate does not rise, or cost rises without a success gain.";
+
+fn add_phrase(source: &str, limits: &Limits, rng: &mut ChaCha8Rng) -> Edit {
+    let literals: Vec<_> =
+        instructions::instructions(source).into_iter().filter(|l| l.accepts_append(source)).collect();
+    let Some(literal) = literals.choose(rng) else {
+        let phrase = phrase_outside(source, rng)?;
+        let hypothesis = format!(
+            "Prompt rewrite: add the instruction \"{}\" to the system message of every model call (the harness \
+             has no prompt literal to edit), because {}. {REFUTED}",
+            phrase.text, phrase.why
+        );
+        let edited =
+            layers::add_layer(source, "instruction", &hypothesis, &mechanisms::instruction(phrase.text), limits)?;
+        return Some((edited, hypothesis));
+    };
+    let phrase = phrase_outside(literal.text(source), rng)?;
+    let hypothesis = format!(
+        "Prompt rewrite: add \"{}\" to the instruction \"{}\", because {}. {REFUTED}",
+        phrase.text,
+        excerpt(literal.text(source)),
+        phrase.why
+    );
+    Some((literal.append(source, phrase.text), hypothesis))
+}
+
+fn rewrite_sentence(source: &str, rng: &mut ChaCha8Rng) -> Edit {
+    let literals: Vec<_> =
+        instructions::instructions(source).into_iter().filter(|l| !l.sentences(source).is_empty()).collect();
+    let literal = literals.choose(rng)?;
+    let sentences = literal.sentences(source);
+    let index = rng.gen_range(0..sentences.len());
+    let old = &source[sentences[index].clone()];
+    let phrase = phrase_outside(literal.text(source), rng)?;
+    let hypothesis = format!(
+        "Prompt rewrite: replace \"{}\" with \"{}\", because {}. {REFUTED}",
+        excerpt(old),
+        phrase.text,
+        phrase.why
+    );
+    Some((literal.replace_sentence(source, index, phrase.text)?, hypothesis))
+}
+
+fn drop_sentence(source: &str, rng: &mut ChaCha8Rng) -> Edit {
+    let literals: Vec<_> =
+        instructions::instructions(source).into_iter().filter(|l| l.sentences(source).len() >= 2).collect();
+    let literal = literals.choose(rng)?;
+    let sentences = literal.sentences(source);
+    let index = rng.gen_range(0..sentences.len());
+    let hypothesis = format!(
+        "Prompt rewrite: drop the sentence \"{}\" from the instruction. A shorter prompt costs fewer tokens and \
+         leaves fewer instructions to follow; if the sentence was not helping, success holds while cost falls. \
+         Refuted if the success rate falls.",
+        excerpt(&source[sentences[index].clone()])
+    );
+    Some((literal.drop_sentence(source, index)?, hypothesis))
+}
+
+fn has_layer(source: &str, kind: &str) -> bool {
+    layers::layers(source).iter().any(|l| l.kind() == kind)
+}
+
+fn tool_step(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+    if ctx.limits.tool_calls == 0 {
+        return None;
+    }
+    let pick = rng.gen_range(0..8);
+    let lookups = (ctx.limits.tool_calls / 2).clamp(1, 8);
+    let hypothesis = format!(
+        "Tool step: before model calls, consult one of the task's tools (the {pick}th, modulo their number, of \
+         those callable without task knowledge: a state reading, a search on the observation, or a calculator on an \
+         expression the model writes first) and append its result to the prompt, so the model reasons from fresh \
+         facts instead of recall. {REFUTED}"
+    );
+    let body = mechanisms::tool_step(pick, lookups, TOOL_RESULT_CHARS);
+    Some((layers::add_layer(source, "tool-step", &hypothesis, &body, ctx.limits)?, hypothesis))
+}
+
+fn drop_layer(source: &str, rng: &mut ChaCha8Rng) -> Edit {
+    let found = layers::layers(source);
+    let layer = found.choose(rng)?;
+    let hypothesis = if layer.kind() == "tool-step" {
+        format!(
+            "Remove the tool step `{}`: if its results were not helping the model, success holds while tool \
+             calls and prompt tokens fall. Refuted if the success rate falls.",
+            layer.name
+        )
+    } else {
+        format!(
+            "Ablation: remove the `{}` mechanism ({}). If it was not helping, success holds while cost falls. \
+             Refuted if the success rate falls.",
+            layer.name,
+            excerpt(&layer.hypothesis)
+        )
+    };
+    Some((layers::remove_layer(source, layer), hypothesis))
+}
+
+fn vote(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+    let samples = *[3usize, 5].choose(rng)?;
+    if ctx.limits.model_calls < samples + 2 || has_layer(source, "vote") {
+        return None;
+    }
+    let hypothesis = format!(
+        "Self-consistency: sample {samples} replies to each model call and keep the one whose final answer is the \
+         most common (one sample once the call or prompt budget runs low). At temperature 1 a majority answer \
+         is right more often than a single sample. Costs about {samples}x the tokens; refuted if the success rate \
+         does not rise."
+    );
+    Some((layers::add_layer(source, "vote", &hypothesis, &mechanisms::vote(samples), ctx.limits)?, hypothesis))
+}
+
+fn retry(source: &str, limits: &Limits) -> Edit {
+    if has_layer(source, "retry") {
+        return None;
+    }
+    let hypothesis = "Retry on invalid output: a reply cut off at max_tokens or empty is asked for again once, and an \
+                      answer or move the environment refuses as invalid is corrected by the model once using the \
+                      refusal message, so a malformed output costs a retry instead of the task. Refuted if the \
+                      success rate does not rise."
+        .to_string();
+    Some((layers::add_layer(source, "retry", &hypothesis, &mechanisms::retry(), limits)?, hypothesis))
+}
+
+fn format(source: &str, limits: &Limits, rng: &mut ChaCha8Rng) -> Edit {
+    let kind = |f: Formatting| format!("format-{}", format_name(f));
+    let fresh: Vec<Formatting> = Formatting::ALL.into_iter().filter(|&f| !has_layer(source, &kind(f))).collect();
+    let formatting = *fresh.choose(rng)?;
+    let hypothesis = format!("Context formatting: {}. {REFUTED}", formatting.describe());
+    let body = mechanisms::format_messages(formatting);
+    Some((layers::add_layer(source, &kind(formatting), &hypothesis, &body, limits)?, hypothesis))
+}
+
+fn format_name(formatting: Formatting) -> &'static str {
+    match formatting {
+        Formatting::SystemIntoUser => "system-into-user",
+        Formatting::Compact => "compact",
+        Formatting::RecentWindow => "recent-window",
+    }
+}
+
+fn parse(source: &str, limits: &Limits, rng: &mut ChaCha8Rng) -> Edit {
+    let kind = |p: Parsing| format!("parse-{}", parse_name(p));
+    let fresh: Vec<Parsing> = Parsing::ALL.into_iter().filter(|&p| !has_layer(source, &kind(p))).collect();
+    let parsing = *fresh.choose(rng)?;
+    let hypothesis = format!("Answer parsing: {}. {REFUTED}", parsing.describe());
+    Some((layers::add_layer(source, &kind(parsing), &hypothesis, &mechanisms::parse(parsing), limits)?, hypothesis))
+}
+
+fn parse_name(parsing: Parsing) -> &'static str {
+    match parsing {
+        Parsing::Final => "final",
+        Parsing::Number => "number",
+        Parsing::Clean => "clean",
+    }
+}
+
+fn few_shot(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+    if has_layer(source, "few-shot") {
+        return None;
+    }
+    let mut shots = shots(ctx);
+    shots.shuffle(rng);
+    shots.truncate(SHOTS);
+    if shots.is_empty() {
+        return None;
+    }
+    let hypothesis = format!(
+        "Few-shot: show {} solved training example(s) as prior user/assistant turns before each model call; a \
+         demonstration of the expected reasoning and answer format helps a small model more than instructions \
+         do. Costs prompt tokens; refuted if the success rate does not rise.",
+        shots.len()
+    );
+    Some((layers::add_layer(source, "few-shot", &hypothesis, &mechanisms::few_shot(&shots), ctx.limits)?, hypothesis))
+}
+
+/// One example per successful trajectory (its first trainable call: the last user message and
+/// the completion), one per task, short ones only.
+fn shots(ctx: &ProposalContext<'_>) -> Vec<Shot> {
+    let mut tasks = HashSet::new();
+    ctx.examples
+        .iter()
+        .filter(|t| t.success && t.error.is_none())
+        .filter_map(|t| {
+            let call = t.model_calls.iter().find(|c| c.trainable)?;
+            let user = call.messages.iter().rev().find(|m| m.role == "user")?;
+            let shot = Shot { user: user.content.trim().to_string(), assistant: call.completion.trim().to_string() };
+            let fits = !shot.user.is_empty() && !shot.assistant.is_empty();
+            (fits && shot.user.len() + shot.assistant.len() <= SHOT_CHARS && tasks.insert(t.task_id.clone()))
+                .then_some(shot)
+        })
+        .collect()
+}

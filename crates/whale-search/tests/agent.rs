@@ -1,0 +1,186 @@
+//! The agentic proposer against a scripted OpenAI-compatible server on 127.0.0.1: its tools
+//! read the archive, refuse every way out of it, check and write candidates, and its whole
+//! session is kept in the archive.
+
+mod common;
+
+use common::{tasks, SumEvaluator, PARSED, PLAIN};
+use serde_json::{json, Value};
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use whale_core::Domain;
+use whale_search::{AgentConfig, AgentProposer, Archive, CandidateResult, HarnessSearch, SearchConfig, SummaryEvent};
+
+/// One request the server received: its headers (lower-cased names) and JSON body.
+#[derive(Debug, Clone)]
+struct Received {
+    headers: Vec<(String, String)>,
+    body: Value,
+}
+
+/// Serves `replies` in order (status, JSON body), one per connection, and records requests.
+fn serve(replies: Vec<(u16, Value)>) -> (String, Arc<Mutex<Vec<Received>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/v1", listener.local_addr().expect("address"));
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let log = received.clone();
+    std::thread::spawn(move || {
+        for (status, reply) in replies {
+            let Ok((stream, _)) = listener.accept() else { return };
+            let mut reader = BufReader::new(stream);
+            let mut headers = Vec::new();
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line.trim() != "" {
+                if let Some((name, value)) = line.split_once(':') {
+                    headers.push((name.trim().to_lowercase(), value.trim().to_string()));
+                }
+                line.clear();
+            }
+            let length = headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse().ok());
+            let mut body = vec![0; length.unwrap_or(0)];
+            reader.read_exact(&mut body).expect("body");
+            let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            log.lock().expect("log").push(Received { headers, body });
+            let text = reply.to_string();
+            let mut stream = reader.into_inner();
+            let head = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                text.len()
+            );
+            stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(text.as_bytes())).expect("reply");
+        }
+    });
+    (url, received)
+}
+
+fn calls(calls: &[(&str, &str, Value)]) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args.to_string()}}))
+        .collect();
+    json!({"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": calls}, "finish_reason": "tool_calls"}],
+           "usage": {"prompt_tokens": 100, "completion_tokens": 20}})
+}
+
+fn tool_reply(request: &Received, id: &str) -> String {
+    let messages = request.body["messages"].as_array().expect("messages");
+    let reply = messages.iter().find(|m| m["role"] == "tool" && m["tool_call_id"] == id).expect("a reply");
+    reply["content"].as_str().expect("text").to_string()
+}
+
+fn agent(url: &str) -> Box<AgentProposer> {
+    let config = AgentConfig {
+        base_url: Some(url.to_string()),
+        model: Some("proposer-model".into()),
+        api_key: Some("sk-test".into()),
+        max_turns: 5,
+        timeout_s: 20,
+        ..AgentConfig::default()
+    };
+    Box::new(AgentProposer::new(config).expect("agent"))
+}
+
+#[test]
+fn the_agent_reads_the_archive_is_confined_to_it_and_writes_candidates() {
+    let outside = tempfile::tempdir().expect("tempdir");
+    fs::write(outside.path().join("secret.txt"), "the-secret-content-42").expect("secret");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut archive = Archive::open(dir.path()).expect("archive");
+    archive.seed(PLAIN, "start").expect("seed");
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("door")).expect("symlink");
+    std::os::unix::fs::symlink(outside.path().join("secret.txt"), dir.path().join("leak.txt")).expect("symlink");
+
+    let first = calls(&[
+        ("c1", "list_dir", json!({"path": "."})),
+        ("c2", "read_file", json!({"path": "candidates/c0000/harness.js"})),
+        ("c3", "read_file", json!({"path": "candidates/../../secret.txt"})),
+        ("c4", "read_file", json!({"path": outside.path().join("secret.txt")})),
+        ("c5", "read_file", json!({"path": "door/secret.txt"})),
+        ("c6", "read_file", json!({"path": "leak.txt"})),
+        ("c7", "grep", json!({"pattern": "secret-content"})),
+        ("c8", "grep", json!({"pattern": "CTX.LLM.CHAT", "path": "candidates"})),
+        ("c9", "list_dir", json!({"path": "door"})),
+    ]);
+    let second = calls(&[
+        ("d1", "check_candidate", json!({"source": "export function solve( {"})),
+        ("d2", "write_candidate", json!({"source": PARSED, "hypothesis": "parse the last number of the reply"})),
+        ("d3", "nonsense_tool", json!({})),
+    ]);
+    let last = json!({"choices": [{"message": {"role": "assistant", "content": "Done."}}],
+                      "usage": {"prompt_tokens": 300, "completion_tokens": 5}});
+    let (url, received) = serve(vec![(200, first), (200, second), (200, last)]);
+
+    let config = SearchConfig { candidates: 2, ..SearchConfig::default() };
+    let mut search = HarnessSearch::new(archive, Domain::Math, tasks(6), agent(&url), config).expect("search");
+    let report = search.iterate(&SumEvaluator::new(1)).expect("iterate");
+    assert_eq!(report.proposer_error, None);
+    assert_eq!(report.candidates.len(), 1);
+    assert!(matches!(report.candidates[0].result, CandidateResult::Scored { .. }));
+    assert_eq!(report.candidates[0].hypothesis, "parse the last number of the reply");
+    assert!(report.accepted.is_some());
+    assert_eq!((report.proposer_tokens.requests, report.proposer_tokens.prompt_tokens), (3, 500));
+    assert_eq!(report.proposer_tokens.completion_tokens, 45);
+
+    let requests = received.lock().expect("log").clone();
+    assert_eq!(requests.len(), 3);
+    let auth = requests[0].headers.iter().find(|(n, _)| n == "authorization").map(|(_, v)| v.as_str());
+    assert_eq!(auth, Some("Bearer sk-test"));
+    assert_eq!(requests[0].body["model"], "proposer-model");
+    assert_eq!(requests[0].body["tools"].as_array().map(Vec::len), Some(5));
+    let system = requests[0].body["messages"][0]["content"].as_str().expect("system");
+    assert!(system.contains("One mechanism per candidate") && system.contains("No constant-only tuning"));
+    assert!(system.contains("Nothing specific to a dataset's items") && system.contains("ctx.llm.chat"));
+    let task = requests[0].body["messages"][1]["content"].as_str().expect("task");
+    assert!(task.contains("candidates/c0000/harness.js") && task.contains("Write 2 candidate(s)"));
+
+    let replies = &requests[1];
+    let listing = tool_reply(replies, "c1");
+    assert!(listing.contains("candidates/") && listing.contains("summary.jsonl") && listing.contains("door (link)"));
+    assert!(tool_reply(replies, "c2").contains("You add numbers."));
+    assert!(tool_reply(replies, "c3").contains("climbs out with `..`"));
+    assert!(tool_reply(replies, "c4").contains("is absolute"));
+    assert!(tool_reply(replies, "c5").contains("leads outside the directory"));
+    assert!(tool_reply(replies, "c6").contains("leads outside the directory"));
+    assert_eq!(tool_reply(replies, "c7"), "no match");
+    assert!(tool_reply(replies, "c8").contains("candidates/c0000/harness.js:"));
+    assert!(tool_reply(replies, "c9").contains("leads outside the directory"));
+    for request in &requests {
+        assert!(!request.body.to_string().contains("the-secret-content-42"), "the secret never left its directory");
+    }
+    let replies = &requests[2];
+    assert!(tool_reply(replies, "d1").starts_with("invalid: the harness does not compile"));
+    assert!(tool_reply(replies, "d2").starts_with("candidate 1 of 2 recorded; valid"));
+    assert!(tool_reply(replies, "d3").contains("unknown tool `nonsense_tool`"));
+
+    let session: Value =
+        serde_json::from_str(&fs::read_to_string(dir.path().join("sessions/1.json")).expect("session")).expect("json");
+    assert_eq!(session["turns"], 3);
+    assert_eq!(session["usage"]["prompt_tokens"], 500);
+    assert_eq!(session["candidates"][0], "parse the last number of the reply");
+    let messages = session["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 2 + 1 + 9 + 1 + 3 + 1, "system, task, every turn and every tool reply");
+    assert_eq!(messages.last().expect("last")["content"], "Done.");
+}
+
+#[test]
+fn a_failing_server_is_recorded_and_the_search_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut archive = Archive::open(dir.path()).expect("archive");
+    archive.seed(PLAIN, "start").expect("seed");
+    let look = calls(&[("c1", "list_dir", json!({}))]);
+    let (url, _) = serve(vec![(200, look), (500, json!({"error": "overloaded"}))]);
+    let mut search =
+        HarnessSearch::new(archive, Domain::Math, tasks(4), agent(&url), SearchConfig::default()).expect("search");
+    let evaluator = SumEvaluator::new(1);
+    let report = search.iterate(&evaluator).expect("an API failure does not stop the run");
+    let error = report.proposer_error.expect("recorded");
+    assert!(error.contains("HTTP 500") && error.contains("overloaded"), "{error}");
+    assert_eq!(report.proposer_tokens.requests, 1, "the tokens of the turn before the failure count");
+    assert!(search.archive().events().iter().any(|e| matches!(e, SummaryEvent::ProposerFailed { .. })));
+    let session = fs::read_to_string(dir.path().join("sessions/1.json")).expect("session kept");
+    assert!(session.contains("HTTP 500") && session.contains("list_dir"));
+    let next = search.iterate(&evaluator).expect("next iteration");
+    assert!(next.proposer_error.is_some_and(|e| e.contains("the proposer's API")), "the server is gone now");
+}

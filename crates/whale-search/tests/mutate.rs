@@ -1,0 +1,230 @@
+//! The mutation proposer on the stock harnesses of every domain, run on real episodes, and on
+//! harness code it has no anchor in.
+
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use whale_core::{ChatMessage, Domain, ModelCall, Task, Trajectory, WallTime};
+use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions, STOCK_HARNESSES};
+use whale_lm::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+use whale_search::{Candidate, CandidateMeta, MutateProposer, Mutation, ProposalContext, Proposer};
+use whale_tasks::{DomainTasks, Environment};
+
+/// Plays the model for any domain: the first legal move a prompt lists, else a prose answer
+/// with a `####` line.
+struct Generalist;
+
+impl Policy for Generalist {
+    fn chat(&self, request: ChatRequest) -> Result<Completion, PolicyError> {
+        let last = request.messages.last().map_or("", |m| m.content.as_str());
+        let legal = last.lines().find_map(|line| line.strip_prefix("Legal moves: "));
+        let text = match legal.and_then(|moves| moves.split_whitespace().next()) {
+            Some(first) => first.to_string(),
+            None => "The answer is 5.\n#### 5".to_string(),
+        };
+        Ok(Completion {
+            text,
+            token_ids: vec![1],
+            logprobs: vec![0.0],
+            finish_reason: FinishReason::Stop,
+            prompt_tokens: 3,
+            completion_tokens: 2,
+        })
+    }
+    fn name(&self) -> String {
+        "generalist".into()
+    }
+    fn weights_version(&self) -> u64 {
+        0
+    }
+}
+
+fn candidate(source: &str) -> Candidate {
+    Candidate {
+        meta: CandidateMeta {
+            id: "c0007".into(),
+            parent: None,
+            hypothesis: "stock".into(),
+            hash: whale_harness::content_hash(source),
+            iteration: 0,
+            proposer: "seed".into(),
+            rejection: None,
+        },
+        source: source.to_string(),
+    }
+}
+
+/// A successful training trajectory whose first call makes a few-shot example.
+fn example() -> Trajectory {
+    Trajectory {
+        task_id: "train-1".into(),
+        harness_id: "h".into(),
+        weights_version: 0,
+        seed: 0,
+        model_calls: vec![ModelCall {
+            messages: vec![ChatMessage::new("user", "What is 2 + 2?")],
+            completion: "2 + 2 = 4.\n#### 4".into(),
+            prompt_tokens: 6,
+            completion_tokens: 8,
+            trainable: true,
+            finish_reason: "stop".into(),
+            latency_ms: 1.0,
+        }],
+        tool_calls: vec![],
+        order: vec![("model".into(), 0)],
+        answer: Some(json!("4")),
+        reward: 1.0,
+        success: true,
+        verdict_detail: String::new(),
+        error: None,
+        turns: 1,
+        prompt_tokens: 6,
+        completion_tokens: 8,
+        wall: WallTime::default(),
+        log: vec![],
+    }
+}
+
+fn context<'a>(incumbent: &'a Candidate, examples: &'a [Trajectory], limits: &'a Limits) -> ProposalContext<'a> {
+    ProposalContext {
+        archive: Path::new("."),
+        incumbent,
+        domain: Domain::Math,
+        candidates: 3,
+        iteration: 4,
+        weights_version: 0,
+        seed: 9,
+        examples,
+        limits,
+    }
+}
+
+/// What `source`'s rollouts on `tasks` did: per task (in order) the error, and in all the
+/// model calls and tool calls made.
+struct Outcomes {
+    errors: Vec<Option<String>>,
+    model_calls: usize,
+    tool_calls: usize,
+}
+
+fn outcomes(source: &str, domain: Domain, tasks: &[Task], environment: &Environment) -> Outcomes {
+    let harness = Arc::new(Harness::from_source(source));
+    let jobs = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, task)| RolloutJob {
+            task_id: task.id.clone(),
+            task_view: domain.public_view(task),
+            episode: EpisodeSource::Ready(environment.episode(task).expect("episode")),
+            seed: i as u64,
+            harness: harness.clone(),
+            weights_version: 0,
+        })
+        .collect();
+    let options = RunOptions { threads: 4, progress: false, ..RunOptions::default() };
+    let trajectories = run_rollouts(jobs, Arc::new(Generalist), &Limits::default(), options).expect("run");
+    Outcomes {
+        model_calls: trajectories.iter().map(|t| t.model_calls.len()).sum(),
+        tool_calls: trajectories.iter().map(|t| t.tool_calls.len()).sum(),
+        errors: trajectories.into_iter().map(|t| t.error.map(|e| format!("{:?}: {}", e.kind, e.message))).collect(),
+    }
+}
+
+#[test]
+fn every_mutation_of_every_stock_harness_validates_and_runs_as_safely_as_the_original() {
+    let limits = Limits::default();
+    let examples = [example()];
+    let always = [Mutation::AddPhrase, Mutation::ToolStep, Mutation::Vote, Mutation::Retry, Mutation::Format];
+    for stock in STOCK_HARNESSES {
+        let tasks = stock.domain.generate(3, 5, 1);
+        let environment = Environment::for_tasks(stock.domain, &tasks).expect("environment");
+        let original = outcomes(stock.source, stock.domain, &tasks, &environment);
+        let incumbent = candidate(stock.source);
+        let ctx = context(&incumbent, &examples, &limits);
+        let mut applied = BTreeSet::new();
+        for mutation in Mutation::ALL {
+            for seed in 0..2 {
+                let Some(proposal) = MutateProposer::mutate(mutation, &ctx, seed) else { continue };
+                applied.insert(format!("{mutation:?}"));
+                assert_ne!(proposal.source, stock.source, "{} {mutation:?}", stock.name);
+                assert!(proposal.hypothesis.len() > 40, "{} {mutation:?}: {}", stock.name, proposal.hypothesis);
+                assert_eq!(proposal.parent.as_deref(), Some("c0007"));
+                let mutated = outcomes(&proposal.source, stock.domain, &tasks, &environment);
+                for (before, after) in original.errors.iter().zip(&mutated.errors) {
+                    if before.is_none() {
+                        assert_eq!(after, &None, "{} {mutation:?} seed {seed}:\n{}", stock.name, proposal.source);
+                    }
+                }
+                let calls = |o: &Outcomes| o.model_calls + o.tool_calls;
+                match mutation {
+                    Mutation::Vote => assert!(mutated.model_calls > original.model_calls, "{} votes", stock.name),
+                    Mutation::ToolStep => assert!(calls(&mutated) > calls(&original), "{} consults", stock.name),
+                    _ => {}
+                }
+            }
+        }
+        for mutation in always.iter().chain(&[Mutation::FewShot, Mutation::Parse]) {
+            assert!(applied.contains(&format!("{mutation:?}")), "{}: {mutation:?} did not apply", stock.name);
+        }
+        assert!(!applied.contains("DropLayer"), "{}: a stock harness has no layer to drop", stock.name);
+    }
+}
+
+#[test]
+fn a_layer_added_by_one_mutation_can_be_dropped_by_another() {
+    let limits = Limits::default();
+    let stock = STOCK_HARNESSES.iter().find(|s| s.name == "math/calculator").expect("stock");
+    let incumbent = candidate(stock.source);
+    let voted = MutateProposer::mutate(Mutation::Vote, &context(&incumbent, &[], &limits), 1).expect("vote");
+    assert!(voted.source.contains("// whale:layer vote-1 begin"));
+    let layered = candidate(&voted.source);
+    let ctx = context(&layered, &[], &limits);
+    assert_eq!(MutateProposer::mutate(Mutation::Vote, &ctx, 1), None, "one vote layer is enough");
+    let dropped = MutateProposer::mutate(Mutation::DropLayer, &ctx, 1).expect("drop");
+    assert!(!dropped.source.contains("whale:layer vote"));
+    assert!(dropped.hypothesis.starts_with("Ablation: remove the `vote-1` mechanism"), "{}", dropped.hypothesis);
+    let stepped = MutateProposer::mutate(Mutation::ToolStep, &ctx, 1).expect("tool step");
+    let two = candidate(&stepped.source);
+    let ctx = context(&two, &[], &limits);
+    let removed: Vec<String> = (0..8)
+        .filter_map(|seed| MutateProposer::mutate(Mutation::DropLayer, &ctx, seed))
+        .map(|p| p.hypothesis)
+        .collect();
+    assert!(removed.iter().any(|h| h.starts_with("Remove the tool step `tool-step-1`")), "{removed:?}");
+}
+
+#[test]
+fn harness_code_without_anchors_gets_only_the_edits_that_apply() {
+    let limits = Limits::default();
+    let no_export_anchor = "function solve(task, ctx) {\n  return ctx.llm.chat(\"Answer the question below in a few words.\\n\" + ctx.env.observation).text;\n}\nexport { solve };\n";
+    let incumbent = candidate(no_export_anchor);
+    let ctx = context(&incumbent, &[], &limits);
+    let applicable: Vec<Mutation> = Mutation::ALL
+        .into_iter()
+        .filter(|&m| (0..4).any(|seed| MutateProposer::mutate(m, &ctx, seed).is_some()))
+        .collect();
+    assert_eq!(applicable, [Mutation::AddPhrase, Mutation::RewriteSentence]);
+    let bare = "function solve(task, ctx) { return ctx.llm.chat(ctx.env.observation).text; }\nexport { solve };\n";
+    let incumbent = candidate(bare);
+    let mut proposer = MutateProposer::default();
+    assert_eq!(proposer.propose(&context(&incumbent, &[], &limits)).expect("propose"), vec![]);
+}
+
+#[test]
+fn proposals_are_deterministic_for_a_seed_distinct_and_valid() {
+    let limits = Limits::default();
+    let stock = STOCK_HARNESSES.iter().find(|s| s.name == "qa/search").expect("stock");
+    let incumbent = candidate(stock.source);
+    let ctx = context(&incumbent, &[], &limits);
+    let first = MutateProposer::default().propose(&ctx).expect("propose");
+    assert_eq!(first, MutateProposer::default().propose(&ctx).expect("propose"));
+    assert_eq!(first.len(), 3);
+    let hashes: BTreeSet<String> = first.iter().map(|p| whale_harness::content_hash(&p.source)).collect();
+    assert_eq!(hashes.len(), 3);
+    let later = ProposalContext { iteration: 5, ..ctx };
+    assert_ne!(first, MutateProposer::default().propose(&later).expect("propose"));
+    for proposal in &first {
+        whale_harness::validate(&proposal.source, &limits).expect("valid");
+    }
+}
