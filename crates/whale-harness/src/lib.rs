@@ -5,7 +5,7 @@
 //! Harnesses are written by a proposer LLM and are therefore untrusted and often broken: every
 //! failure (a limit, an exception, a malformed answer) ends only its own rollout, with reward 0
 //! and an error kind, while the batch goes on. The harness-facing API is documented in
-//! `docs/harness-api.md`.
+//! `docs/harness-api.md`; the stock harnesses every domain starts from are in [`STOCK_HARNESSES`].
 
 mod bindings;
 mod chat;
@@ -15,6 +15,7 @@ mod host;
 mod limits;
 mod rollout;
 mod sandbox;
+mod stock;
 mod watchdog;
 
 pub use chat::{call_seed, CHAT_OPTIONS};
@@ -23,3 +24,4 @@ pub use harness::{content_hash, validate, Harness, HarnessError, HarnessInfo};
 pub use limits::Limits;
 pub use rollout::{EpisodeSource, RolloutJob};
 pub use sandbox::{SourceLocation, HARNESS_FILE};
+pub use stock::{stock_harness, StockHarness, STOCK_HARNESSES};

@@ -14,6 +14,6 @@ pub mod qa;
 pub mod record;
 pub mod split;
 
-pub use domain::{replay_gold, DomainTasks, PredictionScore};
+pub use domain::{replay_gold, DomainTasks, Environment, EnvironmentError, PredictionScore, QaCorpus};
 pub use episode::{Episode, StepOutcome, ToolError, ToolSpec};
 pub use record::{read_jsonl, LoadReport, RecordError};

@@ -59,9 +59,15 @@ pub fn run(dir: &Path) -> Result<Table> {
         let tasks = load(Domain::Math, &dir.join(file))?;
         let predictions: Vec<String> = tasks
             .iter()
-            .map(|t| format!("Working through it step by step, the answer is \\boxed{{{}}}.", t.payload["answer"].as_str().unwrap_or("")))
+            .map(|t| {
+                format!(
+                    "Working through it step by step, the answer is \\boxed{{{}}}.",
+                    t.payload["answer"].as_str().unwrap_or("")
+                )
+            })
             .collect();
-        let (solved, seconds) = timed(|| tasks.iter().zip(&predictions).filter(|(t, p)| Domain::Math.score(t, p).verdict.success).count());
+        let (solved, seconds) =
+            timed(|| tasks.iter().zip(&predictions).filter(|(t, p)| Domain::Math.score(t, p).verdict.success).count());
         ensure!(solved == tasks.len(), "{file}: only {solved} of {} gold answers verify", tasks.len());
         table.rows.push(Row { what: what.into(), items: tasks.len(), seconds, unit: "tasks/s" });
     }
@@ -69,24 +75,45 @@ pub fn run(dir: &Path) -> Result<Table> {
     let tasks = load(Domain::Chess, &dir.join(file))?;
     let (verdicts, seconds) = timed(|| replay_gold(Domain::Chess, &tasks));
     verdicts.with_context(|| format!("replaying {file}"))?;
-    table.rows.push(Row { what: "chess verifier (Lichess puzzles, gold line)".into(), items: tasks.len(), seconds, unit: "tasks/s" });
+    table.rows.push(Row {
+        what: "chess verifier (Lichess puzzles, gold line)".into(),
+        items: tasks.len(),
+        seconds,
+        unit: "tasks/s",
+    });
     let hotpot: Vec<Task> = ["rpt_train_300", "rpt_dev_300", "rpt_test_500"]
         .iter()
         .map(|f| load(Domain::Qa, &dir.join(format!("qa/hotpotqa_distractor_dev/{f}.jsonl"))))
         .collect::<Result<Vec<_>>>()?
         .concat();
-    let (scores, seconds) = timed(|| {
-        hotpot.iter().map(|t| Domain::Qa.score(t, &qa::gold_actions(t)[0]).verdict.reward).sum::<f64>()
-    });
+    let (scores, seconds) =
+        timed(|| hotpot.iter().map(|t| Domain::Qa.score(t, &qa::gold_actions(t)[0]).verdict.reward).sum::<f64>());
     ensure!(scores > 0.0, "the QA verifier solved no gold answer");
-    table.rows.push(Row { what: "qa verifier (HotpotQA, EM + F1)".into(), items: hotpot.len(), seconds, unit: "tasks/s" });
+    table.rows.push(Row {
+        what: "qa verifier (HotpotQA, EM + F1)".into(),
+        items: hotpot.len(),
+        seconds,
+        unit: "tasks/s",
+    });
     let corpus = qa::corpus_from_tasks(&hotpot);
     let (retriever, seconds) = timed(|| qa::Retriever::in_memory(&corpus));
     let retriever = retriever.context("building the BM25 index")?;
-    table.rows.push(Row { what: "BM25 index build (HotpotQA contexts)".into(), items: corpus.len(), seconds, unit: "passages/s" });
-    let questions: Vec<String> = hotpot.iter().filter_map(|t| t.payload["question"].as_str().map(String::from)).collect();
-    let (hits, seconds) = timed(|| questions.iter().map(|q| retriever.search(q, 10).map(|h| h.len())).sum::<Result<usize, _>>());
+    table.rows.push(Row {
+        what: "BM25 index build (HotpotQA contexts)".into(),
+        items: corpus.len(),
+        seconds,
+        unit: "passages/s",
+    });
+    let questions: Vec<String> =
+        hotpot.iter().filter_map(|t| t.payload["question"].as_str().map(String::from)).collect();
+    let (hits, seconds) =
+        timed(|| questions.iter().map(|q| retriever.search(q, 10).map(|h| h.len())).sum::<Result<usize, _>>());
     hits.context("querying the BM25 index")?;
-    table.rows.push(Row { what: "BM25 top-10 queries (HotpotQA questions)".into(), items: questions.len(), seconds, unit: "queries/s" });
+    table.rows.push(Row {
+        what: "BM25 top-10 queries (HotpotQA questions)".into(),
+        items: questions.len(),
+        seconds,
+        unit: "queries/s",
+    });
     Ok(table)
 }

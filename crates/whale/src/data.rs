@@ -86,7 +86,14 @@ pub fn score(domain: Domain, path: &Path) -> Vec<ScoreLine> {
         match domain.parse_record(&value, path, line) {
             Ok(task) => {
                 let s = domain.score(&task, &prediction);
-                lines.push(ScoreLine { line, id: Some(task.id), reward: s.verdict.reward, em: s.em, f1: s.f1, error: None });
+                lines.push(ScoreLine {
+                    line,
+                    id: Some(task.id),
+                    reward: s.verdict.reward,
+                    em: s.em,
+                    f1: s.f1,
+                    error: None,
+                });
             }
             Err(e) => lines.push(error_line(line, e)),
         }

@@ -44,12 +44,26 @@ fn gsm8k_test_solves_1319_of_1319() {
 #[test]
 fn generated_tasks_of_every_domain_check_and_are_deterministic() {
     let dir = tempfile::tempdir().unwrap();
-    for (domain, ext, n, difficulty) in [("chess", "csv", 200, "1"), ("math", "jsonl", 100, "3"), ("qa", "jsonl", 100, "2")] {
+    for (domain, ext, n, difficulty) in
+        [("chess", "csv", 200, "1"), ("math", "jsonl", 100, "3"), ("qa", "jsonl", 100, "2")]
+    {
         let a = dir.path().join(format!("{domain}-a.{ext}"));
         let b = dir.path().join(format!("{domain}-b.{ext}"));
         for p in [&a, &b] {
             let n = n.to_string();
-            let o = whale(&["data", "gen", domain, "--n", &n, "--seed", "1", "--difficulty", difficulty, "-o", p.to_str().unwrap()]);
+            let o = whale(&[
+                "data",
+                "gen",
+                domain,
+                "--n",
+                &n,
+                "--seed",
+                "1",
+                "--difficulty",
+                difficulty,
+                "-o",
+                p.to_str().unwrap(),
+            ]);
             assert!(o.status.success(), "{}", stderr(&o));
         }
         assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "{domain} generator is not deterministic");
@@ -103,11 +117,18 @@ fn score_reads_predictions_in_every_domain() {
     std::fs::write(&chess, format!("{}\n{}\n", rec("e5e3 f6a1 a8a1"), rec("Rxe3 Qxa1 Rxa1"))).unwrap();
     let o = whale(&["score", "chess", chess.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let rewards: Vec<f64> = stdout(&o).lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["reward"].as_f64().unwrap()).collect();
+    let rewards: Vec<f64> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["reward"].as_f64().unwrap())
+        .collect();
     assert_eq!(rewards, vec![1.0, 1.0]);
 
     let qa = dir.path().join("qa.jsonl");
-    std::fs::write(&qa, "{\"question\":\"who?\",\"answer\":[\"The Beatles\",\"Beatles\"],\"prediction\":\"the beatles\"}\n").unwrap();
+    std::fs::write(
+        &qa,
+        "{\"question\":\"who?\",\"answer\":[\"The Beatles\",\"Beatles\"],\"prediction\":\"the beatles\"}\n",
+    )
+    .unwrap();
     let o = whale(&["score", "qa", qa.to_str().unwrap()]);
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!((v["reward"].as_f64(), v["em"].as_f64(), v["f1"].as_f64()), (Some(1.0), Some(1.0), Some(1.0)));

@@ -1,6 +1,10 @@
 //! Command-line interface: argument parsing and printing; the work is done elsewhere.
 
+mod archive;
 mod data;
+mod harness;
+mod lm;
+mod run;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -19,9 +23,27 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The main job: make or reuse the tiny base model, run WHALE and its five baselines on
+    /// synthetic math with the offline `mutate` proposer, print the comparison table and write
+    /// the report (runs/demo/report.html).
+    Demo(run::CommonArgs),
+    /// Run one condition of an experiment config (or resume a killed run) into runs/NAME/.
+    Run(run::RunArgs),
+    /// Run every condition of a config with the same seeds and rollout budget, then report.
+    Compare(run::CompareArgs),
+    /// Write the HTML report (plot and tables) of run directories.
+    Report(run::ReportArgs),
+    /// Read a run's harness archive: frontier, top candidates, diffs, traces.
+    Archive(archive::ArchiveArgs),
     /// Datasets: check real files against their verifiers, generate synthetic tasks, benchmark.
     #[command(subcommand)]
     Data(data::DataCommand),
+    /// The local language model: pretrain the default base model, sample, fine-tune, benchmark.
+    #[command(subcommand)]
+    Lm(lm::LmCommand),
+    /// Harness programs: list the stock ones, check a file, run one over tasks, benchmark.
+    #[command(subcommand)]
+    Harness(harness::HarnessCommand),
     /// Score model outputs produced anywhere: a JSONL of task records, each with a `prediction`.
     ///
     /// Each line is a record in any form the domain's loader accepts plus `prediction`
@@ -50,8 +72,14 @@ pub fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
+        Command::Demo(args) => run::demo_command(args),
+        Command::Run(args) => run::run(args),
+        Command::Compare(args) => run::compare_command(args),
+        Command::Report(args) => run::report_command(args),
+        Command::Archive(args) => archive::run(args),
         Command::Data(command) => data::run(command),
         Command::Score { domain, file } => data::score(domain, &file),
+        Command::Lm(command) => lm::run(command),
+        Command::Harness(command) => harness::run(command),
     }
 }
-

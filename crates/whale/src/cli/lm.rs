@@ -1,0 +1,206 @@
+//! `whale lm ...`: the local language model.
+
+use crate::lm::{self, GenerateSettings, SftSettings};
+use crate::pretrain::eval::{self, EvalSpec};
+use crate::pretrain::{self, PretrainConfig, PretrainOptions, PretrainOutcome, SizeName};
+use anyhow::Result;
+use clap::Subcommand;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Subcommand)]
+pub enum LmCommand {
+    /// Train the default base model on the synthetic corpus and cache it in
+    /// $WHALE_HOME/models (default ~/.cache/whale). Reuses a cached model, resumes an
+    /// interrupted run from its last checkpoint, and prints mean@8 on held-out math tasks.
+    Pretrain {
+        #[arg(long, default_value_t = pretrain::DEFAULT_SEED)]
+        seed: u64,
+        /// Retrain even if the model is cached.
+        #[arg(long)]
+        force: bool,
+        /// Optimizer steps (default: the recipe's).
+        #[arg(long)]
+        steps: Option<u64>,
+        /// Model shape: tiny, small or base.
+        #[arg(long, hide = true)]
+        size: Option<SizeName>,
+        /// Corpus size in conversations (for tests).
+        #[arg(long, hide = true)]
+        conversations: Option<usize>,
+        /// Evaluation tasks (for tests).
+        #[arg(long, hide = true)]
+        eval_tasks: Option<usize>,
+        /// Evaluation samples per task (for tests).
+        #[arg(long, hide = true)]
+        eval_samples: Option<usize>,
+        /// Stop after this many steps as if killed (for tests of resumption).
+        #[arg(long, hide = true)]
+        stop_after: Option<u64>,
+    },
+    /// Sample completions from a model; the prompt is sent as one user message.
+    Generate {
+        /// A checkpoint directory (default: the base model, pretrained first if needed).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long)]
+        prompt: String,
+        /// Completions to sample, with seeds seed, seed+1, ...
+        #[arg(long, default_value_t = 1)]
+        n: usize,
+        #[arg(long, default_value_t = 256)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 1.0)]
+        temperature: f32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Continue the prompt as raw text, without the chat template.
+        #[arg(long)]
+        raw: bool,
+    },
+    /// Measure mean@k of a model on generated math tasks with the plain one-call prompt
+    /// ("<question>\nGive the final answer after ####."), as pretraining does.
+    Eval {
+        /// A checkpoint directory (default: the base model, pretrained first if needed).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long, default_value_t = EvalSpec::default().tasks)]
+        tasks: usize,
+        #[arg(long, default_value_t = EvalSpec::default().samples)]
+        samples: usize,
+        #[arg(long, default_value_t = EvalSpec::default().difficulty)]
+        difficulty: u32,
+        /// Generator seed of the tasks (default: pretraining's held-out tasks).
+        #[arg(long, default_value_t = EvalSpec::default().seed)]
+        seed: u64,
+    },
+    /// Measure generation and training speed (tokens/s, model FLOP/s, MFU) on this machine.
+    Bench {
+        /// A checkpoint directory (default: the base model, pretrained first if needed).
+        #[arg(long, conflicts_with = "random")]
+        model: Option<PathBuf>,
+        /// Bench a fresh random model of the 256-wide size instead (nothing to train first).
+        #[arg(long)]
+        random: bool,
+    },
+    /// Fine-tune a model on an sft.jsonl of {"messages": [...], "completion": "..."} lines:
+    /// the completion is the assistant's reply to the messages, and only it is trained on.
+    Train {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        data: PathBuf,
+        /// Output checkpoint directory.
+        #[arg(short, long)]
+        output: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        epochs: usize,
+        #[arg(long, default_value_t = 1e-4)]
+        lr: f64,
+        /// Examples per optimizer step.
+        #[arg(long, default_value_t = 16)]
+        batch: usize,
+        /// Shuffles the examples.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+pub fn run(command: LmCommand) -> Result<ExitCode> {
+    match command {
+        LmCommand::Pretrain { seed, force, steps, size, conversations, eval_tasks, eval_samples, stop_after } => {
+            let mut config = PretrainConfig::default_for_seed(seed);
+            config.steps = steps.unwrap_or(config.steps);
+            config.size = size.unwrap_or(config.size);
+            config.corpus.conversations = conversations.unwrap_or(config.corpus.conversations);
+            config.eval.tasks = eval_tasks.unwrap_or(config.eval.tasks);
+            config.eval.samples = eval_samples.unwrap_or(config.eval.samples);
+            let options = PretrainOptions { force, stop_after, progress: true };
+            print_pretrain(&pretrain::pretrain(&config, &pretrain::whale_home(), &options)?)
+        }
+        LmCommand::Generate { model, prompt, n, max_tokens, temperature, seed, raw } => {
+            let dir = match model {
+                Some(dir) => dir,
+                None => pretrain::ensure_base_model()?,
+            };
+            let settings = GenerateSettings { n, max_tokens, temperature, seed, raw };
+            for (i, completion) in lm::generate(&dir, &prompt, &settings)?.iter().enumerate() {
+                let (tokens, finish) = (completion.completion_tokens, completion.finish_reason.as_str());
+                println!("--- completion {} ({tokens} tokens, {finish}) ---", i + 1);
+                println!("{}", completion.text);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        LmCommand::Eval { model, tasks, samples, difficulty, seed } => {
+            let dir = match model {
+                Some(dir) => dir,
+                None => pretrain::ensure_base_model()?,
+            };
+            let spec = EvalSpec { tasks, samples, difficulty, seed, ..EvalSpec::default() };
+            let report = eval::evaluate_dir(&dir, &spec, &eval::tasks(&spec))?;
+            let scores = &report.scores;
+            println!(
+                "{}: {} math tasks (difficulty {difficulty}) x {samples} samples in {:.0}s",
+                dir.display(),
+                scores.tasks,
+                report.seconds
+            );
+            println!("mean@{samples} {}  pass@{samples} {}  maj@{samples} {}", scores.mean, scores.pass, scores.maj);
+            Ok(ExitCode::SUCCESS)
+        }
+        LmCommand::Bench { model, random } => {
+            let model_dir = match (model, random) {
+                (_, true) => None,
+                (Some(dir), false) => Some(dir),
+                (None, false) => Some(pretrain::ensure_base_model()?),
+            };
+            let config = whale_lm::BenchConfig { model_dir, ..whale_lm::BenchConfig::default() };
+            print!("{}", whale_lm::run_bench(&config, &candle_core::Device::Cpu)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        LmCommand::Train { model, data, output, epochs, lr, batch, seed } => {
+            let settings = SftSettings { epochs, learning_rate: lr, batch_size: batch, seed };
+            let mut on_step = |stats: &whale_lm::StepStats, total: u64| {
+                eprintln!("step {}/{total} loss {:.4} ({} tokens)", stats.step, stats.loss, stats.tokens);
+            };
+            let report = lm::train_sft(&model, &data, &output, &settings, &mut on_step)?;
+            println!(
+                "trained on {} examples for {} steps: loss {:.4} -> {:.4}; wrote {}",
+                report.examples,
+                report.steps,
+                report.loss_before,
+                report.loss_after,
+                report.output.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn print_pretrain(outcome: &PretrainOutcome) -> Result<ExitCode> {
+    match outcome {
+        PretrainOutcome::Reused { dir } => {
+            println!("base model already trained: {}", dir.display());
+            let eval = pretrain::read_summary(dir)?.eval;
+            println!("mean@{} on {} math tasks: {}", eval.spec.samples, eval.spec.tasks, eval.scores.mean);
+        }
+        PretrainOutcome::Trained { dir, summary } => {
+            let eval = &summary.eval;
+            println!(
+                "trained {} steps ({} parameters) in {:.0}s, evaluated in {:.0}s; final loss {:.4}",
+                summary.steps, summary.parameters, summary.train_seconds, summary.eval_seconds, summary.final_loss
+            );
+            println!("model: {}", dir.display());
+            println!(
+                "mean@{k} on {} math tasks (difficulty {}, plain prompt): {}   pass@{k}: {}",
+                eval.spec.tasks,
+                eval.spec.difficulty,
+                eval.scores.mean,
+                eval.scores.pass,
+                k = eval.spec.samples,
+            );
+        }
+        PretrainOutcome::Stopped { step } => println!("stopped after step {step}; run again to resume"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,151 @@
+//! `whale run`, `whale compare`, `whale report` and `whale demo`: the WHALE loop and its
+//! baselines, their run directories and their reports.
+
+use crate::compare::{compare, Comparison};
+use crate::condition::Condition;
+use crate::config::RunConfig;
+use crate::demo::demo;
+use crate::experiment::{Experiment, Verbosity};
+use crate::report::{self, comparison, table_text};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The experiment config (TOML; see examples/).
+    #[arg(required_unless_present = "resume", conflicts_with = "resume")]
+    config: Option<PathBuf>,
+    /// Run this condition instead of the config's: whale, whale-adaptive, weight-only,
+    /// harness-only, sequential or fast-slow.
+    #[arg(long)]
+    condition: Option<Condition>,
+    /// The run's name (default: the config's, with `-CONDITION` appended when --condition is
+    /// given); its directory is RUNS/NAME.
+    #[arg(long)]
+    name: Option<String>,
+    /// Continue the run in this directory from its last completed step or iteration.
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    /// Where run directories go.
+    #[arg(long, default_value = "runs")]
+    runs: PathBuf,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+impl CommonArgs {
+    fn verbosity(&self) -> Verbosity {
+        Verbosity { progress: !self.quiet }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The experiment config (TOML; see examples/).
+    config: PathBuf,
+    /// Only these conditions (default: all six).
+    #[arg(long, value_delimiter = ',')]
+    conditions: Vec<Condition>,
+    /// The comparison's name (default: the config's); its directory is RUNS/NAME.
+    #[arg(long)]
+    name: Option<String>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Run directories, or directories of runs (as `whale compare` makes).
+    #[arg(required = true)]
+    dirs: Vec<PathBuf>,
+    /// The HTML file to write (default: DIR/report.html for one directory, else ./report.html).
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+}
+
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let verbosity = args.common.verbosity();
+    let started = Instant::now();
+    let mut experiment = match (&args.resume, &args.config) {
+        (Some(dir), _) => Experiment::resume(dir, verbosity)?,
+        (None, Some(file)) => {
+            let mut config = RunConfig::load(file)?;
+            if let Some(condition) = args.condition {
+                config.condition = condition;
+                config.name = format!("{}-{condition}", config.name);
+            }
+            if let Some(name) = &args.name {
+                config.name = name.clone();
+            }
+            let dir = args.common.runs.join(&config.name);
+            Experiment::create(config, &dir, verbosity)?
+        }
+        (None, None) => bail!("give a config file or --resume DIR"),
+    };
+    let outcome = experiment.run()?;
+    let series = report::Series::read(&outcome.dir)?;
+    print!("{}", table_text(&comparison(&[series])));
+    println!("run directory: {}", outcome.dir.display());
+    println!("report: {}", outcome.dir.join(crate::run_dir::REPORT_FILE).display());
+    println!("wall time: {:.0} s", started.elapsed().as_secs_f64());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn compare_command(args: CompareArgs) -> Result<ExitCode> {
+    let mut config = RunConfig::load(&args.config)?;
+    if let Some(name) = &args.name {
+        config.name = name.clone();
+    }
+    let conditions = if args.conditions.is_empty() { Condition::ALL.to_vec() } else { args.conditions.clone() };
+    let started = Instant::now();
+    let result = compare(&config, &args.common.runs.join(&config.name), &conditions, args.common.verbosity())?;
+    print_comparison(&result, started);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn report_command(args: ReportArgs) -> Result<ExitCode> {
+    let out = match (&args.out, args.dirs.as_slice()) {
+        (Some(out), _) => out.clone(),
+        (None, [one]) => one.join(crate::run_dir::REPORT_FILE),
+        (None, _) => PathBuf::from(crate::run_dir::REPORT_FILE),
+    };
+    let title = args.dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ");
+    let series = report::write_report(&args.dirs, &out, &format!("whale report: {title}"))
+        .with_context(|| format!("writing {}", out.display()))?;
+    print!("{}", table_text(&comparison(&series)));
+    println!("report: {}", out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn demo_command(common: CommonArgs) -> Result<ExitCode> {
+    let started = Instant::now();
+    if !common.quiet && !std::io::stderr().is_terminal() {
+        eprintln!("whale demo: WHALE and its five baselines on the tiny model, synthetic math, the mutate proposer");
+    }
+    let result = demo(&common.runs, common.verbosity())?;
+    print_comparison(&result, started);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_comparison(result: &Comparison, started: Instant) {
+    print!("{}", table_text(&comparison(&result.series)));
+    let seconds: Vec<String> = result.seconds.iter().map(|(c, s)| format!("{c} {s:.0}s")).collect();
+    println!("runs: {}", display(&result.root));
+    println!("report: {}", display(&result.report));
+    println!("wall time: {:.0} s ({})", started.elapsed().as_secs_f64(), seconds.join(", "));
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}

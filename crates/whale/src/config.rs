@@ -1,0 +1,530 @@
+//! The experiment config: one TOML file says everything a run does, every number included,
+//! so that a run directory's `config.toml` alone reproduces it.
+//!
+//! Every table and key has a documented default (the CPU-sized defaults of `whale demo`), so a
+//! file names only what it changes; a misspelt key is an error naming the file, line and key
+//! rather than a silently ignored setting. Relative paths are resolved against the file's own
+//! directory, and the resolved config (absolute paths, every default filled in) is what a run
+//! directory keeps.
+
+use crate::condition::Condition;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use whale_core::Domain;
+use whale_harness::Limits;
+use whale_lm::SamplingParams;
+use whale_search::{Acceptance, AgentConfig, CommandConfig};
+
+/// A whole experiment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunConfig {
+    /// The run's name: its directory is `runs/<name>/`.
+    pub name: String,
+    /// Every random choice of the run (task order, rollout seeds, proposals) derives from it.
+    pub seed: u64,
+    /// What `whale run` runs when `--condition` is not given.
+    pub condition: Condition,
+    /// Rollouts in flight at once.
+    pub threads: usize,
+    pub model: ModelConfig,
+    pub tasks: TaskConfig,
+    pub sampling: SamplingConfig,
+    pub harness: HarnessConfig,
+    pub weights: WeightConfig,
+    pub search: SearchConfig,
+    pub schedule: ScheduleConfig,
+    pub eval: EvalConfig,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            name: "math".to_string(),
+            seed: 0,
+            condition: Condition::Whale,
+            threads: 64,
+            model: ModelConfig::default(),
+            tasks: TaskConfig::default(),
+            sampling: SamplingConfig::default(),
+            harness: HarnessConfig::default(),
+            weights: WeightConfig::default(),
+            search: SearchConfig::default(),
+            schedule: ScheduleConfig::default(),
+            eval: EvalConfig::default(),
+        }
+    }
+}
+
+/// The policy: a local checkpoint in the Hugging Face layout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// A model directory; absent: the default tiny base model (trained on first use).
+    pub path: Option<PathBuf>,
+    /// `cpu`, or `cuda` (a build with the `cuda` feature).
+    pub device: String,
+    /// Most sequences the engine generates at once.
+    pub max_batch_size: usize,
+    /// Most tokens of prompt plus completion.
+    pub max_context: usize,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self { path: None, device: "cpu".to_string(), max_batch_size: 64, max_context: 2048 }
+    }
+}
+
+/// Which tasks, and how they are split into disjoint train / search / test subsets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TaskConfig {
+    pub domain: Domain,
+    /// Data files in any form the domain's loader reads.
+    pub files: Vec<PathBuf>,
+    /// Synthetic tasks generated besides the files' tasks.
+    pub generate: usize,
+    /// Difficulties of the generated tasks, an equal share each.
+    pub difficulties: Vec<u32>,
+    /// Tasks in the training split (drawn by weight steps).
+    pub train: usize,
+    /// Tasks in the search split (each candidate harness runs once on each).
+    pub search: usize,
+    /// Tasks in the test split (never seen by training or search).
+    pub test: usize,
+    /// QA: search this corpus file instead of the tasks' own context paragraphs.
+    pub corpus: Option<PathBuf>,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        Self {
+            domain: Domain::Math,
+            files: Vec::new(),
+            generate: 1200,
+            difficulties: vec![1],
+            train: 1024,
+            search: 64,
+            test: 64,
+            corpus: None,
+        }
+    }
+}
+
+/// Sampling of every model call (train, search and test alike), unless a harness overrides it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingConfig {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+    /// The default `max_tokens` of a model call.
+    pub max_tokens: usize,
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        Self { temperature: 1.0, top_p: 1.0, top_k: 20, max_tokens: 256 }
+    }
+}
+
+impl SamplingConfig {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            max_tokens: self.max_tokens,
+            ..SamplingParams::default()
+        }
+    }
+}
+
+/// The harness the run starts from and the limits every rollout runs under.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HarnessConfig {
+    /// A stock harness name (`math/plain`) or a harness file.
+    pub initial: String,
+    pub limits: Limits,
+}
+
+impl Default for HarnessConfig {
+    fn default() -> Self {
+        Self { initial: "math/plain".to_string(), limits: Limits::default() }
+    }
+}
+
+/// The weight phase: online rejection-sampling fine-tuning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WeightConfig {
+    /// Training tasks drawn per step (B).
+    pub tasks_per_step: usize,
+    /// Fresh rollouts per task (k).
+    pub rollouts_per_task: usize,
+    /// Rollouts with a reward strictly above this are kept (a negative threshold keeps every
+    /// rollout: plain self-distillation, useful to exercise training on an untrained model).
+    pub reward_threshold: f64,
+    /// Examples (trainable model calls) per optimizer update; one step is one pass over the
+    /// kept examples in mini-batches of this size.
+    pub mini_batch: usize,
+    /// Examples per forward/backward pass (gradient accumulation within a mini-batch).
+    pub micro_batch: usize,
+    pub learning_rate: f64,
+    pub warmup_steps: u64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    /// Examples longer than this (prompt plus completion) lose their end.
+    pub max_seq_len: usize,
+    /// Leave out model calls cut off at `max_tokens`: a kept rollout's rambling reply would
+    /// teach the model to ramble (its replies grow step after step).
+    pub skip_truncated: bool,
+    /// Write a full checkpoint (weights and optimizer) every this many weight steps; the steps
+    /// in between are replayed from their journal on resume.
+    pub checkpoint_every: u64,
+}
+
+impl Default for WeightConfig {
+    fn default() -> Self {
+        Self {
+            tasks_per_step: 16,
+            rollouts_per_task: 4,
+            reward_threshold: 0.5,
+            mini_batch: 32,
+            micro_batch: 16,
+            learning_rate: 1e-4,
+            warmup_steps: 0,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            max_seq_len: 1024,
+            skip_truncated: true,
+            checkpoint_every: 5,
+        }
+    }
+}
+
+/// The proposer of the harness search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProposerKind {
+    /// Offline source mutations (no network).
+    Mutate,
+    /// An LLM over an OpenAI-compatible API with file tools confined to the archive
+    /// (`[search.agent]`; the key comes from `WHALE_PROPOSER_API_KEY` or `OPENAI_API_KEY`).
+    Agent,
+    /// Any coding-agent command line, run in a copy of the archive (`[search.command]`).
+    Command,
+}
+
+/// The harness phase: Meta-Harness search.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SearchConfig {
+    pub proposer: ProposerKind,
+    /// Candidates proposed per iteration (M).
+    pub candidates: usize,
+    pub acceptance: Acceptance,
+    /// Fast-slow: the number of best harnesses kept as the population (P).
+    pub population: usize,
+    /// Settings of the `agent` proposer.
+    pub agent: AgentConfig,
+    /// Settings of the `command` proposer (required by it).
+    pub command: Option<CommandConfig>,
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        Self {
+            proposer: ProposerKind::Mutate,
+            candidates: 3,
+            acceptance: Acceptance::Pareto,
+            population: 4,
+            agent: AgentConfig::default(),
+            command: None,
+        }
+    }
+}
+
+/// When to switch phases and when to stop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScheduleConfig {
+    /// Training rollouts (weight phase plus search) every condition may spend; a step or an
+    /// iteration starts only while the spend is below it.
+    pub budget: u64,
+    /// Fixed schedule: weight steps per weight phase (E).
+    pub weight_steps: u64,
+    /// Fixed schedule: search iterations per harness phase (I); the incumbent's re-evaluation
+    /// under new weights counts as the first.
+    pub search_iterations: u64,
+    /// Sequential: the share of the budget spent on weight steps before the search starts;
+    /// absent: the share the fixed schedule spends on them.
+    pub sequential_weight_share: Option<f64>,
+    /// A search that runs to the end of the budget (harness-only, the second half of
+    /// sequential) stops after this many iterations in a row that cost no rollout (the
+    /// proposer only re-proposes harnesses already scored).
+    pub search_stale_limit: u64,
+    pub adaptive: AdaptiveConfig,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        Self {
+            budget: 2048,
+            weight_steps: 8,
+            search_iterations: 3,
+            sequential_weight_share: None,
+            search_stale_limit: 3,
+            adaptive: AdaptiveConfig::default(),
+        }
+    }
+}
+
+/// The adaptive switching rules.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdaptiveConfig {
+    /// A harness phase runs at least this many iterations ...
+    pub search_min: u64,
+    /// ... stops after this many iterations in a row without a new best ...
+    pub search_patience: u64,
+    /// ... and runs at most this many.
+    pub search_max: u64,
+    /// A weight phase runs at least this many steps ...
+    pub weight_min: u64,
+    /// ... and stops when the mean training reward over the last `weight_window` steps has not
+    /// improved on its best for `weight_patience` steps ...
+    pub weight_window: u64,
+    pub weight_patience: u64,
+    /// ... or after this many steps.
+    pub weight_max: u64,
+}
+
+impl Default for AdaptiveConfig {
+    fn default() -> Self {
+        Self {
+            search_min: 5,
+            search_patience: 2,
+            search_max: 15,
+            weight_min: 4,
+            weight_window: 3,
+            weight_patience: 3,
+            weight_max: 30,
+        }
+    }
+}
+
+/// Test evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Rollouts per test task (mean@k, pass@k, maj@k).
+    pub k: usize,
+    /// Evaluate every this many weight steps (besides the start, phase boundaries and the end).
+    pub every_steps: u64,
+    /// Evaluate every this many search iterations (besides the start, boundaries and the end).
+    pub every_iterations: u64,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self { k: 8, every_steps: 8, every_iterations: 3 }
+    }
+}
+
+/// Why a config could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: cannot read: {source}", file.display())]
+    Read { file: PathBuf, source: std::io::Error },
+    #[error("{}:{line}:{column}: {reason}", file.display())]
+    Parse { file: PathBuf, line: usize, column: usize, reason: String },
+    #[error("{}: `{field}`: {reason}", file.display())]
+    Invalid { file: PathBuf, field: String, reason: String },
+    #[error("cannot write the config: {0}")]
+    Write(String),
+}
+
+impl RunConfig {
+    /// Reads, resolves (paths against the file's directory) and validates a config file.
+    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read_to_string(file).map_err(|source| ConfigError::Read { file: file.to_path_buf(), source })?;
+        let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
+        let base = std::path::absolute(&base).unwrap_or(base);
+        Self::parse(&text, file, &base)
+    }
+
+    /// Parses TOML text as if read from `file`, resolving relative paths against `base`.
+    pub fn parse(text: &str, file: &Path, base: &Path) -> Result<Self, ConfigError> {
+        let mut config: RunConfig = toml::from_str(text).map_err(|error| parse_error(text, file, &error))?;
+        config.resolve_paths(base);
+        config.validate().map_err(|(field, reason)| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            field: field.to_string(),
+            reason,
+        })?;
+        Ok(config)
+    }
+
+    /// The config as TOML, every default written out.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string_pretty(self).map_err(|e| ConfigError::Write(e.to_string()))
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |path: &mut PathBuf| {
+            if path.is_relative() {
+                *path = base.join(&*path);
+            }
+        };
+        self.tasks.files.iter_mut().for_each(resolve);
+        self.tasks.corpus.iter_mut().for_each(resolve);
+        self.model.path.iter_mut().for_each(resolve);
+        let initial = Path::new(&self.harness.initial);
+        if whale_harness::stock_harness(&self.harness.initial).is_none() && initial.is_relative() {
+            self.harness.initial = base.join(initial).display().to_string();
+        }
+    }
+
+    /// Checks ranges and cross-field rules; the error names the key at fault.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        let positive = [
+            ("threads", self.threads as u64),
+            ("model.max_batch_size", self.model.max_batch_size as u64),
+            ("model.max_context", self.model.max_context as u64),
+            ("tasks.train", self.tasks.train as u64),
+            ("tasks.search", self.tasks.search as u64),
+            ("tasks.test", self.tasks.test as u64),
+            ("sampling.max_tokens", self.sampling.max_tokens as u64),
+            ("weights.tasks_per_step", self.weights.tasks_per_step as u64),
+            ("weights.rollouts_per_task", self.weights.rollouts_per_task as u64),
+            ("weights.mini_batch", self.weights.mini_batch as u64),
+            ("weights.micro_batch", self.weights.micro_batch as u64),
+            ("weights.checkpoint_every", self.weights.checkpoint_every),
+            ("search.candidates", self.search.candidates as u64),
+            ("search.population", self.search.population as u64),
+            ("schedule.budget", self.schedule.budget),
+            ("schedule.weight_steps", self.schedule.weight_steps),
+            ("schedule.search_iterations", self.schedule.search_iterations),
+            ("schedule.search_stale_limit", self.schedule.search_stale_limit),
+            ("schedule.adaptive.search_max", self.schedule.adaptive.search_max),
+            ("schedule.adaptive.weight_window", self.schedule.adaptive.weight_window),
+            ("schedule.adaptive.weight_max", self.schedule.adaptive.weight_max),
+            ("eval.k", self.eval.k as u64),
+            ("eval.every_steps", self.eval.every_steps),
+            ("eval.every_iterations", self.eval.every_iterations),
+        ];
+        if let Some((field, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err((field, "must be positive".to_string()));
+        }
+        if self.tasks.files.is_empty() && self.tasks.generate == 0 {
+            return Err(("tasks.generate", "no task files and nothing to generate".to_string()));
+        }
+        if self.tasks.generate > 0 && self.tasks.difficulties.is_empty() {
+            return Err(("tasks.difficulties", "empty while tasks are generated".to_string()));
+        }
+        if !(-1.0..=1.0).contains(&self.weights.reward_threshold) {
+            return Err(("weights.reward_threshold", "must lie in [-1, 1]".to_string()));
+        }
+        if !(self.weights.learning_rate > 0.0 && self.weights.learning_rate.is_finite()) {
+            return Err(("weights.learning_rate", "must be a positive number".to_string()));
+        }
+        if let Some(share) = self.schedule.sequential_weight_share {
+            if !(0.0..=1.0).contains(&share) {
+                return Err(("schedule.sequential_weight_share", "must lie in [0, 1]".to_string()));
+            }
+        }
+        let adaptive = &self.schedule.adaptive;
+        if adaptive.search_min > adaptive.search_max {
+            return Err(("schedule.adaptive.search_min", "exceeds search_max".to_string()));
+        }
+        if adaptive.weight_min > adaptive.weight_max {
+            return Err(("schedule.adaptive.weight_min", "exceeds weight_max".to_string()));
+        }
+        if self.search.proposer == ProposerKind::Command && self.search.command.is_none() {
+            return Err(("search.command", "the command proposer needs a [search.command] table".to_string()));
+        }
+        if !matches!(self.model.device.as_str(), "cpu" | "cuda") {
+            return Err(("model.device", format!("`{}` is neither cpu nor cuda", self.model.device)));
+        }
+        if let Err(reason) = self.sampling.params().validate() {
+            return Err(("sampling", reason.to_string()));
+        }
+        Ok(())
+    }
+}
+
+/// A TOML error as `file:line:column: reason`, the position taken from the error's span.
+fn parse_error(text: &str, file: &Path, error: &toml::de::Error) -> ConfigError {
+    let offset = error.span().map_or(0, |span| span.start).min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    ConfigError::Parse { file: file.to_path_buf(), line, column, reason: error.message().to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RunConfig, ConfigError> {
+        RunConfig::parse(text, Path::new("x.toml"), Path::new("/base"))
+    }
+
+    #[test]
+    fn an_empty_file_is_the_default_config() {
+        assert_eq!(parse("").expect("config"), RunConfig::default());
+    }
+
+    #[test]
+    fn a_partial_table_keeps_the_other_defaults_and_paths_resolve_against_the_file() {
+        let config =
+            parse("name = \"q\"\n[weights]\ntasks_per_step = 3\n[tasks]\nfiles = [\"d/a.jsonl\"]\n").expect("config");
+        assert_eq!(config.name, "q");
+        assert_eq!(config.weights.tasks_per_step, 3);
+        assert_eq!(config.weights.rollouts_per_task, WeightConfig::default().rollouts_per_task);
+        assert_eq!(config.tasks.files, vec![PathBuf::from("/base/d/a.jsonl")]);
+        assert_eq!(config.harness.initial, "math/plain", "stock names are not paths");
+    }
+
+    #[test]
+    fn an_unknown_key_names_its_file_line_and_key() {
+        let error = parse("seed = 1\n\n[weights]\nlearning_rat = 0.1\n").expect_err("misspelt");
+        let text = error.to_string();
+        assert!(text.starts_with("x.toml:4:1:"), "{text}");
+        assert!(text.contains("learning_rat"), "{text}");
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_key() {
+        let error = parse("[weights]\nreward_threshold = 1.5\n").expect_err("range");
+        assert!(error.to_string().contains("weights.reward_threshold"), "{error}");
+        let error = parse("[schedule.adaptive]\nsearch_min = 20\n").expect_err("min > max");
+        assert!(error.to_string().contains("search_min"), "{error}");
+        let error = parse("[eval]\nk = 0\n").expect_err("k");
+        assert!(error.to_string().contains("eval.k"), "{error}");
+    }
+
+    #[test]
+    fn the_tiny_examples_parse_and_math_toml_documents_the_defaults() {
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let math = RunConfig::load(&examples.join("math.toml")).expect("math.toml");
+        assert_eq!(math, RunConfig::default(), "examples/math.toml shows every default");
+        for name in ["chess", "qa", "math-qwen3", "chess-qwen3", "qa-qwen3"] {
+            let config = RunConfig::load(&examples.join(format!("{name}.toml"))).expect(name);
+            assert_eq!(config.name, name);
+        }
+    }
+
+    #[test]
+    fn the_resolved_config_round_trips_through_toml() {
+        let mut config = RunConfig::default();
+        config.model.path = Some(PathBuf::from("/models/base"));
+        config.schedule.sequential_weight_share = Some(0.5);
+        let text = config.to_toml().expect("toml");
+        assert_eq!(parse(&text).expect("config"), config);
+    }
+}

@@ -1,0 +1,594 @@
+//! One run of one condition: the WHALE loop (or a baseline) from the first evaluation to the
+//! report, in units of work that each end with a commit to the run directory.
+//!
+//! The loop asks the [`Scheduler`] for the next phase, runs one weight step or one search
+//! unit (the incumbent's re-scoring at the start of a harness phase, then one archive
+//! iteration at a time), and takes a test evaluation whenever [`EvalSchedule`] says one is
+//! due. Each unit is deterministic given the state before it (seeds derive from the run seed
+//! and the unit's number, weights come from the last checkpoint plus the journal), so a run
+//! resumed after a kill takes the same decisions and reaches the same result as one that was
+//! never interrupted.
+
+use crate::condition::Condition;
+use crate::config::RunConfig;
+use crate::evaluate::{environment, EvaluateError};
+use crate::evaluation::{EvalReason, EvalRecord, EvalSchedule, TestSet};
+use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, CONFIG_FILE};
+use crate::scheduler::{Outcome, Phase, Scheduler, Spent};
+use crate::search_phase::{iteration_row, open_search, ranking, SearchPhaseError, SearchRollouts};
+use crate::weight_phase::{self, StepJournal, WeightPhase, WeightPhaseError};
+use candle_core::{DType, Device};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use whale_core::{Ledger, Purpose, Spend, Task, Trajectory};
+use whale_harness::{stock_harness, Harness};
+use whale_lm::{EngineConfig, GenerationConfig, LocalPolicy, Policy, SftTrainer};
+use whale_search::HarnessSearch;
+use whale_tasks::split::{split, SplitSizes, Splits};
+use whale_tasks::{DomainTasks, Environment};
+
+/// Kept rollouts of the last weight step offered to the proposer as few-shot material.
+const EXAMPLES_KEPT: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    #[error("tasks: {0}")]
+    Tasks(String),
+    #[error("the initial harness: {0}")]
+    Harness(String),
+    #[error("the model: {0}")]
+    Model(String),
+    #[error(transparent)]
+    Evaluate(#[from] EvaluateError),
+    #[error(transparent)]
+    WeightPhase(#[from] WeightPhaseError),
+    #[error(transparent)]
+    Search(#[from] whale_search::SearchError),
+    #[error(transparent)]
+    Archive(#[from] whale_search::ArchiveError),
+    #[error(transparent)]
+    SearchPhase(#[from] SearchPhaseError),
+    #[error("{} already holds a run; resume it with `whale run --resume {}`", .0.display(), .0.display())]
+    Exists(PathBuf),
+    #[error("the run in {} was made by another config: {reason}", dir.display())]
+    Mismatch { dir: PathBuf, reason: String },
+}
+
+/// How a run talks to the terminal.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Verbosity {
+    /// Progress bars for rollouts and a line per unit on stderr.
+    pub progress: bool,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub dir: PathBuf,
+    pub condition: Condition,
+    pub ledger: Ledger,
+    pub evals: Vec<EvalRecord>,
+}
+
+/// The tasks of `config`, loaded and generated, split into disjoint train / search / test sets.
+pub fn task_splits(config: &RunConfig) -> Result<Splits, ExperimentError> {
+    let spec = &config.tasks;
+    let mut tasks: Vec<Task> = Vec::new();
+    for file in &spec.files {
+        let report = spec.domain.load(file);
+        if let Some(first) = report.rejected.first() {
+            return Err(ExperimentError::Tasks(format!("{} bad record(s), the first: {first}", report.rejected.len())));
+        }
+        tasks.extend(report.into_tasks());
+    }
+    let difficulties = &spec.difficulties;
+    for (index, &difficulty) in difficulties.iter().enumerate() {
+        let share = spec.generate / difficulties.len() + usize::from(index < spec.generate % difficulties.len());
+        tasks.extend(spec.domain.generate(share, config.seed ^ u64::from(difficulty) << 32, difficulty));
+    }
+    let sizes = SplitSizes { train: spec.train, search: spec.search, test: spec.test };
+    split(tasks, sizes, config.seed).map_err(|e| ExperimentError::Tasks(e.to_string()))
+}
+
+/// The initial harness: a stock harness by name, or a file.
+pub fn initial_harness(config: &RunConfig) -> Result<Harness, ExperimentError> {
+    if let Some(stock) = stock_harness(&config.harness.initial) {
+        return Ok(stock.harness());
+    }
+    std::fs::read_to_string(&config.harness.initial)
+        .map(Harness::from_source)
+        .map_err(|e| ExperimentError::Harness(format!("{}: {e}", config.harness.initial)))
+}
+
+fn device(config: &RunConfig) -> Result<Device, ExperimentError> {
+    match config.model.device.as_str() {
+        "cuda" => Device::new_cuda(0).map_err(|e| ExperimentError::Model(e.to_string())),
+        _ => Ok(Device::Cpu),
+    }
+}
+
+fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
+    match &config.model.path {
+        Some(path) => Ok(path.clone()),
+        None => crate::pretrain::ensure_base_model().map_err(|e| ExperimentError::Model(e.to_string())),
+    }
+}
+
+/// A run in progress.
+pub struct Experiment {
+    dir: RunDir,
+    config: RunConfig,
+    state: RunState,
+    splits: Splits,
+    environment: Environment,
+    policy: Arc<LocalPolicy>,
+    trainer: Option<SftTrainer>,
+    search: HarnessSearch,
+    scheduler: Scheduler,
+    verbosity: Verbosity,
+}
+
+impl Experiment {
+    /// Prepares a new run of `config.condition` in `root` (which must not hold a run yet).
+    pub fn create(config: RunConfig, root: &Path, verbosity: Verbosity) -> Result<Self, ExperimentError> {
+        Self::create_with(config, root, verbosity, Vec::new())
+    }
+
+    /// [`Self::create`] with evaluations of the base weights (version 0) already taken by
+    /// another run of the same config, which this run reuses instead of repeating.
+    pub fn create_with(
+        config: RunConfig,
+        root: &Path,
+        verbosity: Verbosity,
+        base_evals: Vec<EvalMemo>,
+    ) -> Result<Self, ExperimentError> {
+        let dir = RunDir::create(root)?;
+        if dir.has_state() {
+            return Err(ExperimentError::Exists(root.to_path_buf()));
+        }
+        crate::run_dir::write_atomic(&dir.path(CONFIG_FILE), config.to_toml()?.as_bytes())?;
+        let mut state = RunState::new(config.condition);
+        state.evals = base_evals.into_iter().filter(|memo| memo.weights_version == 0).collect();
+        let experiment = Self::assemble(dir, config, state, verbosity)?;
+        experiment.dir.commit(&experiment.state)?;
+        Ok(experiment)
+    }
+
+    /// Reopens the run in `root` where its last completed unit left it.
+    /// A run killed before its first commit starts afresh from its `config.toml`.
+    pub fn resume(root: &Path, verbosity: Verbosity) -> Result<Self, ExperimentError> {
+        if !root.join(CONFIG_FILE).is_file() {
+            return Err(RunDirError::NotARun(root.to_path_buf()).into());
+        }
+        let dir = RunDir::create(root)?;
+        let config = RunConfig::load(&dir.path(CONFIG_FILE))?;
+        let state = if dir.has_state() { dir.read_state()? } else { RunState::new(config.condition) };
+        if state.condition != config.condition {
+            return Err(ExperimentError::Mismatch {
+                dir: root.to_path_buf(),
+                reason: format!("state of {} but config of {}", state.condition, config.condition),
+            });
+        }
+        dir.truncate_metrics(state.metrics_rows)?;
+        Self::assemble(dir, config, state, verbosity)
+    }
+
+    /// Creates the run, or resumes it when `root` already holds this config's run.
+    pub fn create_or_resume(
+        config: RunConfig,
+        root: &Path,
+        verbosity: Verbosity,
+        base_evals: Vec<EvalMemo>,
+    ) -> Result<Self, ExperimentError> {
+        let dir = RunDir::create(root)?;
+        if !dir.has_state() {
+            return Self::create_with(config, root, verbosity, base_evals);
+        }
+        let stored = RunConfig::load(&dir.path(CONFIG_FILE))?;
+        if stored != config {
+            return Err(ExperimentError::Mismatch {
+                dir: root.to_path_buf(),
+                reason: "its config.toml differs from the one given".to_string(),
+            });
+        }
+        Self::resume(root, verbosity)
+    }
+
+    fn assemble(
+        dir: RunDir,
+        config: RunConfig,
+        state: RunState,
+        verbosity: Verbosity,
+    ) -> Result<Self, ExperimentError> {
+        let splits = task_splits(&config)?;
+        let all: Vec<Task> = [&splits.train[..], &splits.search[..], &splits.test[..]].concat();
+        let environment = environment(config.tasks.domain, &all, config.tasks.corpus.as_deref(), None)?;
+        let model_dir = model_dir(&config)?;
+        let engine = EngineConfig {
+            max_batch_size: config.model.max_batch_size,
+            max_context: config.model.max_context,
+            ..EngineConfig::default()
+        };
+        let device = device(&config)?;
+        let policy = LocalPolicy::load(&model_dir, DType::F32, &device, engine)
+            .map_err(|e| ExperimentError::Model(format!("{}: {e}", model_dir.display())))?;
+        let policy = Arc::new(policy);
+        let search = open_search(&config, &dir, &splits, initial_harness(&config)?)?;
+        let condition = config.condition;
+        let weight_step_cost = (config.weights.tasks_per_step * config.weights.rollouts_per_task) as u64;
+        let search_iteration_cost = (config.search.candidates * (config.tasks.search + 1)) as u64;
+        let scheduler = Scheduler {
+            plan: condition.plan(&config.schedule, weight_step_cost, search_iteration_cost),
+            budget: config.schedule.budget,
+            adaptive: config.schedule.adaptive.clone(),
+            search_stale_limit: config.schedule.search_stale_limit,
+        };
+        let mut experiment =
+            Self { dir, config, state, splits, environment, policy, trainer: None, search, scheduler, verbosity };
+        experiment.restore_weights(&device)?;
+        experiment.restore_examples()?;
+        Ok(experiment)
+    }
+
+    /// Loads the newest checkpoint and replays the journal of the steps after it.
+    fn restore_weights(&mut self, device: &Device) -> Result<(), ExperimentError> {
+        if self.state.condition == Condition::HarnessOnly {
+            return Ok(());
+        }
+        let pad = self.policy.tokenizer().specials().endoftext;
+        let trainer_config = weight_phase::trainer_config(&self.config.weights, pad);
+        let model_error = |e: &dyn std::fmt::Display| ExperimentError::Model(e.to_string());
+        let mut trainer = if self.state.checkpoint_step > 0 {
+            let path = self.dir.checkpoint_path(self.state.checkpoint_step);
+            let trainer = SftTrainer::resume(&path, trainer_config, DType::F32, device).map_err(|e| model_error(&e))?;
+            self.policy.reload(trainer.model().clone(), 0).map_err(|e| model_error(&e))?;
+            trainer
+        } else {
+            SftTrainer::new(self.policy.model(), trainer_config).map_err(|e| model_error(&e))?
+        };
+        for step in self.state.checkpoint_step + 1..=self.state.weight_steps {
+            let journal: StepJournal = self.dir.read_journal(step)?;
+            weight_phase::apply(&mut trainer, &journal).map_err(|e| model_error(&e))?;
+        }
+        self.policy.set_weights_version(self.state.weights_version).map_err(|e| model_error(&e))?;
+        self.trainer = Some(trainer);
+        Ok(())
+    }
+
+    fn restore_examples(&mut self) -> Result<(), ExperimentError> {
+        let examples: Vec<Trajectory> =
+            self.dir.read_examples()?.iter().filter_map(|line| serde_json::from_str(line).ok()).collect();
+        self.search.set_examples(examples);
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.root()
+    }
+
+    pub fn state(&self) -> &RunState {
+        &self.state
+    }
+
+    /// Runs to the end of the budget (from wherever the run stands) and writes the report.
+    pub fn run(&mut self) -> Result<RunOutcome, ExperimentError> {
+        while !self.state.finished {
+            let next = self.scheduler.next(&self.state.outcomes, self.spent());
+            let last_eval = self.state.last_eval_at;
+            if let Some(reason) = self.eval_schedule().due(&self.state.outcomes, last_eval, next) {
+                self.evaluation_unit(reason)?;
+                continue;
+            }
+            match next {
+                Some(Phase::Weights) => self.weight_unit()?,
+                Some(Phase::Search) => self.search_unit()?,
+                None => {
+                    self.state.finished = true;
+                    self.dir.commit(&self.state)?;
+                }
+            }
+        }
+        let outcome = self.outcome()?;
+        crate::report::write_run_report(&self.dir).map_err(|e| {
+            ExperimentError::RunDir(RunDirError::Corrupt { path: self.dir.root().to_path_buf(), reason: e.to_string() })
+        })?;
+        Ok(outcome)
+    }
+
+    fn outcome(&self) -> Result<RunOutcome, ExperimentError> {
+        let evals = self
+            .dir
+            .metrics()?
+            .into_iter()
+            .filter(|row| row["kind"] == "evaluation")
+            .filter_map(|row| serde_json::from_value(row).ok())
+            .collect();
+        Ok(RunOutcome {
+            dir: self.dir.root().to_path_buf(),
+            condition: self.state.condition,
+            ledger: self.state.ledger.clone(),
+            evals,
+        })
+    }
+
+    fn eval_schedule(&self) -> EvalSchedule {
+        EvalSchedule { every_steps: self.config.eval.every_steps, every_iterations: self.config.eval.every_iterations }
+    }
+
+    fn spent(&self) -> Spent {
+        Spent {
+            training: self.state.ledger.training_rollouts(),
+            weights: self.state.ledger.get(Purpose::WeightPhase).rollouts,
+        }
+    }
+
+    fn incumbent(&self) -> Harness {
+        self.search.incumbent().harness()
+    }
+
+    /// The harnesses weight steps roll out with: the incumbent, or the fast-slow population.
+    fn training_harnesses(&self) -> Vec<Harness> {
+        if !self.state.condition.uses_population() {
+            return vec![self.incumbent()];
+        }
+        let archive = self.search.archive();
+        let population: Vec<Harness> = self
+            .state
+            .population
+            .iter()
+            .filter_map(|hash| archive.candidates().find(|c| &c.meta.hash == hash).map(|c| c.harness()))
+            .collect();
+        if population.is_empty() {
+            vec![self.incumbent()]
+        } else {
+            population
+        }
+    }
+
+    fn evaluation_unit(&mut self, reason: EvalReason) -> Result<(), ExperimentError> {
+        let harness = self.incumbent();
+        let test = TestSet {
+            tasks: &self.splits.test,
+            environment: &self.environment,
+            k: self.config.eval.k,
+            seed: self.config.seed,
+            threads: self.config.threads,
+            limits: &self.config.harness.limits,
+            sampling: &self.config.sampling.params(),
+            progress: self.verbosity.progress,
+        };
+        let record = test.evaluate(reason, &harness, &self.policy, &self.state.evals)?;
+        if !record.reused {
+            self.state.evals.push(EvalMemo {
+                harness_id: record.harness_id.clone(),
+                weights_version: record.weights_version,
+                scores: record.scores,
+            });
+        }
+        self.state.ledger.record(Purpose::TestEval, record.spend());
+        self.state.last_eval_at = Some(self.state.outcomes.len());
+        self.say(format!(
+            "eval ({:?}): mean@{} {} pass {:.3} maj {:.3}{}",
+            record.reason,
+            record.scores.k,
+            record.scores.mean,
+            record.scores.pass.value,
+            record.scores.maj.value,
+            if record.reused { " (reused)" } else { "" }
+        ));
+        let before = cumulative(&self.state.ledger);
+        self.commit_unit("evaluation", serde_json::to_value(&record).unwrap_or(Value::Null), before)
+    }
+
+    fn weight_unit(&mut self) -> Result<(), ExperimentError> {
+        let before = cumulative(&self.state.ledger);
+        let step = self.state.weight_steps + 1;
+        let harnesses = self.training_harnesses();
+        let sampling = self.config.sampling.params();
+        let phase = WeightPhase {
+            config: &self.config.weights,
+            environment: &self.environment,
+            train: &self.splits.train,
+            limits: &self.config.harness.limits,
+            sampling: &sampling,
+            threads: self.config.threads,
+            seed: self.config.seed,
+            progress: self.verbosity.progress,
+        };
+        let trainer = self.trainer.as_mut().ok_or_else(|| ExperimentError::Model("no trainer".to_string()))?;
+        let (report, journal, kept) = phase.step(step, &harnesses, &self.policy, trainer)?;
+        self.dir.write_journal(step, &journal)?;
+        if report.updates > 0 {
+            self.state.weights_version += 1;
+            self.policy
+                .set_weights_version(self.state.weights_version)
+                .map_err(|e| ExperimentError::Model(e.to_string()))?;
+        }
+        if step.is_multiple_of(self.config.weights.checkpoint_every) {
+            self.save_checkpoint(step)?;
+        }
+        let examples: Vec<Trajectory> = kept.into_iter().take(EXAMPLES_KEPT).collect();
+        let lines: Vec<String> = examples.iter().map(Trajectory::to_json_line).collect();
+        self.dir.write_examples(&lines)?;
+        self.search.set_examples(examples);
+        self.state.weight_steps = step;
+        self.state.outcomes.push(Outcome::Weights { reward: report.reward_mean });
+        self.state.ledger.record(
+            Purpose::WeightPhase,
+            Spend {
+                rollouts: report.rollouts as u64,
+                prompt_tokens: report.prompt_tokens as u64,
+                completion_tokens: report.completion_tokens as u64,
+                wall_s: report.rollout_seconds + report.train_seconds,
+            },
+        );
+        self.say(format!(
+            "weight step {step}: reward {:.3}, kept {}/{} ({:.0}%), {} updates, loss {}",
+            report.reward_mean,
+            report.kept,
+            report.rollouts,
+            100.0 * report.acceptance_rate,
+            report.updates,
+            report.loss.map_or("-".to_string(), |l| format!("{l:.3}"))
+        ));
+        let row = serde_json::to_value(&report).unwrap_or(Value::Null);
+        self.commit_unit("weight_step", row, before)?;
+        if step.is_multiple_of(self.config.weights.checkpoint_every) {
+            self.dir.prune(step)?;
+        }
+        Ok(())
+    }
+
+    /// Saves into a partial directory renamed into place; the state names it once committed.
+    fn save_checkpoint(&mut self, step: u64) -> Result<(), ExperimentError> {
+        let Some(trainer) = &self.trainer else { return Ok(()) };
+        let target = self.dir.checkpoint_path(step);
+        let partial = target.with_extension("partial");
+        for stale in [&partial, &target] {
+            if stale.exists() {
+                std::fs::remove_dir_all(stale)
+                    .map_err(|source| RunDirError::Io { path: stale.to_path_buf(), source })?;
+            }
+        }
+        let generation = GenerationConfig::for_model(trainer.model().config());
+        trainer.save(&partial, &generation).map_err(|e| ExperimentError::Model(e.to_string()))?;
+        std::fs::rename(&partial, &target).map_err(|source| RunDirError::Io { path: target.clone(), source })?;
+        self.state.checkpoint_step = step;
+        Ok(())
+    }
+
+    fn search_unit(&mut self) -> Result<(), ExperimentError> {
+        let before = cumulative(&self.state.ledger);
+        let starting = self.state.outcomes.last().map(Outcome::phase) != Some(Phase::Search);
+        let evaluator = SearchRollouts {
+            policy: self.policy.clone(),
+            environment: &self.environment,
+            config: &self.config,
+            dir: &self.dir,
+            progress: self.verbosity.progress,
+            unit: self.state.units + 1,
+        };
+        let (kind, row, new_best, proposer_tokens) = if starting {
+            let rescore = self.search.rescore_incumbent(&evaluator)?;
+            let row = json!({
+                "harness_id": rescore.card.hash,
+                "weights_version": rescore.card.weights_version,
+                "objectives": rescore.card.objectives,
+            });
+            ("rescore", row, false, Spend::default())
+        } else {
+            let iteration = self.state.search_iterations + 1;
+            let mut proposer_tokens = Spend::default();
+            if self.search.archive().next_iteration() == iteration {
+                let report = self.search.iterate(&evaluator)?;
+                proposer_tokens.prompt_tokens = report.proposer_tokens.prompt_tokens;
+                proposer_tokens.completion_tokens = report.proposer_tokens.completion_tokens;
+            }
+            let (row, new_best) = iteration_row(self.search.archive(), iteration);
+            self.state.search_iterations = iteration;
+            ("search_iteration", row, new_best, proposer_tokens)
+        };
+        self.refresh_population()?;
+        let search = self.dir.search_spends()?.iter().fold(Spend::default(), |mut total, s| {
+            total.rollouts += s.spend.rollouts;
+            total.prompt_tokens += s.spend.prompt_tokens;
+            total.completion_tokens += s.spend.completion_tokens;
+            total.wall_s += s.spend.wall_s;
+            total
+        });
+        let rollouts = search.rollouts.saturating_sub(self.state.ledger.get(Purpose::Search).rollouts);
+        self.state.ledger.by_purpose.insert(Purpose::Search, search);
+        self.state.ledger.record(Purpose::Proposer, proposer_tokens);
+        self.state.outcomes.push(Outcome::Search { new_best, rollouts });
+        let success = row["objectives"]["success"].as_f64().or_else(|| row["incumbent_success"].as_f64());
+        self.say(format!(
+            "search {}{}: incumbent success {}",
+            if starting {
+                "phase starts, incumbent re-scored".to_string()
+            } else {
+                format!("iteration {}", self.state.search_iterations)
+            },
+            if new_best { " (new best)" } else { "" },
+            success.map_or("-".to_string(), |s| format!("{s:.3}"))
+        ));
+        self.commit_unit(kind, row, before)
+    }
+
+    /// Fast-slow: the best `population` harnesses scored under the current weights.
+    fn refresh_population(&mut self) -> Result<(), ExperimentError> {
+        if !self.state.condition.uses_population() {
+            return Ok(());
+        }
+        let ranked = ranking(self.search.archive(), self.policy.weights_version())?;
+        let population: Vec<String> = ranked.into_iter().take(self.config.search.population).map(|r| r.hash).collect();
+        if !population.is_empty() {
+            self.state.population = population;
+        }
+        Ok(())
+    }
+
+    /// Appends the unit's row (with the cumulative spend) and commits the state.
+    fn commit_unit(&mut self, kind: &str, mut row: Value, before: Value) -> Result<(), ExperimentError> {
+        self.state.units += 1;
+        let mut rows = Vec::new();
+        if let Some(boundary) = self.phase_boundary(kind, before) {
+            rows.push(boundary);
+        }
+        if let Value::Object(fields) = &mut row {
+            fields.insert("kind".to_string(), json!(kind));
+            fields.insert("unit".to_string(), json!(self.state.units));
+            fields.insert("cumulative".to_string(), cumulative(&self.state.ledger));
+        }
+        rows.push(row);
+        self.dir.append_metrics(&rows)?;
+        self.state.metrics_rows += rows.len();
+        self.dir.commit(&self.state)?;
+        Ok(())
+    }
+
+    /// A `phase` row when this unit starts a phase (its first weight step or search unit),
+    /// carrying the cumulative spend from before the unit.
+    fn phase_boundary(&self, kind: &str, before: Value) -> Option<Value> {
+        if kind == "evaluation" {
+            return None;
+        }
+        let outcomes = &self.state.outcomes;
+        let current = outcomes.last()?.phase();
+        let previous = outcomes.len().checked_sub(2).map(|i| outcomes[i].phase());
+        (previous != Some(current)).then(|| {
+            json!({
+                "kind": "phase",
+                "phase": current,
+                "unit": self.state.units,
+                "cumulative": before,
+            })
+        })
+    }
+
+    fn say(&self, line: String) {
+        if self.verbosity.progress {
+            let training = self.state.ledger.training_rollouts();
+            eprintln!("[{} {}/{} rollouts] {line}", self.state.condition, training, self.config.schedule.budget);
+        }
+    }
+}
+
+/// The cumulative spend every metrics row carries, so curves can be drawn against cost.
+fn cumulative(ledger: &Ledger) -> Value {
+    let tokens: u64 = ledger.by_purpose.values().map(|s| s.prompt_tokens + s.completion_tokens).sum();
+    let wall: f64 = ledger.by_purpose.values().map(|s| s.wall_s).sum();
+    json!({
+        "training_rollouts": ledger.training_rollouts(),
+        "weight_rollouts": ledger.get(Purpose::WeightPhase).rollouts,
+        "search_rollouts": ledger.get(Purpose::Search).rollouts,
+        "test_rollouts": ledger.get(Purpose::TestEval).rollouts,
+        "tokens": tokens,
+        "proposer_tokens": ledger.get(Purpose::Proposer).prompt_tokens + ledger.get(Purpose::Proposer).completion_tokens,
+        "wall_seconds": wall,
+    })
+}

@@ -1,0 +1,293 @@
+//! The `whale lm` commands on local checkpoints: turning chat data into training examples with a
+//! model's own tokenizer and chat template, supervised fine-tuning from an `sft.jsonl`, and
+//! sampling completions.
+//!
+//! A checkpoint directory is the Hugging Face layout written by whale (`config.json`,
+//! `model.safetensors`, `tokenizer.json`, `tokenizer_config.json` with the chat template), so the
+//! same code serves the pretrained base model and every model trained from it.
+
+use candle_core::{DType, Device};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use whale_core::ChatMessage;
+use whale_lm::chat_template::TOKENIZER_CONFIG_FILE;
+use whale_lm::engine::TOKENIZER_FILE;
+use whale_lm::{
+    load_model, save_model, ChatRequest, ChatTemplate, ChatTemplateError, CheckpointError, Completion, EngineConfig,
+    EngineError, GenerationConfig, LocalPolicy, Policy, PolicyError, RenderOptions, SamplingParams, SftExample,
+    SftTrainer, TokenizerError, TrainError, TrainerConfig,
+};
+use whale_tasks::{read_jsonl, RecordError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LmError {
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Template(#[from] ChatTemplateError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error("{}: {reason}", path.display())]
+    Io { path: PathBuf, reason: String },
+    #[error("{} problem(s) in the SFT data, first: {}", .0.len(), .0[0])]
+    Records(Vec<RecordError>),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn io_error(path: &Path, error: impl std::fmt::Display) -> LmError {
+    LmError::Io { path: path.to_path_buf(), reason: error.to_string() }
+}
+
+/// A model's tokenizer and chat template: chat messages to token ids.
+#[derive(Debug, Clone)]
+pub struct ChatCodec {
+    pub tokenizer: whale_lm::Tokenizer,
+    pub template: ChatTemplate,
+}
+
+impl ChatCodec {
+    /// Reads `tokenizer.json` and `tokenizer_config.json` of a checkpoint directory.
+    pub fn load(dir: &Path) -> Result<Self, LmError> {
+        Ok(Self {
+            tokenizer: whale_lm::Tokenizer::from_file(dir.join(TOKENIZER_FILE))?,
+            template: ChatTemplate::from_tokenizer_config(dir.join(TOKENIZER_CONFIG_FILE))?,
+        })
+    }
+
+    /// The token ids the model sees before it answers `messages`.
+    pub fn prompt_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, LmError> {
+        let options = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
+        Ok(self.tokenizer.encode(&self.template.render(messages, &options)?)?)
+    }
+
+    /// An example that trains the reply `completion` to `context`; the completion ends with the
+    /// end-of-turn token so the model learns to stop.
+    pub fn example(&self, context: &[ChatMessage], completion: &str) -> Result<SftExample, LmError> {
+        let mut completion_ids = self.tokenizer.encode(completion)?;
+        completion_ids.push(self.tokenizer.specials().im_end);
+        Ok(SftExample { prompt: self.prompt_ids(context)?, completion: completion_ids })
+    }
+
+    /// One example per assistant turn of a conversation, each with every earlier turn as its
+    /// prompt: only the assistant's own words are trained on.
+    pub fn conversation_examples(&self, messages: &[ChatMessage]) -> Result<Vec<SftExample>, LmError> {
+        messages
+            .iter()
+            .enumerate()
+            .filter(|(_, message)| message.role == "assistant")
+            .map(|(index, message)| self.example(&messages[..index], &message.content))
+            .collect()
+    }
+}
+
+/// One line of an `sft.jsonl`: the conversation so far and the assistant's reply to learn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SftRecord {
+    pub line: usize,
+    pub messages: Vec<ChatMessage>,
+    pub completion: String,
+}
+
+/// Reads an `sft.jsonl` of `{"messages": [{role, content}...], "completion": "..."}` lines.
+/// Every bad line is reported as `file:line`, none is skipped silently.
+pub fn read_sft_file(path: &Path) -> Result<Vec<SftRecord>, LmError> {
+    let (values, mut problems) = read_jsonl(path);
+    let mut records = Vec::new();
+    for (line, value) in values {
+        match parse_sft_record(&value) {
+            Ok((messages, completion)) => records.push(SftRecord { line, messages, completion }),
+            Err((field, reason)) => problems.push(RecordError::new(path, line, Some(field), reason)),
+        }
+    }
+    if problems.is_empty() {
+        Ok(records)
+    } else {
+        problems.sort_by_key(|p| p.line);
+        Err(LmError::Records(problems))
+    }
+}
+
+fn parse_sft_record(value: &serde_json::Value) -> Result<(Vec<ChatMessage>, String), (&'static str, String)> {
+    let messages = value.get("messages").ok_or(("messages", "missing".to_string()))?;
+    let messages: Vec<ChatMessage> = serde_json::from_value(messages.clone())
+        .map_err(|e| ("messages", format!("expected a list of {{role, content}} strings: {e}")))?;
+    if messages.is_empty() {
+        return Err(("messages", "empty: the completion needs a prompt".to_string()));
+    }
+    let completion = match value.get("completion") {
+        Some(serde_json::Value::String(text)) if !text.is_empty() => text.clone(),
+        Some(serde_json::Value::String(_)) => return Err(("completion", "empty".to_string())),
+        Some(other) => return Err(("completion", format!("expected a string, got {other}"))),
+        None => return Err(("completion", "missing".to_string())),
+    };
+    Ok((messages, completion))
+}
+
+/// Settings of `whale lm train`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SftSettings {
+    pub epochs: usize,
+    pub learning_rate: f64,
+    /// Examples per optimizer step.
+    pub batch_size: usize,
+    /// Shuffles the examples each epoch.
+    pub seed: u64,
+}
+
+/// What `whale lm train` did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SftReport {
+    pub examples: usize,
+    pub steps: u64,
+    /// Mean loss per completion token over the data before and after training.
+    pub loss_before: f64,
+    pub loss_after: f64,
+    pub output: PathBuf,
+}
+
+/// Fine-tunes the model in `model_dir` on `data` and writes the result, with the tokenizer
+/// files, to `output` (a Hugging Face checkpoint). `on_step` sees every step.
+pub fn train_sft(
+    model_dir: &Path,
+    data: &Path,
+    output: &Path,
+    settings: &SftSettings,
+    on_step: &mut dyn FnMut(&whale_lm::StepStats, u64),
+) -> Result<SftReport, LmError> {
+    if settings.epochs == 0 || settings.batch_size == 0 {
+        return Err(LmError::Invalid("epochs and batch size must be at least 1".to_string()));
+    }
+    let records = read_sft_file(data)?;
+    let codec = ChatCodec::load(model_dir)?;
+    let examples: Vec<SftExample> =
+        records.iter().map(|r| codec.example(&r.messages, &r.completion)).collect::<Result<_, _>>()?;
+    let model = load_model(model_dir, DType::F32, &Device::Cpu)?;
+    let config = TrainerConfig {
+        learning_rate: settings.learning_rate,
+        warmup_steps: 1,
+        pad_token_id: codec.tokenizer.specials().endoftext,
+        max_seq_len: model.config().max_position_embeddings,
+        ..TrainerConfig::default()
+    };
+    let mut trainer = SftTrainer::new(model, config)?;
+    let (loss_before, _) = trainer.evaluate(&examples)?;
+    let steps_per_epoch = examples.len().div_ceil(settings.batch_size) as u64;
+    let total_steps = steps_per_epoch * settings.epochs as u64;
+    let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
+    for _ in 0..settings.epochs {
+        let mut order: Vec<&SftExample> = examples.iter().collect();
+        order.shuffle(&mut rng);
+        for chunk in order.chunks(settings.batch_size) {
+            let batch: Vec<SftExample> = chunk.iter().map(|&e| e.clone()).collect();
+            let stats = trainer.step(&batch)?;
+            on_step(&stats, total_steps);
+        }
+    }
+    let (loss_after, _) = trainer.evaluate(&examples)?;
+    let generation =
+        GenerationConfig::load(model_dir)?.unwrap_or_else(|| GenerationConfig::for_model(trainer.model().config()));
+    save_model(trainer.model(), &generation, output)?;
+    copy_tokenizer_files(model_dir, output)?;
+    Ok(SftReport {
+        examples: examples.len(),
+        steps: trainer.state().step,
+        loss_before,
+        loss_after,
+        output: output.to_path_buf(),
+    })
+}
+
+/// Settings of `whale lm generate`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateSettings {
+    /// Completions to sample; sample `i` uses seed `seed + i`.
+    pub n: usize,
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub seed: u64,
+    /// Continue the prompt as raw text instead of sending it as a user message.
+    pub raw: bool,
+}
+
+/// Samples `settings.n` completions of `prompt` from the model in `dir`, all at once (the
+/// engine batches them), with top_k 20 and top_p 1.0 as everywhere in whale.
+pub fn generate(dir: &Path, prompt: &str, settings: &GenerateSettings) -> Result<Vec<Completion>, LmError> {
+    let policy = LocalPolicy::load(dir, DType::F32, &Device::Cpu, EngineConfig::default())?;
+    let params = |i: usize| SamplingParams {
+        max_tokens: settings.max_tokens,
+        temperature: settings.temperature,
+        seed: settings.seed.wrapping_add(i as u64),
+        ..SamplingParams::default()
+    };
+    let completions = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..settings.n)
+            .map(|i| {
+                let policy = &policy;
+                scope.spawn(move || {
+                    if settings.raw {
+                        policy.generate_text(prompt, &params(i))
+                    } else {
+                        let messages = vec![ChatMessage::new("user", prompt)];
+                        policy.chat(ChatRequest { messages, params: params(i) })
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(Err(PolicyError::EngineStopped))).collect::<Result<Vec<_>, _>>()
+    })?;
+    policy.shutdown();
+    Ok(completions)
+}
+
+/// Copies `tokenizer.json` and `tokenizer_config.json` from one checkpoint directory to another.
+pub fn copy_tokenizer_files(from: &Path, to: &Path) -> Result<(), LmError> {
+    for name in [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
+        std::fs::copy(from.join(name), to.join(name)).map_err(|e| io_error(&from.join(name), e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        let path = dir.join("sft.jsonl");
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+
+    #[test]
+    fn sft_records_are_read_and_bad_lines_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let good = r#"{"messages": [{"role": "user", "content": "2+2?"}], "completion": "4"}"#;
+        let path = write(dir.path(), &format!("{good}\n\n{good}\n"));
+        let records = read_sft_file(&path).expect("valid");
+        assert_eq!(records.len(), 2);
+        assert_eq!((records[0].line, records[1].line), (1, 3));
+        assert_eq!(records[1].completion, "4");
+
+        let bad = format!(
+            "{good}\n{}\n{}\nnot json\n",
+            r#"{"messages": [{"role": "user"}], "completion": "4"}"#,
+            r#"{"messages": [{"role": "user", "content": "x"}], "completion": 4}"#
+        );
+        let path = write(dir.path(), &bad);
+        let LmError::Records(problems) = read_sft_file(&path).expect_err("invalid") else { panic!("not records") };
+        let lines: Vec<usize> = problems.iter().map(|p| p.line).collect();
+        assert_eq!(lines, [2, 3, 4]);
+        let shown = problems[0].to_string();
+        assert!(shown.contains("sft.jsonl:2: field `messages`"), "{shown}");
+        assert!(problems[1].to_string().contains("field `completion`"));
+    }
+}

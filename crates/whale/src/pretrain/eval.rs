@@ -1,0 +1,212 @@
+//! The base model's headline figure: mean@k on held-out synthetic math tasks with the plain
+//! one-call prompt ([`super::corpus::plain_math_prompt`]), sampled with the paper's settings
+//! (temperature 1.0, top_p 1.0, top_k 20) and scored by the math verifier.
+//!
+//! The figure has to sit well inside (0, 1) for WHALE to have something to improve on both
+//! sides (weights and harness), so pretraining reports it with its bootstrap interval.
+
+use super::corpus::plain_math_prompt;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+use whale_core::metrics::{self, Scores, TaskSamples};
+use whale_core::{ChatMessage, Task};
+use whale_lm::{ChatRequest, EngineConfig, LocalPolicy, Policy, PolicyError, SamplingParams};
+use whale_tasks::math;
+
+/// Which tasks, how many samples, how long an answer may be.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalSpec {
+    pub tasks: usize,
+    pub samples: usize,
+    pub difficulty: u32,
+    /// The generator seed of the evaluation tasks (kept out of the corpus).
+    pub seed: u64,
+    pub max_tokens: usize,
+}
+
+impl Default for EvalSpec {
+    fn default() -> Self {
+        Self { tasks: 64, samples: 8, difficulty: 1, seed: 0xE7A1, max_tokens: 192 }
+    }
+}
+
+/// One task's samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskResult {
+    pub id: String,
+    pub gold: String,
+    pub rewards: Vec<f64>,
+    /// The answer read from each sample (`None` when none could be read).
+    pub answers: Vec<Option<String>>,
+}
+
+/// mean@k, pass@k and maj@k with intervals, and every task's samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalReport {
+    pub spec: EvalSpec,
+    /// The user message sent for a question `Q` (with `{question}` standing for it).
+    pub prompt: String,
+    pub scores: Scores,
+    pub completion_tokens: usize,
+    pub seconds: f64,
+    pub per_task: Vec<TaskResult>,
+}
+
+/// The evaluation tasks of `spec`.
+pub fn tasks(spec: &EvalSpec) -> Vec<Task> {
+    math::generate(spec.tasks, spec.seed, spec.difficulty)
+}
+
+/// The questions of `tasks`, to keep them out of the training corpus.
+pub fn questions(tasks: &[Task]) -> HashSet<String> {
+    tasks.iter().filter_map(|t| t.payload.get("question")?.as_str().map(str::to_string)).collect()
+}
+
+/// Serves the checkpoint in `dir` and evaluates it on `tasks`.
+pub fn evaluate_dir(dir: &Path, spec: &EvalSpec, tasks: &[Task]) -> Result<EvalReport, super::PretrainError> {
+    let policy = LocalPolicy::load(dir, candle_core::DType::F32, &candle_core::Device::Cpu, EngineConfig::default())?;
+    let report = evaluate(&policy, spec, tasks)?;
+    policy.shutdown();
+    Ok(report)
+}
+
+/// The seed of sample `sample` of task `task`: distinct for every pair.
+fn sample_seed(spec: &EvalSpec, task: usize, sample: usize) -> u64 {
+    spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((task as u64) << 20) ^ sample as u64
+}
+
+/// Samples `spec.samples` replies per task from `policy`, all requests in flight at once so
+/// a batching policy can serve them together.
+pub fn evaluate(policy: &dyn Policy, spec: &EvalSpec, tasks: &[Task]) -> Result<EvalReport, PolicyError> {
+    let started = Instant::now();
+    let jobs: Vec<(usize, usize)> = (0..tasks.len()).flat_map(|t| (0..spec.samples).map(move |s| (t, s))).collect();
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Reply>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    let workers = jobs.len().clamp(1, 64);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(task, sample)) = jobs.get(index) else { break };
+                let outcome = ask(policy, spec, &tasks[task], sample_seed(spec, task, sample));
+                results.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[index] = Some(outcome);
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut per_task: Vec<TaskResult> = tasks
+        .iter()
+        .map(|t| TaskResult {
+            id: t.id.clone(),
+            gold: t.payload.get("answer").and_then(|a| a.as_str()).unwrap_or_default().to_string(),
+            rewards: Vec::new(),
+            answers: Vec::new(),
+        })
+        .collect();
+    let mut completion_tokens = 0;
+    for (&(task, _), outcome) in jobs.iter().zip(results) {
+        let Some(outcome) = outcome else { continue };
+        let (text, tokens) = outcome?;
+        completion_tokens += tokens;
+        let verdict = math::score(&tasks[task], &text);
+        per_task[task].rewards.push(verdict.reward);
+        per_task[task].answers.push(math::extract_answer(&text, &math::DEFAULT_ORDER));
+    }
+    let samples: Vec<TaskSamples> =
+        per_task.iter().map(|t| TaskSamples { rewards: t.rewards.clone(), answers: t.answers.clone() }).collect();
+    Ok(EvalReport {
+        spec: spec.clone(),
+        prompt: plain_math_prompt("{question}"),
+        scores: metrics::score(&samples, spec.samples),
+        completion_tokens,
+        seconds: started.elapsed().as_secs_f64(),
+        per_task,
+    })
+}
+
+/// A reply's text and its number of tokens.
+type Reply = Result<(String, usize), PolicyError>;
+
+fn ask(policy: &dyn Policy, spec: &EvalSpec, task: &Task, seed: u64) -> Reply {
+    let question = task.payload.get("question").and_then(|q| q.as_str()).unwrap_or_default();
+    let request = ChatRequest {
+        messages: vec![ChatMessage::new("user", plain_math_prompt(question))],
+        params: SamplingParams { max_tokens: spec.max_tokens, seed, ..SamplingParams::default() },
+    };
+    let completion = policy.chat(request)?;
+    Ok((completion.text, completion.completion_tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pretrain::corpus::PLAIN_MATH_INSTRUCTION;
+    use std::collections::HashMap;
+    use whale_lm::{Completion, FinishReason};
+
+    /// Answers the plain prompt right for tasks of even index and wrong for the others, and
+    /// records the seeds it was asked with.
+    struct Scripted {
+        gold: HashMap<String, (usize, String)>,
+        seeds: Mutex<Vec<u64>>,
+    }
+
+    impl Policy for Scripted {
+        fn chat(&self, request: ChatRequest) -> Result<Completion, PolicyError> {
+            let [message] = request.messages.as_slice() else { panic!("one message expected") };
+            assert_eq!(message.role, "user");
+            let question = message.content.strip_suffix(&format!("\n{PLAIN_MATH_INSTRUCTION}")).expect("plain prompt");
+            let (index, gold) = &self.gold[question];
+            let text = if index % 2 == 0 { format!("It is {gold}.\n#### {gold}") } else { "#### -1".to_string() };
+            self.seeds.lock().expect("lock").push(request.params.seed);
+            assert_eq!((request.params.top_k, request.params.top_p, request.params.temperature), (20, 1.0, 1.0));
+            Ok(Completion {
+                text,
+                token_ids: vec![1, 2],
+                logprobs: vec![0.0, 0.0],
+                finish_reason: FinishReason::Stop,
+                prompt_tokens: 10,
+                completion_tokens: 2,
+            })
+        }
+
+        fn name(&self) -> String {
+            "scripted".to_string()
+        }
+
+        fn weights_version(&self) -> u64 {
+            0
+        }
+    }
+
+    #[test]
+    fn mean_at_k_counts_each_sample_of_each_task() {
+        let spec = EvalSpec { tasks: 10, samples: 4, ..EvalSpec::default() };
+        let tasks = tasks(&spec);
+        let gold = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let field = |key: &str| t.payload[key].as_str().expect("text").to_string();
+                (field("question"), (i, field("answer")))
+            })
+            .collect();
+        let policy = Scripted { gold, seeds: Mutex::new(Vec::new()) };
+        let report = evaluate(&policy, &spec, &tasks).expect("evaluated");
+        assert_eq!(report.scores.tasks, 10);
+        assert_eq!(report.scores.mean.value, 0.5);
+        assert_eq!(report.scores.pass.value, 0.5);
+        assert!(report.scores.mean.lo < 0.5 && report.scores.mean.hi > 0.5);
+        assert_eq!(report.completion_tokens, 10 * 4 * 2);
+        assert!(report.per_task.iter().all(|t| t.rewards.len() == 4 && t.answers.len() == 4));
+        assert_eq!(report.per_task[0].answers[0].as_deref(), Some(report.per_task[0].gold.as_str()));
+        let mut seeds = policy.seeds.into_inner().expect("lock");
+        seeds.sort_unstable();
+        seeds.dedup();
+        assert_eq!(seeds.len(), 40, "every sample has its own seed");
+    }
+}

@@ -1,0 +1,44 @@
+//! Process-wide settings for running the model on the CPU, applied once at startup.
+//!
+//! - Memory: candle allocates a fresh buffer for the result of every tensor operation and frees
+//!   it soon after. glibc serves blocks above 128 KiB straight from `mmap` and hands them back to
+//!   the kernel on `free`, so every operation on a multi-megabyte activation pays page faults and
+//!   page zeroing again (a quarter of the CPU time of a training step, measured). Raising the
+//!   thresholds keeps freed memory in the heap, where the next operation reuses it.
+//! - Threads: candle runs element-wise operations on a pool of pinned worker threads that
+//!   spin while they wait. On a small machine shared with anything else (a build, the harness
+//!   runtime, a second whale) the spinning steals the cores the work needs: a training step of
+//!   the base model took 2.6 times longer with two workers than with one on a loaded 2-core
+//!   machine. Matrix products keep every core (they use rayon, not this pool).
+
+/// The environment variable of candle's element-wise thread pool; an explicit setting wins.
+const CANDLE_THREADS_VAR: &str = "CANDLE_NUM_THREADS";
+
+/// Applies both settings; call first thing in `main`, before any thread starts.
+pub fn configure_cpu() {
+    keep_freed_memory();
+    if std::env::var_os(CANDLE_THREADS_VAR).is_none() {
+        std::env::set_var(CANDLE_THREADS_VAR, "1");
+    }
+}
+
+/// Keeps freed memory for reuse instead of returning it to the kernel (glibc only).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_memory() {
+    extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+    }
+    const M_TRIM_THRESHOLD: i32 = -1;
+    const M_MMAP_THRESHOLD: i32 = -3;
+    // glibc's largest accepted mmap threshold (HEAP_MAX_SIZE / 2 on 64-bit targets).
+    const LARGEST_MMAP_THRESHOLD: i32 = 32 << 20;
+    // SAFETY: mallopt only sets glibc's allocation thresholds; it takes plain integers and
+    // touches no memory of ours.
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD);
+        mallopt(M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_freed_memory() {}

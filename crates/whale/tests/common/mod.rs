@@ -1,0 +1,89 @@
+//! Fixtures for the harness tests: a tiny random model with a tokenizer trained on the
+//! domains' generated tasks (every reply is gibberish, which the stock harnesses must survive),
+//! and samples of the shared real data.
+#![allow(dead_code)]
+
+use candle_core::{DType, Device};
+use std::path::{Path, PathBuf};
+use whale_core::{Domain, Task, Trajectory};
+use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
+use whale_lm::engine::TOKENIZER_FILE;
+use whale_lm::{
+    save_model, ChatTemplate, EngineConfig, GenerationConfig, LocalPolicy, Qwen3Config, Qwen3Model, Tokenizer,
+};
+use whale_tasks::{DomainTasks, Environment};
+
+/// The tiny model's context window (that of the default base model).
+pub const CONTEXT: usize = 2048;
+
+pub fn data_dir() -> PathBuf {
+    let beside_repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");
+    if beside_repo.is_dir() {
+        return beside_repo;
+    }
+    PathBuf::from(std::env::var("WHALE_SHARED_DATA").expect("shared data not found; set WHALE_SHARED_DATA"))
+}
+
+/// The first `n` tasks of the shared real data of `domain`: GSM8K test, the Kagi Lichess
+/// puzzles, HotpotQA distractor dev.
+pub fn real_sample(domain: Domain, n: usize) -> Vec<Task> {
+    let file = match domain {
+        Domain::Math => "math/gsm8k/test.jsonl",
+        Domain::Chess => "chess/kagi_llm_chess_puzzles.csv",
+        Domain::Qa => "qa/hotpotqa_distractor_dev/rpt_dev_300.jsonl",
+    };
+    let mut tasks = domain.load(&data_dir().join(file)).into_tasks();
+    tasks.truncate(n);
+    assert_eq!(tasks.len(), n, "{file}");
+    tasks
+}
+
+/// A byte-level BPE trained on generated tasks of every domain: questions, worked solutions,
+/// puzzle positions and passages.
+fn tokenizer() -> Tokenizer {
+    let mut texts: Vec<String> = Vec::new();
+    for domain in Domain::ALL {
+        let tasks = domain.generate(120, 1, 2);
+        let environment = Environment::for_tasks(domain, &tasks).expect("an environment");
+        for task in &tasks {
+            texts.push(environment.episode(task).expect("an episode").observation());
+            texts.push(task.payload.to_string());
+        }
+    }
+    Tokenizer::train_bpe(texts.iter().map(String::as_str), 512).expect("a tokenizer")
+}
+
+fn model(tokenizer: &Tokenizer) -> Qwen3Model {
+    let mut config = Qwen3Config::tiny(tokenizer.vocab_size());
+    config.max_position_embeddings = CONTEXT;
+    Qwen3Model::new_random(&config, 7, DType::F32, &Device::Cpu).expect("a model")
+}
+
+/// A tiny random model served in-process.
+pub fn tiny_policy() -> LocalPolicy {
+    let tokenizer = tokenizer();
+    LocalPolicy::new(model(&tokenizer), tokenizer, ChatTemplate::chatml(), EngineConfig::default()).expect("an engine")
+}
+
+/// Writes a tiny random model in the Hugging Face layout to `dir`.
+pub fn write_tiny_model(dir: &Path) {
+    let tokenizer = tokenizer();
+    let model = model(&tokenizer);
+    save_model(&model, &GenerationConfig::for_model(model.config()), dir).expect("weights written");
+    tokenizer.save(dir.join(TOKENIZER_FILE)).expect("tokenizer written");
+    write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), CONTEXT).expect("tokenizer config written");
+}
+
+/// A trajectory without its timings, which differ between runs of the same rollout.
+pub fn untimed(trajectory: &Trajectory) -> serde_json::Value {
+    let mut value = serde_json::to_value(trajectory).expect("a trajectory serialises");
+    value["wall"] = serde_json::Value::Null;
+    for list in ["model_calls", "tool_calls"] {
+        if let Some(calls) = value[list].as_array_mut() {
+            for call in calls {
+                call["latency_ms"] = serde_json::Value::Null;
+            }
+        }
+    }
+    value
+}

@@ -1,0 +1,68 @@
+//! Every tiny-model example config runs for a few steps: its tasks load and split, its initial
+//! harness runs, weight steps, a search unit and evaluations complete, and a report is written.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use whale::condition::Condition;
+use whale::config::RunConfig;
+use whale::experiment::{Experiment, Verbosity};
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// The example shrunk to a few steps on a tiny random model.
+fn shrunk(name: &str, model: &Path) -> RunConfig {
+    let mut config = RunConfig::load(&examples().join(format!("{name}.toml"))).expect("the example loads");
+    config.model.path = Some(model.to_path_buf());
+    config.condition = Condition::Whale;
+    config.threads = 8;
+    config.tasks.search = 3;
+    config.tasks.test = 3;
+    config.weights.tasks_per_step = 2;
+    config.weights.rollouts_per_task = 2;
+    config.weights.reward_threshold = -1.0;
+    config.weights.skip_truncated = false;
+    config.harness.limits.max_tokens_per_call = 16;
+    config.sampling.max_tokens = 16;
+    config.search.candidates = 1;
+    config.schedule.weight_steps = 2;
+    config.schedule.search_iterations = 2;
+    config.schedule.budget = 20;
+    config.eval.k = 1;
+    config
+}
+
+fn run_example(name: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = dir.path().join("model");
+    std::fs::create_dir_all(&model).expect("model dir");
+    common::write_tiny_model(&model);
+    let config = shrunk(name, &model);
+    let root = dir.path().join("runs").join(name);
+    let mut experiment = Experiment::create(config, &root, Verbosity::default()).expect("the run starts");
+    let outcome = experiment.run().expect("the run finishes");
+    let state = experiment.state();
+    assert!(state.finished);
+    assert_eq!(state.weight_steps, 4, "{name}: two weight phases of two steps");
+    assert!(state.outcomes.len() > 4, "{name}: a search unit ran between them");
+    assert!(outcome.evals.len() >= 3, "{name}: start, boundaries and end evaluated");
+    assert!(outcome.evals.iter().all(|e| e.scores.tasks == 3 && e.scores.k == 1));
+    assert!(root.join("report.html").is_file());
+}
+
+#[test]
+fn the_math_example_runs() {
+    run_example("math");
+}
+
+#[test]
+fn the_chess_example_runs() {
+    run_example("chess");
+}
+
+#[test]
+fn the_qa_example_runs() {
+    run_example("qa");
+}

@@ -1,0 +1,218 @@
+//! `whale lm ...` end to end, with a tiny model pretrained for a few steps into a temporary
+//! `WHALE_HOME`: the cached model is in the Hugging Face layout, is reused, resumes after an
+//! interruption exactly where it stopped, fine-tunes and samples.
+
+use candle_core::{DType, Device};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use whale::lm::ChatCodec;
+use whale::pretrain::{self, PretrainSummary};
+use whale_lm::{load_model, SftExample, SftTrainer, TrainerConfig};
+
+/// The hidden flags that make pretraining take seconds.
+const TINY: [&str; 10] =
+    ["--size", "tiny", "--conversations", "240", "--eval-tasks", "2", "--eval-samples", "2", "--seed", "3"];
+
+fn whale(home: &Path, args: &[&str]) -> Output {
+    let output = Command::new(env!("CARGO_BIN_EXE_whale"))
+        .args(args)
+        .env("WHALE_HOME", home)
+        .output()
+        .expect("the whale binary runs");
+    output
+}
+
+fn succeed(home: &Path, args: &[&str]) -> String {
+    let output = whale(home, args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "whale {args:?} failed:\n{stderr}");
+    String::from_utf8(output.stdout).expect("utf-8 output")
+}
+
+fn pretrain_tiny(home: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["lm", "pretrain"];
+    args.extend(TINY);
+    args.extend(extra);
+    succeed(home, &args)
+}
+
+/// The only finished model directory under `home`.
+fn model_dir(home: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = std::fs::read_dir(home.join("models"))
+        .expect("a models directory")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| pretrain::is_complete(path))
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
+}
+
+fn weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let model = load_model(dir, DType::F32, &Device::Cpu).expect("the checkpoint loads");
+    let mut named: Vec<(String, Vec<f32>)> = model
+        .named_parameters()
+        .into_iter()
+        .map(|(name, var)| (name, var.as_tensor().flatten_all().and_then(|t| t.to_vec1()).expect("f32 weights")))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+#[test]
+fn pretrain_writes_a_hugging_face_model_and_reuses_it() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let first = pretrain_tiny(home.path(), &["--steps", "4"]);
+    assert!(first.contains("mean@2 on 2 math tasks"), "{first}");
+    let dir = model_dir(home.path());
+    let name = dir.file_name().and_then(|n| n.to_str()).expect("a name");
+    assert!(name.starts_with("base-v1-seed3-"), "{name}");
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        pretrain::EVAL_FILE,
+        pretrain::DONE_MARKER,
+    ] {
+        assert!(dir.join(file).is_file(), "{file} missing");
+    }
+    let summary = pretrain::read_summary(&dir).expect("summary");
+    assert_eq!(summary.steps, 4);
+    assert_eq!(summary.eval.per_task.len(), 2);
+    assert!(summary.eval.per_task.iter().all(|t| t.rewards.len() == 2));
+    let codec = ChatCodec::load(&dir).expect("tokenizer and template");
+    let model = load_model(&dir, DType::F32, &Device::Cpu).expect("weights");
+    assert_eq!(model.config().vocab_size, codec.tokenizer.vocab_size());
+    assert_eq!(model.config().eos_token_id, vec![codec.tokenizer.specials().im_end]);
+    let prompt = codec.prompt_ids(&[whale_core::ChatMessage::new("user", "2 + 2?")]).expect("prompt");
+    assert_eq!(
+        codec.tokenizer.decode(&prompt, false).expect("text"),
+        "<|im_start|>user\n2 + 2?<|im_end|>\n<|im_start|>assistant\n"
+    );
+
+    let marker = std::fs::read(dir.join(pretrain::DONE_MARKER)).expect("marker");
+    let second = pretrain_tiny(home.path(), &["--steps", "4"]);
+    assert!(second.contains("already trained"), "{second}");
+    assert_eq!(std::fs::read(dir.join(pretrain::DONE_MARKER)).expect("marker"), marker, "retrained");
+    assert!(!home.path().join("pretrain").join(name).join("checkpoints").exists());
+}
+
+#[test]
+fn an_interrupted_pretrain_resumes_and_ends_where_an_uninterrupted_one_does() {
+    let interrupted = tempfile::tempdir().expect("tempdir");
+    let stopped = pretrain_tiny(interrupted.path(), &["--steps", "6", "--stop-after", "3"]);
+    assert!(stopped.contains("stopped after step 3"), "{stopped}");
+    assert!(std::fs::read_dir(interrupted.path().join("models")).map_or(true, |mut d| d.next().is_none()));
+    pretrain_tiny(interrupted.path(), &["--steps", "6"]);
+    let resumed_dir = model_dir(interrupted.path());
+    let summary: PretrainSummary = pretrain::read_summary(&resumed_dir).expect("summary");
+    assert_eq!((summary.resumed_from, summary.steps), (3, 6));
+
+    let straight = tempfile::tempdir().expect("tempdir");
+    pretrain_tiny(straight.path(), &["--steps", "6"]);
+    let straight_dir = model_dir(straight.path());
+    assert_eq!(straight_dir.file_name(), resumed_dir.file_name());
+    assert_eq!(
+        std::fs::read(straight_dir.join("tokenizer.json")).expect("tokenizer"),
+        std::fs::read(resumed_dir.join("tokenizer.json")).expect("tokenizer")
+    );
+    for ((name, a), (_, b)) in weights(&straight_dir).iter().zip(weights(&resumed_dir)) {
+        let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(diff < 1e-5, "{name} differs by {diff}");
+    }
+}
+
+fn sft_line(question: &str, answer: &str) -> String {
+    serde_json::json!({"messages": [{"role": "user", "content": question}], "completion": answer}).to_string()
+}
+
+fn mean_loss(model_dir: &Path, examples: &[SftExample]) -> f64 {
+    let model = load_model(model_dir, DType::F32, &Device::Cpu).expect("weights");
+    let trainer = SftTrainer::new(model, TrainerConfig::default()).expect("trainer");
+    trainer.evaluate(examples).expect("loss").0
+}
+
+#[test]
+fn lm_train_fine_tunes_on_an_sft_file_and_names_bad_lines() {
+    let home = tempfile::tempdir().expect("tempdir");
+    pretrain_tiny(home.path(), &["--steps", "2"]);
+    let base = model_dir(home.path());
+    let lines: Vec<String> = (1..=8)
+        .map(|i| sft_line(&format!("What is {i} + {i}?"), &format!("{i} + {i} = {}.\n#### {}", 2 * i, 2 * i)))
+        .collect();
+    let data = home.path().join("sft.jsonl");
+    std::fs::write(&data, lines.join("\n") + "\n").expect("write");
+    let out = home.path().join("tuned");
+    let args = ["lm", "train", "--model", base.to_str().expect("utf-8"), "--data", data.to_str().expect("utf-8")];
+    let printed = succeed(
+        home.path(),
+        &[&args[..], &["-o", out.to_str().expect("utf-8"), "--epochs", "4", "--lr", "3e-3", "--batch", "4"]].concat(),
+    );
+    assert!(printed.contains("trained on 8 examples for 8 steps"), "{printed}");
+    for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        assert!(out.join(file).is_file(), "{file} missing");
+    }
+    let codec = ChatCodec::load(&out).expect("codec");
+    let examples: Vec<SftExample> = whale::lm::read_sft_file(&data)
+        .expect("valid")
+        .iter()
+        .map(|r| codec.example(&r.messages, &r.completion).expect("example"))
+        .collect();
+    let (before, after) = (mean_loss(&base, &examples), mean_loss(&out, &examples));
+    assert!(after < before - 0.1, "loss {before} -> {after}");
+
+    std::fs::write(&data, format!("{}\n{{\"messages\": []}}\n", lines[0])).expect("write");
+    let failed = whale(home.path(), &[&args[..], &["-o", out.to_str().expect("utf-8")]].concat());
+    assert_eq!(failed.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(stderr.contains("sft.jsonl:2: field `messages`"), "{stderr}");
+}
+
+#[test]
+fn lm_generate_prints_n_completions_and_lm_eval_scores_the_model() {
+    let home = tempfile::tempdir().expect("tempdir");
+    pretrain_tiny(home.path(), &["--steps", "2"]);
+    let dir = model_dir(home.path());
+    let printed = succeed(
+        home.path(),
+        &[
+            "lm",
+            "generate",
+            "--model",
+            dir.to_str().expect("utf-8"),
+            "--prompt",
+            "What is 2 + 3?",
+            "--n",
+            "3",
+            "--max-tokens",
+            "6",
+        ],
+    );
+    let headers: Vec<&str> = printed.lines().filter(|l| l.starts_with("--- completion ")).collect();
+    assert_eq!(headers.len(), 3, "{printed}");
+    assert!(headers.iter().all(|h| h.contains("tokens,")), "{printed}");
+    let again = succeed(
+        home.path(),
+        &[
+            "lm",
+            "generate",
+            "--model",
+            dir.to_str().expect("utf-8"),
+            "--prompt",
+            "What is 2 + 3?",
+            "--n",
+            "3",
+            "--max-tokens",
+            "6",
+        ],
+    );
+    assert_eq!(printed, again, "the same seeds sample the same completions");
+
+    let scored = succeed(
+        home.path(),
+        &["lm", "eval", "--model", dir.to_str().expect("utf-8"), "--tasks", "3", "--samples", "2"],
+    );
+    assert!(scored.contains("3 math tasks (difficulty 1) x 2 samples"), "{scored}");
+    assert!(scored.contains("mean@2 "), "{scored}");
+}

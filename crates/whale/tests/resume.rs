@@ -1,0 +1,224 @@
+//! Kill-and-resume: `whale run` on a tiny config is killed with SIGKILL at seeded random
+//! moments, resumed with `whale run --resume` each time, and must end with the same ledger,
+//! the same metrics rows and the same final evaluation as a run that was never interrupted.
+
+mod common;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A harness that asks for short replies (the tiny model writes gibberish until max_tokens).
+const HARNESS: &str = r#"
+export const meta = { name: "short", description: "one short call" };
+export function solve(task, ctx) {
+  const reply = ctx.llm.chat(`${ctx.env.observation}\nGive the final answer after ####.`, { max_tokens: 12 });
+  const lines = reply.text.trim().split("\n");
+  return lines[lines.length - 1];
+}
+"#;
+
+fn config(model: &Path, harness: &Path, condition: &str) -> String {
+    format!(
+        r#"name = "r"
+seed = 4
+condition = "{condition}"
+threads = 8
+[model]
+path = "{model}"
+[tasks]
+generate = 60
+train = 30
+search = 4
+test = 4
+[sampling]
+max_tokens = 12
+[harness]
+initial = "{harness}"
+[weights]
+tasks_per_step = 3
+rollouts_per_task = 2
+reward_threshold = -1.0
+skip_truncated = false
+mini_batch = 4
+micro_batch = 4
+learning_rate = 0.001
+checkpoint_every = 3
+[search]
+candidates = 2
+population = 2
+[schedule]
+budget = 64
+weight_steps = 2
+search_iterations = 2
+[eval]
+k = 2
+every_steps = 2
+every_iterations = 2
+"#,
+        model = model.display(),
+        harness = harness.display()
+    )
+}
+
+fn whale() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    command
+}
+
+/// Removes every timing field (they differ between any two runs).
+fn untimed(value: &mut Value) {
+    match value {
+        Value::Object(fields) => {
+            fields.retain(|key, _| !key.contains("seconds") && key != "wall_s");
+            fields.values_mut().for_each(untimed);
+        }
+        Value::Array(items) => items.iter_mut().for_each(untimed),
+        _ => {}
+    }
+}
+
+fn read(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut value = if path.extension().is_some_and(|e| e == "jsonl") {
+        Value::Array(text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect())
+    } else {
+        serde_json::from_str(&text).expect("JSON")
+    };
+    untimed(&mut value);
+    value
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    config: PathBuf,
+}
+
+fn fixture(condition: &str) -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().to_path_buf();
+    let model = root.join("model");
+    std::fs::create_dir_all(&model).expect("model dir");
+    common::write_tiny_model(&model);
+    let harness = root.join("short.js");
+    std::fs::write(&harness, HARNESS).expect("harness");
+    let config = root.join("r.toml");
+    std::fs::write(&config, self::config(&model, &harness, condition)).expect("config");
+    Fixture { _dir: dir, root, config }
+}
+
+fn run_to_end(fixture: &Fixture, runs: &str) -> Duration {
+    let started = Instant::now();
+    let status = whale()
+        .args(["run", "--quiet", "--runs"])
+        .arg(fixture.root.join(runs))
+        .arg(&fixture.config)
+        .status()
+        .expect("whale runs");
+    assert!(status.success(), "the uninterrupted run failed");
+    started.elapsed()
+}
+
+/// Starts the run, then kills and resumes it at `kills` seeded random moments, then lets it
+/// finish; returns how many kills landed before the run had finished.
+fn run_with_kills(fixture: &Fixture, runs: &str, kills: usize, typical: Duration, seed: u64) -> usize {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let dir = fixture.root.join(runs).join("r");
+    let mut landed = 0;
+    for attempt in 0..=kills {
+        let mut command = whale();
+        if attempt == 0 {
+            command.args(["run", "--quiet", "--runs"]).arg(fixture.root.join(runs)).arg(&fixture.config);
+        } else {
+            command.args(["run", "--quiet", "--resume"]).arg(&dir);
+        }
+        let mut child = command.spawn().expect("whale starts");
+        if attempt == kills {
+            assert!(child.wait().expect("whale ends").success(), "the final resume failed");
+            break;
+        }
+        let wait = typical.mul_f64(rng.gen_range(0.05..0.3));
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            if child.try_wait().expect("poll").is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if child.try_wait().expect("poll").is_none() {
+            child.kill().expect("SIGKILL");
+            landed += 1;
+        }
+        child.wait().expect("reaped");
+    }
+    landed
+}
+
+fn assert_same_result(fixture: &Fixture, a: &str, b: &str) {
+    let (a, b) = (fixture.root.join(a).join("r"), fixture.root.join(b).join("r"));
+    for file in ["ledger.json", "metrics.jsonl", "state.json"] {
+        assert_eq!(read(&a.join(file)), read(&b.join(file)), "{file} differs after kills");
+    }
+    let state = read(&b.join("state.json"));
+    assert_eq!(state["finished"], true);
+    let rows = read(&b.join("metrics.jsonl"));
+    let evals = rows.as_array().expect("rows").iter().filter(|r| r["kind"] == "evaluation").count();
+    assert!(evals >= 3, "start, boundaries and end were evaluated");
+    assert!(b.join("report.html").is_file());
+}
+
+#[test]
+fn a_whale_run_killed_at_random_moments_ends_as_if_never_interrupted() {
+    let fixture = fixture("whale");
+    let typical = run_to_end(&fixture, "straight");
+    let state = read(&fixture.root.join("straight/r/state.json"));
+    assert!(state["weights_version"].as_u64().unwrap_or(0) >= 4, "weights were updated: {state}");
+    assert!(state["search_iterations"].as_u64().unwrap_or(0) >= 1, "the search iterated: {state}");
+    let landed = run_with_kills(&fixture, "killed", 4, typical, 11);
+    assert!(landed >= 2, "only {landed} kills landed before the run ended");
+    assert_same_result(&fixture, "straight", "killed");
+}
+
+fn whale_output(args: &[&str], dir: &Path) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_whale")).args(args).arg(dir).output().expect("whale runs");
+    assert!(output.status.success(), "whale {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn the_archive_and_report_commands_read_a_finished_run() {
+    let fixture = fixture("whale");
+    run_to_end(&fixture, "runs");
+    let run = fixture.root.join("runs/r");
+    let archive = |args: &[&str]| {
+        let output =
+            Command::new(env!("CARGO_BIN_EXE_whale")).arg("archive").arg(&run).args(args).output().expect("archive");
+        assert!(output.status.success(), "archive {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let top = archive(&["top"]);
+    assert!(top.contains("c0000") && top.contains("success"), "{top}");
+    assert!(archive(&["frontier"]).contains("incumbent"));
+    let traces = archive(&["traces", "c0000"]);
+    assert_eq!(traces.lines().count(), 4, "one line per search task: {traces}");
+    let diff = archive(&["diff", "c0000", "c0001"]);
+    assert!(diff.starts_with("--- c0000") && diff.lines().any(|l| l.starts_with('+')), "{diff}");
+    let report = whale_output(&["report"], &run);
+    assert!(report.contains("whale") && report.contains("report.html"), "{report}");
+    let page = std::fs::read_to_string(run.join("report.html")).expect("report.html");
+    assert!(page.contains("<svg") && page.contains("Best and final"));
+}
+
+#[test]
+fn a_fast_slow_run_killed_at_random_moments_ends_as_if_never_interrupted() {
+    let fixture = fixture("fast-slow");
+    let typical = run_to_end(&fixture, "straight");
+    let landed = run_with_kills(&fixture, "killed", 3, typical, 23);
+    assert!(landed >= 1, "no kill landed before the run ended");
+    assert_same_result(&fixture, "straight", "killed");
+}

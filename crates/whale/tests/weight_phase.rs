@@ -1,0 +1,152 @@
+//! The RFT step on a tiny model: it trains on the completion tokens of kept rollouts only,
+//! and an empty kept set leaves the weights exactly as they were.
+
+mod common;
+
+use std::sync::Arc;
+use whale::config::WeightConfig;
+use whale::weight_phase::{call_example, kept, trainer_config, WeightPhase};
+use whale_core::Domain;
+use whale_harness::{stock_harness, Limits};
+use whale_lm::{SamplingParams, SftTrainer};
+use whale_tasks::{DomainTasks, Environment};
+
+/// Every parameter of the model, flattened, in a fixed order.
+fn weights(trainer: &SftTrainer) -> Vec<Vec<f32>> {
+    trainer
+        .model()
+        .named_parameters()
+        .iter()
+        .map(|(_, var)| var.as_tensor().flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("f32 weights"))
+        .collect()
+}
+
+struct Setup {
+    policy: Arc<whale_lm::LocalPolicy>,
+    trainer: SftTrainer,
+    tasks: Vec<whale_core::Task>,
+    environment: Environment,
+}
+
+fn setup() -> Setup {
+    let policy = Arc::new(common::tiny_policy());
+    let pad = policy.tokenizer().specials().endoftext;
+    let trainer = SftTrainer::new(policy.model(), trainer_config(&config(0.0), pad)).expect("trainer");
+    let tasks = Domain::Math.generate(12, 5, 1);
+    let environment = Environment::for_tasks(Domain::Math, &tasks).expect("environment");
+    Setup { policy, trainer, tasks, environment }
+}
+
+fn config(threshold: f64) -> WeightConfig {
+    WeightConfig {
+        tasks_per_step: 3,
+        rollouts_per_task: 2,
+        reward_threshold: threshold,
+        mini_batch: 4,
+        micro_batch: 2,
+        learning_rate: 1e-3,
+        skip_truncated: false,
+        ..WeightConfig::default()
+    }
+}
+
+#[test]
+fn a_step_trains_on_the_completion_tokens_of_kept_rollouts_only() {
+    let mut s = setup();
+    let config = config(-1.0);
+    let sampling = SamplingParams { max_tokens: 12, ..SamplingParams::default() };
+    let limits = Limits::default();
+    let phase = WeightPhase {
+        config: &config,
+        environment: &s.environment,
+        train: &s.tasks,
+        limits: &limits,
+        sampling: &sampling,
+        threads: 4,
+        seed: 3,
+        progress: false,
+    };
+    let harness = stock_harness("math/plain").expect("stock").harness();
+    let before = weights(&s.trainer);
+    let (report, journal, kept_rollouts) = phase.step(1, &[harness], &s.policy, &mut s.trainer).expect("step");
+    assert_eq!(report.rollouts, 6);
+    assert_eq!(report.kept, 6, "a negative threshold keeps every rollout");
+    assert_eq!(kept_rollouts.len(), 6);
+    let examples: Vec<_> = journal.mini_batches.iter().flatten().collect();
+    assert_eq!(examples.len(), report.examples);
+    assert_eq!(journal.mini_batches.len(), report.updates);
+    assert_eq!(report.updates, report.examples.div_ceil(4));
+    // The loss counted exactly the completion tokens: prompts are context, never targets.
+    let completion: usize = examples.iter().map(|e| e.completion.len()).sum();
+    let prompt: usize = examples.iter().map(|e| e.prompt.len()).sum();
+    assert_eq!(report.trained_tokens, completion);
+    assert!(prompt > 0 && completion > 0, "both parts present ({prompt}, {completion}), so the check bites");
+    // The examples are the kept rollouts' own calls, rendered as the policy saw them.
+    let rendered: Vec<_> = kept_rollouts
+        .iter()
+        .flat_map(|t| t.model_calls.iter())
+        .map(|call| call_example(&s.policy, call).expect("render"))
+        .collect();
+    let mut sorted_rendered = rendered.clone();
+    let mut sorted_journal: Vec<_> = examples.iter().map(|e| (*e).clone()).collect();
+    sorted_rendered.sort_by(|a, b| (&a.prompt, &a.completion).cmp(&(&b.prompt, &b.completion)));
+    sorted_journal.sort_by(|a, b| (&a.prompt, &a.completion).cmp(&(&b.prompt, &b.completion)));
+    assert_eq!(sorted_rendered, sorted_journal);
+    assert_ne!(weights(&s.trainer), before, "the update changed the weights");
+}
+
+#[test]
+fn an_empty_kept_set_changes_nothing() {
+    let mut s = setup();
+    let config = config(1.0);
+    let sampling = SamplingParams { max_tokens: 8, ..SamplingParams::default() };
+    let limits = Limits::default();
+    let phase = WeightPhase {
+        config: &config,
+        environment: &s.environment,
+        train: &s.tasks,
+        limits: &limits,
+        sampling: &sampling,
+        threads: 4,
+        seed: 3,
+        progress: false,
+    };
+    let harness = stock_harness("math/plain").expect("stock").harness();
+    let before = weights(&s.trainer);
+    let steps_before = s.trainer.state().step;
+    let (report, journal, kept_rollouts) = phase.step(1, &[harness], &s.policy, &mut s.trainer).expect("step");
+    assert_eq!(report.rollouts, 6);
+    assert_eq!((report.kept, report.examples, report.updates, report.trained_tokens), (0, 0, 0, 0));
+    assert!(kept_rollouts.is_empty() && journal.mini_batches.is_empty());
+    assert_eq!(report.loss, None);
+    assert_eq!(s.trainer.state().step, steps_before);
+    assert_eq!(weights(&s.trainer), before, "bit for bit");
+}
+
+#[test]
+fn the_threshold_is_strict_and_steps_draw_every_task_once_per_epoch() {
+    let s = setup();
+    let config = config(0.5);
+    let sampling = SamplingParams::default();
+    let limits = Limits::default();
+    let phase = WeightPhase {
+        config: &config,
+        environment: &s.environment,
+        train: &s.tasks,
+        limits: &limits,
+        sampling: &sampling,
+        threads: 1,
+        seed: 9,
+        progress: false,
+    };
+    let mut drawn: Vec<String> = (1..=4).flat_map(|step| phase.draw(step)).map(|t| t.id.clone()).collect();
+    assert_eq!(drawn.len(), 12);
+    drawn.sort();
+    drawn.dedup();
+    assert_eq!(drawn.len(), 12, "four steps of three cover the twelve tasks once");
+    assert_eq!(
+        phase.draw(2).iter().map(|t| &t.id).collect::<Vec<_>>(),
+        phase.draw(2).iter().map(|t| &t.id).collect::<Vec<_>>()
+    );
+    assert!(kept(&[], 0.5).is_empty());
+}
