@@ -1,15 +1,15 @@
 //! Process-wide settings for running the model on the CPU, applied once at startup.
 //!
 //! - Memory: candle allocates a fresh buffer for the result of every tensor operation and frees
-//!   it soon after. glibc serves blocks above 128 KiB straight from `mmap` and hands them back to
-//!   the kernel on `free`, so every operation on a multi-megabyte activation pays page faults and
-//!   page zeroing again (a quarter of the CPU time of a training step, measured). Raising the
-//!   thresholds keeps freed memory in the heap, where the next operation reuses it.
+//!   it soon after. glibc serves blocks above 128 KiB straight from `mmap` and hands them back
+//!   to the kernel on `free`, so every operation on a multi-megabyte activation pays page
+//!   faults and page zeroing again (up to a quarter of the CPU time of a training step,
+//!   measured). Raising the thresholds keeps freed memory in the heap for the next operation.
 //! - Threads: candle runs element-wise operations on a pool of pinned worker threads that
 //!   spin while they wait. On a small machine shared with anything else (a build, the harness
 //!   runtime, a second whale) the spinning steals the cores the work needs: a training step of
-//!   the base model took 2.6 times longer with two workers than with one on a loaded 2-core
-//!   machine. Matrix products keep every core (they use rayon, not this pool).
+//!   the base model took 3.3 s with two workers and 1.2 s with one on a loaded 2-core machine.
+//!   Matrix products keep every core (they use rayon, not this pool).
 
 /// The environment variable of candle's element-wise thread pool; an explicit setting wins.
 const CANDLE_THREADS_VAR: &str = "CANDLE_NUM_THREADS";
