@@ -4,6 +4,7 @@
 use serde_json::Value;
 use whale_core::ChatMessage;
 use whale_lm::SamplingParams;
+use whale_tasks::json_kind;
 
 /// The option names `ctx.llm.chat` accepts.
 pub const CHAT_OPTIONS: [&str; 6] = ["max_tokens", "temperature", "top_p", "top_k", "stop", "trainable"];
@@ -18,7 +19,7 @@ pub(crate) fn parse_messages(messages: &Value) -> Result<Vec<ChatMessage>, Strin
         Value::Array(_) => Err("ctx.llm.chat: `messages` is empty".into()),
         other => Err(format!(
             "ctx.llm.chat: `messages` must be a string or an array of {{role, content}} objects, got {}",
-            json_type(other)
+            json_kind(other)
         )),
     }
 }
@@ -27,7 +28,7 @@ fn parse_message(index: usize, message: &Value) -> Result<ChatMessage, String> {
     let field = |name: &str| match message.get(name) {
         Some(Value::String(text)) => Ok(text.clone()),
         Some(other) => {
-            Err(format!("ctx.llm.chat: messages[{index}].{name} must be a string, got {}", json_type(other)))
+            Err(format!("ctx.llm.chat: messages[{index}].{name} must be a string, got {}", json_kind(other)))
         }
         None => Err(format!("ctx.llm.chat: messages[{index}] has no `{name}`")),
     };
@@ -50,7 +51,7 @@ impl ChatOptions {
         let fields = match opts {
             Value::Null => return Ok(options),
             Value::Object(fields) => fields,
-            other => return Err(format!("ctx.llm.chat: `opts` must be an object, got {}", json_type(other))),
+            other => return Err(format!("ctx.llm.chat: `opts` must be an object, got {}", json_kind(other))),
         };
         for (key, value) in fields {
             options.set(key, value, max_tokens_cap).map_err(|reason| format!("ctx.llm.chat: opts.{key} {reason}"))?;
@@ -74,7 +75,7 @@ impl ChatOptions {
             "stop" => params.stop = stop_strings(value)?,
             "trainable" => {
                 self.trainable =
-                    value.as_bool().ok_or_else(|| format!("must be a boolean, got {}", json_type(value)))?
+                    value.as_bool().ok_or_else(|| format!("must be a boolean, got {}", json_kind(value)))?
             }
             _ => return Err(format!("is not an option; the options are {}", CHAT_OPTIONS.join(", "))),
         }
@@ -100,18 +101,7 @@ fn stop_strings(value: &Value) -> Result<Vec<String>, String> {
             .iter()
             .map(|item| item.as_str().map(str::to_string).ok_or_else(|| format!("must hold strings, got {item}")))
             .collect(),
-        other => Err(format!("must be a string or an array of strings, got {}", json_type(other))),
-    }
-}
-
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+        other => Err(format!("must be a string or an array of strings, got {}", json_kind(other))),
     }
 }
 

@@ -16,4 +16,4 @@ pub mod split;
 
 pub use domain::{replay_gold, DomainTasks, Environment, EnvironmentError, PredictionScore, QaCorpus};
 pub use episode::{Episode, StepOutcome, ToolError, ToolSpec};
-pub use record::{read_jsonl, LoadReport, RecordError};
+pub use record::{json_kind, read_jsonl, LoadReport, RecordError};

@@ -44,6 +44,19 @@ impl LoadReport {
     }
 }
 
+/// How error messages name the type of a JSON value ("a string", "an array", ...).
+pub fn json_kind(value: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// Reads a JSONL file into (1-based line, JSON value) pairs. Blank lines are skipped; a line
 /// that is not UTF-8 or not JSON becomes a [`RecordError`]; an unreadable or empty file is a
 /// single error at line 0.

@@ -9,7 +9,7 @@
 use super::extract::last_boxed;
 use super::latex::is_thousands_grouped;
 use super::SOURCES;
-use crate::record::{read_jsonl, LoadReport, RecordError};
+use crate::record::{json_kind, read_jsonl, LoadReport, RecordError};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::io::Write;
@@ -43,7 +43,7 @@ pub fn load(path: &Path) -> LoadReport {
 /// Reads one record in any accepted form (see the module documentation of `math`).
 pub fn parse_record(value: &Value, file: &Path, line: usize) -> Result<Task, RecordError> {
     let Value::Object(fields) = value else {
-        let reason = format!("expected a JSON object, found {}", kind(value));
+        let reason = format!("expected a JSON object, found {}", json_kind(value));
         return Err(RecordError::new(file, line, None, reason));
     };
     let record = Record { fields, file, line, prefix: "" };
@@ -83,7 +83,7 @@ impl Record<'_> {
             None => Err(self.error(field, "missing (expected a string)")),
             Some(Value::String(s)) if s.trim().is_empty() => Err(self.error(field, "is empty (expected text)")),
             Some(Value::String(s)) => Ok(s),
-            Some(other) => Err(self.error(field, format!("expected a string, found {}", kind(other)))),
+            Some(other) => Err(self.error(field, format!("expected a string, found {}", json_kind(other)))),
         }
     }
 
@@ -98,7 +98,7 @@ impl Record<'_> {
         match self.fields.get(field) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Number(n)) if n.is_i64() => Ok(n.as_i64()),
-            Some(other) => Err(self.error(field, format!("expected an integer, found {}", kind(other)))),
+            Some(other) => Err(self.error(field, format!("expected an integer, found {}", json_kind(other)))),
         }
     }
 
@@ -120,7 +120,7 @@ impl Record<'_> {
             Some(Value::Number(n)) if n.is_u64() => return Ok(n.to_string()),
             Some(other) => {
                 return Err(
-                    self.error("id", format!("expected a non-empty string or an integer, found {}", kind(other)))
+                    self.error("id", format!("expected a non-empty string or an integer, found {}", json_kind(other)))
                 )
             }
             None => {}
@@ -168,7 +168,7 @@ fn question_payload(record: &Record) -> Result<Value, RecordError> {
         Some(Value::Number(n)) => return Ok(json!({"question": question, "answer": n.to_string(), "source": "plain"})),
         Some(Value::String(_)) => record.string("answer")?,
         Some(other) => {
-            return Err(record.error("answer", format!("expected a string or a number, found {}", kind(other))))
+            return Err(record.error("answer", format!("expected a string or a number, found {}", json_kind(other))))
         }
         None => return Err(record.error("answer", "missing (expected a string or a number)")),
     };
@@ -204,7 +204,7 @@ fn native_task(record: &Record) -> Result<Task, RecordError> {
     };
     let payload = record.fields.get("payload").unwrap_or(&Value::Null);
     let Value::Object(fields) = payload else {
-        return Err(record.error("payload", format!("expected an object, found {}", kind(payload))));
+        return Err(record.error("payload", format!("expected an object, found {}", json_kind(payload))));
     };
     validate_payload(&Record { fields, file: record.file, line: record.line, prefix: "payload." })?;
     Ok(Task { id, domain: Domain::Math, payload: payload.clone(), split })
@@ -222,15 +222,4 @@ fn validate_payload(payload: &Record) -> Result<(), RecordError> {
     payload.optional_integer("difficulty")?;
     payload.level()?;
     Ok(())
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }

@@ -2,7 +2,7 @@
 //! is a [`RecordError`] naming the file, the line and the field.
 
 pub use crate::record::read_jsonl;
-use crate::record::RecordError;
+use crate::record::{json_kind, RecordError};
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -47,7 +47,7 @@ impl<'a> RecordFields<'a> {
         match value.as_str() {
             Some(s) if !s.trim().is_empty() => Ok(s.to_string()),
             Some(_) => Err(self.error(path, "expected a non-empty string, got a blank one")),
-            None => Err(self.error(path, format!("expected a string, got {}", kind_of(value)))),
+            None => Err(self.error(path, format!("expected a string, got {}", json_kind(value)))),
         }
     }
 
@@ -69,7 +69,7 @@ impl<'a> RecordFields<'a> {
     }
 
     pub fn list_at(&self, value: &'a Value, path: &str) -> Result<&'a Vec<Value>, RecordError> {
-        value.as_array().ok_or_else(|| self.error(path, format!("expected a list, got {}", kind_of(value))))
+        value.as_array().ok_or_else(|| self.error(path, format!("expected a list, got {}", json_kind(value))))
     }
 
     /// A record id: a non-blank string or a non-negative integer, if the field is present.
@@ -79,17 +79,5 @@ impl<'a> RecordFields<'a> {
             Some(Value::Number(n)) if n.is_u64() => Ok(Some(n.to_string())),
             Some(value) => self.text_at(value, name).map(Some),
         }
-    }
-}
-
-/// How a JSON value is named in error messages.
-pub fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
     }
 }
