@@ -8,6 +8,8 @@
 //! directory keeps.
 
 use crate::condition::Condition;
+use crate::server::ServerConfig;
+use crate::trainer_command::{TrainerCommandConfig, TrainerOutput};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use whale_core::Domain;
@@ -28,6 +30,9 @@ pub struct RunConfig {
     /// Rollouts in flight at once.
     pub threads: usize,
     pub model: ModelConfig,
+    /// Rollouts on an inference server instead of the in-process engine (no local model is
+    /// loaded); absent: the in-process engine.
+    pub server: Option<ServerConfig>,
     pub tasks: TaskConfig,
     pub sampling: SamplingConfig,
     pub harness: HarnessConfig,
@@ -45,6 +50,7 @@ impl Default for RunConfig {
             condition: Condition::Whale,
             threads: 64,
             model: ModelConfig::default(),
+            server: None,
             tasks: TaskConfig::default(),
             sampling: SamplingConfig::default(),
             harness: HarnessConfig::default(),
@@ -184,6 +190,8 @@ pub struct WeightConfig {
     /// Write a full checkpoint (weights and optimizer) every this many weight steps; the steps
     /// in between are replayed from their journal on resume.
     pub checkpoint_every: u64,
+    /// Train with this command instead of in-process (required with `[server]`).
+    pub trainer: Option<TrainerCommandConfig>,
 }
 
 impl Default for WeightConfig {
@@ -201,6 +209,7 @@ impl Default for WeightConfig {
             max_seq_len: 1024,
             skip_truncated: true,
             checkpoint_every: 5,
+            trainer: None,
         }
     }
 }
@@ -383,6 +392,10 @@ impl RunConfig {
         self.tasks.files.iter_mut().for_each(resolve);
         self.tasks.corpus.iter_mut().for_each(resolve);
         self.model.path.iter_mut().for_each(resolve);
+        if let Some(trainer) = &mut self.weights.trainer {
+            let workdir = trainer.workdir.get_or_insert_with(|| base.to_path_buf());
+            resolve(workdir);
+        }
         let initial = Path::new(&self.harness.initial);
         if whale_harness::stock_harness(&self.harness.initial).is_none() && initial.is_relative() {
             self.harness.initial = base.join(initial).display().to_string();
@@ -453,7 +466,41 @@ impl RunConfig {
         if let Err(reason) = self.sampling.params().validate() {
             return Err(("sampling", reason.to_string()));
         }
-        Ok(())
+        self.validate_scale_out()
+    }
+
+    /// The `[server]` and `[weights.trainer]` tables, and how they go together.
+    fn validate_scale_out(&self) -> Result<(), (&'static str, String)> {
+        if let Some(server) = &self.server {
+            server.validate()?;
+        }
+        if let Some(trainer) = &self.weights.trainer {
+            trainer.validate()?;
+        }
+        let trains = self.condition != Condition::HarnessOnly;
+        match (&self.server, &self.weights.trainer) {
+            (Some(_), None) if trains => Err((
+                "weights.trainer",
+                format!(
+                    "the {} condition trains the weights, and a model on a [server] is trained by an external \
+                     command: add a [weights.trainer] table (or run condition = \"harness-only\")",
+                    self.condition
+                ),
+            )),
+            (Some(server), Some(trainer))
+                if trainer.output == TrainerOutput::Checkpoint && !server.kind.loads_checkpoints() =>
+            {
+                Err((
+                    "weights.trainer.output",
+                    format!(
+                        "a {:?} server hot-loads LoRA adapters only: write output = \"adapter\", or serve with \
+                         SGLang (kind = \"sglang\") to load full checkpoints",
+                        server.kind
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
     }
 }
 

@@ -24,4 +24,6 @@ pub mod run_dir;
 pub mod runtime;
 pub mod scheduler;
 pub mod search_phase;
+pub mod server;
+pub mod trainer_command;
 pub mod weight_phase;

@@ -1,0 +1,327 @@
+//! Rollouts on an inference server (vLLM, SGLang or `whale serve`) and the hot-loading of the
+//! weights an external trainer writes.
+//!
+//! Why: on a GPU cluster the model is served by an engine the user already runs, so whale loads
+//! no weights itself. Every rollout (weight phase, search, test evaluation) is a chat request to
+//! the server's OpenAI-compatible API, and after each weight step whale tells the server to load
+//! the new LoRA adapter (or full checkpoint) and to drop the previous one, then sends the next
+//! rollouts to the adapter by name. The engines agree on the chat API but not on these admin
+//! endpoints, which is what [`ServerKind`] says:
+//!
+//! | kind     | load an adapter                  | unload                             | full checkpoint                |
+//! |----------|----------------------------------|------------------------------------|--------------------------------|
+//! | `vllm`   | `POST /v1/load_lora_adapter`     | `POST /v1/unload_lora_adapter`     | —                              |
+//! | `sglang` | `POST /load_lora_adapter`        | `POST /unload_lora_adapter`        | `POST /update_weights_from_disk` |
+//! | `whale`  | as vLLM                          | as vLLM                            | —                              |
+//!
+//! with the JSON bodies `{"lora_name", "lora_path"}`, `{"lora_name"}` and `{"model_path"}`.
+//! vLLM accepts them only when started with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` and
+//! `--enable-lora`. The paths are the trainer's output directories as whale sees them: the
+//! server must see the same paths (a shared filesystem).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::Duration;
+
+/// How the server hot-loads new weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerKind {
+    Vllm,
+    Sglang,
+    Whale,
+}
+
+impl ServerKind {
+    /// Whether the server can replace its base weights by a checkpoint directory.
+    pub fn loads_checkpoints(self) -> bool {
+        self == ServerKind::Sglang
+    }
+
+    fn adapter_endpoint(self, action: &str) -> String {
+        match self {
+            ServerKind::Vllm | ServerKind::Whale => format!("/v1/{action}_lora_adapter"),
+            ServerKind::Sglang => format!("/{action}_lora_adapter"),
+        }
+    }
+}
+
+/// `[server]`: where rollouts go instead of the in-process engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// The OpenAI API root, e.g. `http://10.0.0.5:8000/v1` (chat requests go to
+    /// `<base_url>/chat/completions`).
+    pub base_url: String,
+    /// The root of the admin endpoints (adapter and weight loading); absent: `base_url`
+    /// without its trailing `/v1`.
+    pub admin_url: Option<String>,
+    /// The served base model's name (the `model` of requests until the first adapter is loaded).
+    pub model: String,
+    pub kind: ServerKind,
+    /// The environment variable holding the API key sent as a bearer token (`--api-key` of
+    /// vLLM and SGLang); unset or empty: no key.
+    pub api_key_env: String,
+    /// Most chat requests in flight at once.
+    pub max_concurrency: usize,
+    /// Seconds one chat request may take.
+    pub request_timeout_s: f64,
+    /// Seconds to establish a connection.
+    pub connect_timeout_s: f64,
+    /// Retries of a request after a transient fault (429, 5xx, reset, timeout).
+    pub max_retries: u32,
+    /// Cap of the first backoff draw, doubled per retry up to `backoff_max_ms`.
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+    /// Send the vLLM / SGLang sampling extensions (`top_k`, token ids); false for servers that
+    /// reject unknown request fields.
+    pub extensions: bool,
+    /// Seconds an adapter or checkpoint load may take.
+    pub load_timeout_s: f64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            base_url: "http://127.0.0.1:8000/v1".to_string(),
+            admin_url: None,
+            model: String::new(),
+            kind: ServerKind::Vllm,
+            api_key_env: "WHALE_SERVER_API_KEY".to_string(),
+            max_concurrency: 64,
+            request_timeout_s: 600.0,
+            connect_timeout_s: 10.0,
+            max_retries: 8,
+            backoff_initial_ms: 500,
+            backoff_max_ms: 30_000,
+            extensions: true,
+            load_timeout_s: 600.0,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Checks the table; the error names the key at fault (`server.<key>`).
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        let is_http = |url: &str| url.starts_with("http://") || url.starts_with("https://");
+        if !is_http(&self.base_url) {
+            return Err(("server.base_url", format!("`{}` is not an http:// or https:// URL", self.base_url)));
+        }
+        if let Some(admin) = self.admin_url.as_deref().filter(|url| !is_http(url)) {
+            return Err(("server.admin_url", format!("`{admin}` is not an http:// or https:// URL")));
+        }
+        if self.model.trim().is_empty() {
+            return Err(("server.model", "must name the served base model".to_string()));
+        }
+        if self.max_concurrency == 0 {
+            return Err(("server.max_concurrency", "must be positive".to_string()));
+        }
+        for (key, seconds) in [
+            ("server.request_timeout_s", self.request_timeout_s),
+            ("server.connect_timeout_s", self.connect_timeout_s),
+            ("server.load_timeout_s", self.load_timeout_s),
+        ] {
+            if !(seconds.is_finite() && seconds > 0.0) {
+                return Err((key, "must be a positive number of seconds".to_string()));
+            }
+        }
+        if self.backoff_max_ms < self.backoff_initial_ms {
+            return Err(("server.backoff_max_ms", "must be at least backoff_initial_ms".to_string()));
+        }
+        Ok(())
+    }
+
+    /// The admin root: `admin_url`, else `base_url` without a trailing `/v1`.
+    pub fn admin_root(&self) -> String {
+        match &self.admin_url {
+            Some(url) => url.trim_end_matches('/').to_string(),
+            None => {
+                let base = self.base_url.trim_end_matches('/');
+                base.strip_suffix("/v1").unwrap_or(base).to_string()
+            }
+        }
+    }
+
+    /// The API key from `api_key_env`, if set and non-empty.
+    pub fn api_key(&self) -> Option<String> {
+        if self.api_key_env.is_empty() {
+            return None;
+        }
+        std::env::var(&self.api_key_env).ok().filter(|key| !key.is_empty())
+    }
+}
+
+/// Why the server did not take new weights.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+    #[error("POST {url}: {message}")]
+    Transport { url: String, message: String },
+    #[error("POST {url}: HTTP {status}: {message}")]
+    Status { url: String, status: u16, message: String },
+    /// A success status whose body says the operation failed (SGLang's `{"success": false}`).
+    #[error("POST {url}: the server reports failure: {message}")]
+    Refused { url: String, message: String },
+    #[error("a {kind:?} server cannot load a full checkpoint; use LoRA adapters or an SGLang server")]
+    CheckpointUnsupported { kind: ServerKind },
+}
+
+impl ServerError {
+    /// Worth another attempt: no answer, or a 5xx / 408 / 429.
+    fn is_transient(&self) -> bool {
+        match self {
+            ServerError::Transport { .. } => true,
+            ServerError::Status { status, .. } => matches!(status, 408 | 429) || *status >= 500,
+            _ => false,
+        }
+    }
+
+    /// The server answered the request as invalid (for an unload: the adapter is not there).
+    fn is_client_error(&self) -> bool {
+        matches!(self, ServerError::Status { status, .. } if (400..500).contains(status))
+    }
+}
+
+/// The admin endpoints of one server.
+pub struct ServerAdmin {
+    http: reqwest::blocking::Client,
+    root: String,
+    kind: ServerKind,
+    api_key: Option<String>,
+    max_retries: u32,
+    backoff_initial: Duration,
+    backoff_max: Duration,
+}
+
+impl ServerAdmin {
+    pub fn new(config: &ServerConfig) -> Result<Self, ServerError> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs_f64(config.load_timeout_s))
+            .connect_timeout(Duration::from_secs_f64(config.connect_timeout_s))
+            .build()
+            .map_err(|e| ServerError::Client(e.to_string()))?;
+        Ok(Self {
+            http,
+            root: config.admin_root(),
+            kind: config.kind,
+            api_key: config.api_key(),
+            max_retries: config.max_retries,
+            backoff_initial: Duration::from_millis(config.backoff_initial_ms),
+            backoff_max: Duration::from_millis(config.backoff_max_ms),
+        })
+    }
+
+    pub fn kind(&self) -> ServerKind {
+        self.kind
+    }
+
+    /// Loads the PEFT adapter in `path` under `name`. A server that already holds an adapter
+    /// of that name (left by an interrupted attempt of the same step) refuses the load with a
+    /// 4xx; the stale one is then unloaded and the load repeated once.
+    pub fn load_adapter(&self, name: &str, path: &Path) -> Result<(), ServerError> {
+        let endpoint = self.kind.adapter_endpoint("load");
+        let body = json!({"lora_name": name, "lora_path": path.display().to_string()});
+        match self.post(&endpoint, &body) {
+            Err(error) if error.is_client_error() => {
+                self.unload_adapter(name)?;
+                self.post(&endpoint, &body)
+            }
+            other => other,
+        }
+    }
+
+    /// Unloads the adapter `name`; one the server does not hold (a 4xx answer) is already gone.
+    pub fn unload_adapter(&self, name: &str) -> Result<(), ServerError> {
+        match self.post(&self.kind.adapter_endpoint("unload"), &json!({"lora_name": name})) {
+            Err(error) if error.is_client_error() => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Replaces the served base weights by the checkpoint in `path` (SGLang only).
+    pub fn load_checkpoint(&self, path: &Path) -> Result<(), ServerError> {
+        if !self.kind.loads_checkpoints() {
+            return Err(ServerError::CheckpointUnsupported { kind: self.kind });
+        }
+        self.post("/update_weights_from_disk", &json!({"model_path": path.display().to_string()}))
+    }
+
+    /// POSTs `body`, retrying transient faults with capped exponential backoff.
+    fn post(&self, endpoint: &str, body: &Value) -> Result<(), ServerError> {
+        let url = format!("{}{endpoint}", self.root);
+        let mut delay = self.backoff_initial;
+        let mut attempt = 0;
+        loop {
+            match self.post_once(&url, body) {
+                Err(error) if error.is_transient() && attempt < self.max_retries => {
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(self.backoff_max);
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    fn post_once(&self, url: &str, body: &Value) -> Result<(), ServerError> {
+        let mut request = self.http.post(url).json(body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let transport = |e: reqwest::Error| ServerError::Transport { url: url.to_string(), message: e.to_string() };
+        let response = request.send().map_err(transport)?;
+        let status = response.status().as_u16();
+        let text = response.text().map_err(transport)?;
+        let message = || error_message(&text);
+        if !(200..300).contains(&status) {
+            return Err(ServerError::Status { url: url.to_string(), status, message: message() });
+        }
+        let refused = serde_json::from_str::<Value>(&text).is_ok_and(|reply| reply["success"] == json!(false));
+        if refused {
+            return Err(ServerError::Refused { url: url.to_string(), message: message() });
+        }
+        Ok(())
+    }
+}
+
+/// The server's own words: an OpenAI-style `error.message`, SGLang's `message`, else the body.
+fn error_message(body: &str) -> String {
+    let reply: Option<Value> = serde_json::from_str(body).ok();
+    let field = |pointer: &str| reply.as_ref().and_then(|r| r.pointer(pointer)).and_then(Value::as_str);
+    let text = field("/error/message").or_else(|| field("/message")).or_else(|| field("/detail")).unwrap_or(body);
+    text.chars().take(500).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_root_drops_the_api_suffix_unless_given() {
+        let mut config = ServerConfig { base_url: "http://h:8000/v1/".to_string(), ..ServerConfig::default() };
+        assert_eq!(config.admin_root(), "http://h:8000");
+        config.admin_url = Some("http://admin:9000/".to_string());
+        assert_eq!(config.admin_root(), "http://admin:9000");
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let valid = ServerConfig { model: "Qwen/Qwen3-8B".to_string(), ..ServerConfig::default() };
+        assert_eq!(valid.validate(), Ok(()));
+        let no_model = ServerConfig::default();
+        assert_eq!(no_model.validate().map_err(|(key, _)| key), Err("server.model"));
+        let bad_url = ServerConfig { base_url: "127.0.0.1:8000".to_string(), ..valid.clone() };
+        assert_eq!(bad_url.validate().map_err(|(key, _)| key), Err("server.base_url"));
+        let bad_timeout = ServerConfig { load_timeout_s: 0.0, ..valid };
+        assert_eq!(bad_timeout.validate().map_err(|(key, _)| key), Err("server.load_timeout_s"));
+    }
+
+    #[test]
+    fn server_messages_are_taken_from_the_usual_error_shapes() {
+        assert_eq!(error_message(r#"{"error": {"message": "no such adapter"}}"#), "no such adapter");
+        assert_eq!(error_message(r#"{"success": false, "message": "bad path"}"#), "bad path");
+        assert_eq!(error_message("plain text"), "plain text");
+    }
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Train a LoRA adapter on the samples of one WHALE weight step, with TRL's SFTTrainer.
+
+whale's weight phase with an external trainer writes the kept rollouts' model calls to
+`runs/<name>/weights/step-NNNNNN/samples.jsonl`, one JSON object per line:
+
+    {"messages": [{"role": "system", ...}, {"role": "user", ...}, ...,
+                  {"role": "assistant", "content": "<the completion>"}],
+     "trainable": [false, false, ..., true],
+     "finish_reason": "stop"}
+
+This script turns each line into TRL's conversational prompt-completion format (the prompt is
+every message before the last trainable turn, the completion is that assistant turn), so the
+loss is on the completion only, trains a LoRA adapter on the base model (or continues the
+previous step's adapter), and saves it in PEFT's layout (`adapter_config.json`,
+`adapter_model.safetensors`) into --output, which is what whale waits for and then hot-loads
+into vLLM, SGLang or `whale serve`.
+
+As the [weights.trainer] of a run config (paths relative to the config file's directory):
+
+    [weights.trainer]
+    command = ["python", "trainers/trl_sft.py", "--data", "{data}", "--base", "{base}",
+               "--previous", "{previous}", "--output", "{output}",
+               "--lr", "1e-5", "--epochs", "1", "--lora-rank", "16"]
+    output = "adapter"
+
+On several GPUs, the same arguments under a launcher (DeepSpeed or FSDP come from the
+accelerate config file; see docs/scale-out.md):
+
+    accelerate launch --config_file deepspeed_zero2.yaml trainers/trl_sft.py --data ...
+    torchrun --nproc-per-node 8 trainers/trl_sft.py --data ...
+
+By hand, on whale's tiny base model (CPU, seconds):
+
+    python examples/trainers/trl_sft.py --data samples.jsonl \\
+        --base ~/.cache/whale/models/base-v1-seed0 --output /tmp/adapter
+
+Notes:
+- --previous is the last update's adapter (whale passes an empty string before the first
+  update): its weights are trained further. The optimizer starts afresh each step (whale's own
+  trainer carries AdamW's moments across steps; use it where that matters).
+- A completion cut off at max_tokens (finish_reason "length") is closed by the chat template's
+  end-of-turn token like any other; whale's default `weights.skip_truncated = true` leaves such
+  calls out of samples.jsonl altogether.
+- --batch-size is per device; the effective batch is batch size x gradient accumulation x
+  devices (the paper's mini-batch of 64: e.g. 8 GPUs x 8, or 8 GPUs x 2 x 4 accumulation).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+TARGET_MODULES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, type=Path, help="the step's samples.jsonl")
+    parser.add_argument("--base", required=True, help="the base model: a directory or a hub id")
+    parser.add_argument("--previous", default="", help="the previous step's adapter (empty: a fresh adapter)")
+    parser.add_argument("--output", required=True, type=Path, help="where the adapter is written")
+    parser.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
+    parser.add_argument("--epochs", type=float, default=1.0, help="passes over the samples (default 1)")
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank r (default 16)")
+    parser.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 2 x rank)")
+    parser.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout (default 0)")
+    parser.add_argument("--target-modules", default=TARGET_MODULES, help=f"comma-separated (default {TARGET_MODULES})")
+    parser.add_argument("--batch-size", type=int, default=8, help="examples per device per step (default 8)")
+    parser.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (default 1)")
+    parser.add_argument("--max-length", type=int, default=8192, help="tokens per example; longer lose their end")
+    parser.add_argument("--warmup-steps", type=int, default=0)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "bfloat16", "float32"],
+        default="auto",
+        help="training precision (auto: bfloat16 on a GPU that has it, else float32)",
+    )
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for activation memory")
+    return parser.parse_args(argv)
+
+
+def read_samples(path):
+    """The prompt-completion conversations of a samples.jsonl; a bad line stops with file:line."""
+    records = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(prompt_completion(json.loads(line)))
+            except (ValueError, KeyError, TypeError) as error:
+                sys.exit(f"{path}:{number}: {error}")
+    if not records:
+        sys.exit(f"{path}: no samples")
+    return records
+
+
+def prompt_completion(sample):
+    messages, trainable = sample["messages"], sample["trainable"]
+    if not isinstance(messages, list) or not isinstance(trainable, list) or len(messages) != len(trainable):
+        raise ValueError("`messages` and `trainable` must be lists of the same length")
+    turns = [i for i, flag in enumerate(trainable) if flag is True]
+    if not turns:
+        raise ValueError("no trainable turn")
+    last = turns[-1]
+    if messages[last].get("role") != "assistant":
+        raise ValueError(f"the trainable turn {last} is a {messages[last].get('role')!r} message, not the assistant's")
+    clean = [{"role": m["role"], "content": m["content"]} for m in messages[: last + 1]]
+    return {"prompt": clean[:last], "completion": clean[last:]}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    samples = read_samples(args.data)
+
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig, PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    bf16 = args.dtype == "bfloat16" or (
+        args.dtype == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    )
+    tokenizer = AutoTokenizer.from_pretrained(args.base)
+    model = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.bfloat16 if bf16 else torch.float32)
+    peft_config = None
+    if args.previous:
+        model = PeftModel.from_pretrained(model, args.previous, is_trainable=True)
+    else:
+        peft_config = LoraConfig(
+            r=args.lora_rank,
+            lora_alpha=args.lora_alpha if args.lora_alpha is not None else 2 * args.lora_rank,
+            lora_dropout=args.lora_dropout,
+            target_modules=[name.strip() for name in args.target_modules.split(",") if name.strip()],
+            task_type="CAUSAL_LM",
+        )
+    config = SFTConfig(
+        output_dir=str(args.output),
+        completion_only_loss=True,
+        num_train_epochs=args.epochs,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm,
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        max_length=args.max_length,
+        bf16=bf16,
+        use_cpu=not torch.cuda.is_available(),
+        gradient_checkpointing=args.gradient_checkpointing,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=args.seed,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=Dataset.from_list(samples),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    result = trainer.train()
+    trainer.save_model(str(args.output))
+    if trainer.is_world_process_zero():
+        print(f"trained on {len(samples)} samples, loss {result.training_loss:.4f}; adapter in {args.output}")
+
+
+if __name__ == "__main__":
+    main()
