@@ -1,10 +1,11 @@
 //! The Qwen3 decoder: embeddings, `num_hidden_layers` pre-norm blocks (grouped-query attention
 //! with q/k RMSNorm and rotary embeddings, then a SwiGLU MLP), a final RMSNorm and the LM head.
 //!
-//! Every operation is a composition of basic, differentiable candle ops: candle's fused softmax,
-//! RMSNorm and rotary kernels have no backward pass and would silently cut the gradient. The
-//! training pass and the cached decoding pass share the same code, so they compute the same
-//! numbers.
+//! candle's fused softmax, RMSNorm and rotary kernels have no backward pass and would silently
+//! cut the gradient, so the training pass runs whale's own ([`crate::kernels`]: fused on the
+//! CPU with backward passes, composed from differentiable ops elsewhere). The cached decoding
+//! pass needs no gradient and runs candle's. Otherwise both passes share the same code and
+//! agree to float rounding.
 //!
 //! Two entry points:
 //! - [`Qwen3Model::forward_train`]: a padded batch `[B, T]` with its attention mask, all logits.
@@ -15,7 +16,8 @@
 //!   sequences may join or leave between calls: the batch is formed anew on every call.
 
 use crate::config::{ConfigIssue, Qwen3Config};
-use candle_core::{DType, Device, Tensor, Var, D};
+use crate::kernels;
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -81,11 +83,22 @@ fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
     x.reshape((rows, in_dim))?.matmul(&weight.t()?)?.reshape(shape)
 }
 
-/// `exp(x - max) / sum`, composed so that gradients flow (the max is a constant shift).
-fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let exp = x.broadcast_sub(&max)?.exp()?;
-    exp.broadcast_div(&exp.sum_keepdim(D::Minus1)?)
+/// Which softmax, RMSNorm and rotary kernels a pass runs. Training needs gradients: it runs
+/// [`crate::kernels`] (fused on the CPU, with backward passes). Inference
+/// ([`Qwen3Model::forward_step`]) runs candle's fused kernels, which have no backward pass but
+/// exist for every device. Both compute the same function up to float rounding (the tests hold
+/// cached and uncached logits to 1e-4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    Differentiable,
+    Fused,
+}
+
+fn softmax_last_dim(x: &Tensor, kernels: Kernels) -> candle_core::Result<Tensor> {
+    match kernels {
+        Kernels::Fused => candle_nn::ops::softmax_last_dim(&x.contiguous()?),
+        Kernels::Differentiable => kernels::softmax_last_dim(x),
+    }
 }
 
 /// Root-mean-square normalisation over the last dimension, computed in f32 as in `transformers`.
@@ -96,38 +109,35 @@ struct RmsNorm {
 }
 
 impl RmsNorm {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let x32 = x.to_dtype(DType::F32)?;
-        let inverse_rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?.sqrt()?.recip()?;
-        x32.broadcast_mul(&inverse_rms)?.to_dtype(x.dtype())?.broadcast_mul(&self.weight)
+    fn forward(&self, x: &Tensor, kernels: Kernels) -> candle_core::Result<Tensor> {
+        match kernels {
+            Kernels::Fused => candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32),
+            Kernels::Differentiable => kernels::rms_norm(x, &self.weight, self.eps),
+        }
     }
 }
 
-/// Rotary position embeddings for one pass: `cos` and `sin` of shape `[B, 1, T, head_dim]`.
+/// Rotary position embeddings for one pass: `cos` and `sin` of shape `[B, T, head_dim / 2]`.
 struct Rotary {
     cos: Tensor,
     sin: Tensor,
+    kernels: Kernels,
 }
 
 impl Rotary {
     /// `positions` is `[B, T]` in f32; `inv_freq` is `[head_dim / 2]` in f32.
-    fn new(inv_freq: &Tensor, positions: &Tensor, dtype: DType) -> candle_core::Result<Self> {
+    fn new(inv_freq: &Tensor, positions: &Tensor, dtype: DType, kernels: Kernels) -> candle_core::Result<Self> {
         let half = inv_freq.dim(0)?;
         let freqs = positions.unsqueeze(2)?.broadcast_mul(&inv_freq.reshape((1, 1, half))?)?;
-        let angles = Tensor::cat(&[&freqs, &freqs], 2)?;
-        Ok(Self {
-            cos: angles.cos()?.to_dtype(dtype)?.unsqueeze(1)?,
-            sin: angles.sin()?.to_dtype(dtype)?.unsqueeze(1)?,
-        })
+        Ok(Self { cos: freqs.cos()?.to_dtype(dtype)?, sin: freqs.sin()?.to_dtype(dtype)?, kernels })
     }
 
     /// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]` (the HF convention).
     fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let half = x.dim(D::Minus1)? / 2;
-        let first = x.narrow(D::Minus1, 0, half)?;
-        let second = x.narrow(D::Minus1, half, half)?;
-        let rotated = Tensor::cat(&[&second.neg()?, &first], D::Minus1)?;
-        x.broadcast_mul(&self.cos)? + rotated.broadcast_mul(&self.sin)?
+        match self.kernels {
+            Kernels::Fused => candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin),
+            Kernels::Differentiable => kernels::rope(x, &self.cos, &self.sin),
+        }
     }
 }
 
@@ -157,24 +167,32 @@ impl Attention {
         past: Option<&LayerKv>,
     ) -> candle_core::Result<(Tensor, LayerKv)> {
         let (batch, steps, _) = x.dims3()?;
-        let q = rotary.apply(&self.heads(x, &self.q_proj, self.num_heads, Some(&self.q_norm))?)?;
-        let k = rotary.apply(&self.heads(x, &self.k_proj, self.num_kv_heads, Some(&self.k_norm))?)?;
-        let v = self.heads(x, &self.v_proj, self.num_kv_heads, None)?;
+        let kernels = rotary.kernels;
+        let q = rotary.apply(&self.heads(x, &self.q_proj, self.num_heads, Some(&self.q_norm), kernels)?)?;
+        let k = rotary.apply(&self.heads(x, &self.k_proj, self.num_kv_heads, Some(&self.k_norm), kernels)?)?;
+        let v = self.heads(x, &self.v_proj, self.num_kv_heads, None, kernels)?;
         let (all_k, all_v) = match past {
             Some((past_k, past_v)) => (Tensor::cat(&[past_k, &k], 2)?, Tensor::cat(&[past_v, &v], 2)?),
             None => (k.clone(), v.clone()),
         };
-        let attended = self.attend(&q, &all_k, &all_v, mask)?;
+        let attended = self.attend(&q, &all_k, &all_v, mask, kernels)?;
         let merged = attended.transpose(1, 2)?.reshape((batch, steps, self.num_heads * self.head_dim))?;
         Ok((linear(&merged, &self.o_proj)?, (k, v)))
     }
 
     /// Projects to `[B, heads, T, head_dim]`, normalising each head when `norm` is given.
-    fn heads(&self, x: &Tensor, weight: &Tensor, heads: usize, norm: Option<&RmsNorm>) -> candle_core::Result<Tensor> {
+    fn heads(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        heads: usize,
+        norm: Option<&RmsNorm>,
+        kernels: Kernels,
+    ) -> candle_core::Result<Tensor> {
         let (batch, steps, _) = x.dims3()?;
         let projected = linear(x, weight)?.reshape((batch, steps, heads, self.head_dim))?;
         let projected = match norm {
-            Some(norm) => norm.forward(&projected)?,
+            Some(norm) => norm.forward(&projected, kernels)?,
             None => projected,
         };
         projected.transpose(1, 2)?.contiguous()
@@ -183,7 +201,14 @@ impl Attention {
     /// Grouped-query attention. Query head `h` reads key/value head `h / groups`, exactly as
     /// `repeat_kv` would arrange it, but the queries of a group are stacked instead of the keys
     /// being copied. `mask` is additive, `[B, 1, 1, T, S]`.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &Tensor,
+        kernels: Kernels,
+    ) -> candle_core::Result<Tensor> {
         let (batch, heads, steps, head_dim) = q.dims4()?;
         let groups = heads / self.num_kv_heads;
         let keys = k.dim(2)?;
@@ -193,7 +218,7 @@ impl Attention {
             .reshape((batch, self.num_kv_heads, groups, steps, keys))?
             .to_dtype(DType::F32)?
             .broadcast_add(mask)?;
-        let probs = softmax_last_dim(&scores)?.to_dtype(v.dtype())?.reshape((
+        let probs = softmax_last_dim(&scores, kernels)?.to_dtype(v.dtype())?.reshape((
             batch,
             self.num_kv_heads,
             groups * steps,
@@ -233,9 +258,10 @@ impl DecoderLayer {
         mask: &Tensor,
         past: Option<&LayerKv>,
     ) -> candle_core::Result<(Tensor, LayerKv)> {
-        let (attended, kv) = self.attention.forward(&self.input_layernorm.forward(x)?, rotary, mask, past)?;
+        let kernels = rotary.kernels;
+        let (attended, kv) = self.attention.forward(&self.input_layernorm.forward(x, kernels)?, rotary, mask, past)?;
         let x = (x + attended)?;
-        let out = (&x + self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)?;
+        let out = (&x + self.mlp.forward(&self.post_attention_layernorm.forward(&x, kernels)?)?)?;
         Ok((out, kv))
     }
 }
@@ -532,7 +558,7 @@ impl Qwen3Model {
     /// [`Self::logits`], which saves the `[B, T, vocab]` tensor.
     pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, ModelError> {
         let inputs = self.padded_inputs(input_ids, attention_mask)?;
-        Ok(self.run_layers(&inputs, None)?.0)
+        Ok(self.run_layers(&inputs, None, Kernels::Differentiable)?.0)
     }
 
     /// Logits (f32) of hidden states with any leading dimensions.
@@ -595,9 +621,14 @@ impl Qwen3Model {
 
     /// Runs the decoder on `[B, T]` ids after `past` (per layer, `[B, kv, S_past, d]`).
     /// Returns the normalised hidden states and each layer's new keys and values.
-    fn run_layers(&self, inputs: &PassInputs, past: Option<&[LayerKv]>) -> candle_core::Result<(Tensor, Vec<LayerKv>)> {
+    fn run_layers(
+        &self,
+        inputs: &PassInputs,
+        past: Option<&[LayerKv]>,
+        kernels: Kernels,
+    ) -> candle_core::Result<(Tensor, Vec<LayerKv>)> {
         let (rows, steps) = inputs.ids.dims2()?;
-        let rotary = Rotary::new(&self.inv_freq, &inputs.positions, self.dtype)?;
+        let rotary = Rotary::new(&self.inv_freq, &inputs.positions, self.dtype, kernels)?;
         let mut x = self.embed_tokens.index_select(&inputs.ids.flatten_all()?, 0)?.reshape((
             rows,
             steps,
@@ -610,7 +641,7 @@ impl Qwen3Model {
             x = out;
             new_kv.push(kv);
         }
-        Ok((self.norm.forward(&x)?, new_kv))
+        Ok((self.norm.forward(&x, kernels)?, new_kv))
     }
 
     /// An empty cache for one sequence of this model.
@@ -652,7 +683,7 @@ impl Qwen3Model {
         }
         let inputs = self.step_inputs(steps, &past_lens, &chunk_lens, past_max, chunk_max)?;
         let past = if past_max == 0 { None } else { Some(self.gather_past(steps, past_max)?) };
-        let (hidden, new_kv) = self.run_layers(&inputs, past.as_deref())?;
+        let (hidden, new_kv) = self.run_layers(&inputs, past.as_deref(), Kernels::Fused)?;
         for (row, step) in steps.iter_mut().enumerate() {
             let len = step.tokens.len();
             for (layer, (keys, values)) in new_kv.iter().enumerate() {

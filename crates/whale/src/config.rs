@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use whale_core::Domain;
 use whale_harness::Limits;
-use whale_lm::SamplingParams;
+use whale_lm::{EngineConfig, SamplingParams};
 use whale_search::{Acceptance, AgentConfig, CommandConfig};
 
 /// A whole experiment.
@@ -74,11 +74,15 @@ pub struct ModelConfig {
     pub max_batch_size: usize,
     /// Most tokens of prompt plus completion.
     pub max_context: usize,
+    /// Most padded prompt tokens (sequences x longest prompt) prefilled in one forward pass.
+    /// Small suits a CPU, where padding costs more than batching saves; raise it on a GPU.
+    pub max_prefill_tokens: usize,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        Self { path: None, device: "cpu".to_string(), max_batch_size: 64, max_context: 2048 }
+        let max_prefill_tokens = EngineConfig::default().max_prefill_tokens;
+        Self { path: None, device: "cpu".to_string(), max_batch_size: 64, max_context: 2048, max_prefill_tokens }
     }
 }
 

@@ -212,6 +212,7 @@ impl Experiment {
         let engine = EngineConfig {
             max_batch_size: config.model.max_batch_size,
             max_context: config.model.max_context,
+            max_prefill_tokens: config.model.max_prefill_tokens,
             ..EngineConfig::default()
         };
         let device = device(&config)?;
