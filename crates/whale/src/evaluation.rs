@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use whale_core::{Scores, Spend, Task};
 use whale_harness::{Harness, Limits};
-use whale_lm::{LocalPolicy, Policy, SamplingParams};
+use whale_lm::{Policy, SamplingParams};
 use whale_tasks::Environment;
 
 const EVAL_SALT: u64 = 0xE7A1_0000_7E57_0001;
@@ -75,7 +75,7 @@ impl TestSet<'_> {
         &self,
         reason: EvalReason,
         harness: &Harness,
-        policy: &Arc<LocalPolicy>,
+        policy: &Arc<dyn Policy>,
         memos: &[EvalMemo],
     ) -> Result<EvalRecord, EvaluateError> {
         let weights_version = policy.weights_version();
@@ -101,8 +101,7 @@ impl TestSet<'_> {
             sampling: self.sampling.clone(),
             progress: self.progress,
         };
-        let policy: Arc<dyn Policy> = policy.clone();
-        let evaluation = evaluate(harness, self.environment, self.tasks, policy, &settings, None)?;
+        let evaluation = evaluate(harness, self.environment, self.tasks, policy.clone(), &settings, None)?;
         Ok(EvalRecord {
             reason,
             harness_id: harness.id.clone(),

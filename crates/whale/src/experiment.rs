@@ -13,14 +13,18 @@ use crate::condition::Condition;
 use crate::config::RunConfig;
 use crate::evaluate::{environment, EvaluateError};
 use crate::evaluation::{EvalReason, EvalRecord, EvalSchedule, TestSet};
-use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, CONFIG_FILE};
+use crate::external_weights::{
+    samples, ExternalTrainer, ExternalWeightsError, RolloutRecord, StepFiles, Update, WeightsTarget,
+};
+use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE};
 use crate::scheduler::{Outcome, Phase, Scheduler, Spent};
 use crate::search_phase::{iteration_row, open_search, ranking, SearchPhaseError, SearchRollouts};
-use crate::weight_phase::{self, StepJournal, WeightPhase, WeightPhaseError};
+use crate::weight_phase::{self, StepJournal, StepReport, WeightPhase, WeightPhaseError};
 use candle_core::{DType, Device};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 use whale_core::{Ledger, Purpose, Spend, Task, Trajectory};
 use whale_harness::{stock_harness, Harness};
 use whale_lm::{EngineConfig, GenerationConfig, LocalPolicy, Policy, SftTrainer};
@@ -53,6 +57,8 @@ pub enum ExperimentError {
     Archive(#[from] whale_search::ArchiveError),
     #[error(transparent)]
     SearchPhase(#[from] SearchPhaseError),
+    #[error("{source}\n(once that is fixed, `whale run --resume {}` retries the step)", dir.display())]
+    Trainer { dir: PathBuf, source: Box<ExternalWeightsError> },
     #[error("{} already holds a run; resume it with `whale run --resume {}`", .0.display(), .0.display())]
     Exists(PathBuf),
     #[error("the run in {} was made by another config: {reason}", dir.display())]
@@ -119,6 +125,35 @@ fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
     }
 }
 
+/// How weight steps change the policy.
+enum Weights {
+    /// The in-process trainer on the in-process engine's model (none before it is restored,
+    /// and none for harness-only).
+    InProcess { engine: Arc<LocalPolicy>, trainer: Option<Box<SftTrainer>> },
+    /// The `[weights.trainer]` command.
+    External(ExternalTrainer),
+}
+
+/// The phase's settings, from the parts of an experiment it borrows.
+fn weight_phase<'a>(
+    config: &'a RunConfig,
+    environment: &'a Environment,
+    train: &'a [Task],
+    sampling: &'a whale_lm::SamplingParams,
+    progress: bool,
+) -> WeightPhase<'a> {
+    WeightPhase {
+        config: &config.weights,
+        environment,
+        train,
+        limits: &config.harness.limits,
+        sampling,
+        threads: config.threads,
+        seed: config.seed,
+        progress,
+    }
+}
+
 /// A run in progress.
 pub struct Experiment {
     dir: RunDir,
@@ -126,8 +161,9 @@ pub struct Experiment {
     state: RunState,
     splits: Splits,
     environment: Environment,
-    policy: Arc<LocalPolicy>,
-    trainer: Option<SftTrainer>,
+    /// What every rollout talks to.
+    policy: Arc<dyn Policy>,
+    weights: Weights,
     search: HarnessSearch,
     scheduler: Scheduler,
     verbosity: Verbosity,
@@ -218,7 +254,19 @@ impl Experiment {
         let device = device(&config)?;
         let policy = LocalPolicy::load(&model_dir, DType::F32, &device, engine)
             .map_err(|e| ExperimentError::Model(format!("{}: {e}", model_dir.display())))?;
-        let policy = Arc::new(policy);
+        let engine = Arc::new(policy);
+        let (policy, weights): (Arc<dyn Policy>, Weights) = match &config.weights.trainer {
+            Some(trainer) => {
+                let external = ExternalTrainer {
+                    config: trainer.clone(),
+                    base: trainer.base.clone().unwrap_or_else(|| model_dir.display().to_string()),
+                    name_prefix: format!("{}-{}", config.name, config.condition),
+                    target: WeightsTarget::Local { policy: engine.clone(), device: device.clone() },
+                };
+                (engine, Weights::External(external))
+            }
+            None => (engine.clone(), Weights::InProcess { engine, trainer: None }),
+        };
         let search = open_search(&config, &dir, &splits, initial_harness(&config)?)?;
         let condition = config.condition;
         let weight_step_cost = (config.weights.tasks_per_step * config.weights.rollouts_per_task) as u64;
@@ -230,34 +278,45 @@ impl Experiment {
             search_stale_limit: config.schedule.search_stale_limit,
         };
         let mut experiment =
-            Self { dir, config, state, splits, environment, policy, trainer: None, search, scheduler, verbosity };
+            Self { dir, config, state, splits, environment, policy, weights, search, scheduler, verbosity };
         experiment.restore_weights(&device)?;
         experiment.restore_examples()?;
         Ok(experiment)
     }
 
-    /// Loads the newest checkpoint and replays the journal of the steps after it.
+    /// Restores the weights of the last committed step: in-process, the newest checkpoint plus
+    /// the journal of the steps after it; with an external trainer, its last update installed
+    /// again.
     fn restore_weights(&mut self, device: &Device) -> Result<(), ExperimentError> {
         if self.state.condition == Condition::HarnessOnly {
             return Ok(());
         }
-        let pad = self.policy.tokenizer().specials().endoftext;
+        let engine = match &self.weights {
+            Weights::InProcess { engine, .. } => engine.clone(),
+            Weights::External(trainer) => {
+                if let Some(served) = &self.state.served {
+                    trainer.install(served, self.state.weights_version).map_err(trainer_failed(self.dir.root()))?;
+                }
+                return Ok(());
+            }
+        };
+        let pad = engine.tokenizer().specials().endoftext;
         let trainer_config = weight_phase::trainer_config(&self.config.weights, pad);
         let model_error = |e: &dyn std::fmt::Display| ExperimentError::Model(e.to_string());
         let mut trainer = if self.state.checkpoint_step > 0 {
             let path = self.dir.checkpoint_path(self.state.checkpoint_step);
             let trainer = SftTrainer::resume(&path, trainer_config, DType::F32, device).map_err(|e| model_error(&e))?;
-            self.policy.reload(trainer.model().clone(), 0).map_err(|e| model_error(&e))?;
+            engine.reload(trainer.model().clone(), 0).map_err(|e| model_error(&e))?;
             trainer
         } else {
-            SftTrainer::new(self.policy.model(), trainer_config).map_err(|e| model_error(&e))?
+            SftTrainer::new(engine.model(), trainer_config).map_err(|e| model_error(&e))?
         };
         for step in self.state.checkpoint_step + 1..=self.state.weight_steps {
             let journal: StepJournal = self.dir.read_journal(step)?;
             weight_phase::apply(&mut trainer, &journal).map_err(|e| model_error(&e))?;
         }
-        self.policy.set_weights_version(self.state.weights_version).map_err(|e| model_error(&e))?;
-        self.trainer = Some(trainer);
+        engine.set_weights_version(self.state.weights_version).map_err(|e| model_error(&e))?;
+        self.weights = Weights::InProcess { engine, trainer: Some(Box::new(trainer)) };
         Ok(())
     }
 
@@ -389,31 +448,13 @@ impl Experiment {
     fn weight_unit(&mut self) -> Result<(), ExperimentError> {
         let before = cumulative(&self.state.ledger);
         let step = self.state.weight_steps + 1;
-        let harnesses = self.training_harnesses();
-        let sampling = self.config.sampling.params();
-        let phase = WeightPhase {
-            config: &self.config.weights,
-            environment: &self.environment,
-            train: &self.splits.train,
-            limits: &self.config.harness.limits,
-            sampling: &sampling,
-            threads: self.config.threads,
-            seed: self.config.seed,
-            progress: self.verbosity.progress,
+        let (report, examples, replaced) = match self.weights {
+            Weights::InProcess { .. } => {
+                let (report, examples) = self.in_process_step(step)?;
+                (report, examples, None)
+            }
+            Weights::External(_) => self.external_step(step)?,
         };
-        let trainer = self.trainer.as_mut().ok_or_else(|| ExperimentError::Model("no trainer".to_string()))?;
-        let (report, journal, kept) = phase.step(step, &harnesses, &self.policy, trainer)?;
-        self.dir.write_journal(step, &journal)?;
-        if report.updates > 0 {
-            self.state.weights_version += 1;
-            self.policy
-                .set_weights_version(self.state.weights_version)
-                .map_err(|e| ExperimentError::Model(e.to_string()))?;
-        }
-        if step.is_multiple_of(self.config.weights.checkpoint_every) {
-            self.save_checkpoint(step)?;
-        }
-        let examples: Vec<Trajectory> = kept.into_iter().take(EXAMPLES_KEPT).collect();
         let lines: Vec<String> = examples.iter().map(Trajectory::to_json_line).collect();
         self.dir.write_examples(&lines)?;
         self.search.set_examples(examples);
@@ -439,15 +480,102 @@ impl Experiment {
         ));
         let row = serde_json::to_value(&report).unwrap_or(Value::Null);
         self.commit_unit("weight_step", row, before)?;
-        if step.is_multiple_of(self.config.weights.checkpoint_every) {
-            self.dir.prune(step)?;
+        match (&self.weights, replaced) {
+            (Weights::External(trainer), Some(replaced)) => {
+                trainer.retire(&replaced).map_err(trainer_failed(self.dir.root()))?
+            }
+            (Weights::InProcess { .. }, _) if step.is_multiple_of(self.config.weights.checkpoint_every) => {
+                self.dir.prune(step)?
+            }
+            _ => {}
         }
         Ok(())
     }
 
+    /// A step trained in-process: rollouts, one SFT pass, the journal, a checkpoint if due.
+    fn in_process_step(&mut self, step: u64) -> Result<(StepReport, Vec<Trajectory>), ExperimentError> {
+        let harnesses = self.training_harnesses();
+        let sampling = self.config.sampling.params();
+        let phase =
+            weight_phase(&self.config, &self.environment, &self.splits.train, &sampling, self.verbosity.progress);
+        let Weights::InProcess { engine, trainer: Some(trainer) } = &mut self.weights else {
+            return Err(ExperimentError::Model("no trainer".to_string()));
+        };
+        let (report, journal, kept) = phase.step(step, &harnesses, engine, trainer)?;
+        self.dir.write_journal(step, &journal)?;
+        if report.updates > 0 {
+            self.state.weights_version += 1;
+            engine
+                .set_weights_version(self.state.weights_version)
+                .map_err(|e| ExperimentError::Model(e.to_string()))?;
+        }
+        if step.is_multiple_of(self.config.weights.checkpoint_every) {
+            self.save_checkpoint(step)?;
+        }
+        Ok((report, kept.into_iter().take(EXAMPLES_KEPT).collect()))
+    }
+
+    /// A step trained by the external command: rollouts (or those of an earlier attempt),
+    /// `samples.jsonl`, the command, its output installed. Returns the step's report, the
+    /// kept rollouts for the proposer and the weights the update replaced.
+    fn external_step(
+        &mut self,
+        step: u64,
+    ) -> Result<(StepReport, Vec<Trajectory>, Option<ServedWeights>), ExperimentError> {
+        let files = StepFiles::new(self.dir.weight_step_dir(step));
+        let record = match files.read_record()? {
+            Some(record) => record,
+            None => self.external_rollouts(step, &files)?,
+        };
+        let mut report = record.report;
+        let Weights::External(trainer) = &self.weights else {
+            return Err(ExperimentError::Model("no external trainer".to_string()));
+        };
+        if report.examples == 0 {
+            return Ok((report, record.examples, None));
+        }
+        let update = Update {
+            step,
+            files: &files,
+            previous: self.state.served.as_ref(),
+            version: self.state.weights_version + 1,
+            run_dir: self.dir.root(),
+            progress: self.verbosity.progress,
+        };
+        let (weights, seconds) = trainer.update(&update).map_err(trainer_failed(self.dir.root()))?;
+        report.updates = 1;
+        report.train_seconds = seconds;
+        self.state.weights_version += 1;
+        let replaced = self.state.served.replace(weights);
+        Ok((report, record.examples, replaced))
+    }
+
+    /// The rollouts of an external step, their samples and record written to the step's files.
+    fn external_rollouts(&self, step: u64, files: &StepFiles) -> Result<RolloutRecord, ExperimentError> {
+        let harnesses = self.training_harnesses();
+        let sampling = self.config.sampling.params();
+        let phase =
+            weight_phase(&self.config, &self.environment, &self.splits.train, &sampling, self.verbosity.progress);
+        let started = Instant::now();
+        let trajectories = phase.rollouts(step, &harnesses, &self.policy)?;
+        let rollout_seconds = started.elapsed().as_secs_f64();
+        let kept = weight_phase::kept(&trajectories, self.config.weights.reward_threshold);
+        let calls: Vec<_> = weight_phase::trained_calls(&kept, self.config.weights.skip_truncated).collect();
+        let trained_tokens = calls.iter().map(|call| call.completion_tokens).sum();
+        let samples = phase.training_order(step, samples(calls.into_iter()));
+        let report = StepReport {
+            trained_tokens,
+            ..weight_phase::rollout_report(step, &trajectories, kept.len(), samples.len(), rollout_seconds)
+        };
+        let examples = kept.into_iter().take(EXAMPLES_KEPT).cloned().collect();
+        let record = RolloutRecord { report, examples };
+        files.write(&samples, &record)?;
+        Ok(record)
+    }
+
     /// Saves into a partial directory renamed into place; the state names it once committed.
     fn save_checkpoint(&mut self, step: u64) -> Result<(), ExperimentError> {
-        let Some(trainer) = &self.trainer else { return Ok(()) };
+        let Weights::InProcess { trainer: Some(trainer), .. } = &self.weights else { return Ok(()) };
         let target = self.dir.checkpoint_path(step);
         let partial = target.with_extension("partial");
         for stale in [&partial, &target] {
@@ -577,6 +705,11 @@ impl Experiment {
             eprintln!("[{} {}/{} rollouts] {line}", self.state.condition, training, self.config.schedule.budget);
         }
     }
+}
+
+/// An external trainer's failure in the run in `dir` (the error says how to retry the step).
+fn trainer_failed(dir: &Path) -> impl Fn(ExternalWeightsError) -> ExperimentError + '_ {
+    move |source| ExperimentError::Trainer { dir: dir.to_path_buf(), source: Box::new(source) }
 }
 
 /// The cumulative spend every metrics row carries, so curves can be drawn against cost.

@@ -16,6 +16,7 @@ pub mod demo;
 pub mod evaluate;
 pub mod evaluation;
 pub mod experiment;
+pub mod external_weights;
 pub mod harness_bench;
 pub mod lm;
 pub mod pretrain;

@@ -73,8 +73,21 @@ impl ChatCodec {
     /// An example that trains the reply `completion` to `context`; the completion ends with the
     /// end-of-turn token so the model learns to stop.
     pub fn example(&self, context: &[ChatMessage], completion: &str) -> Result<SftExample, LmError> {
+        self.example_ending(context, completion, true)
+    }
+
+    /// [`Self::example`], with the end-of-turn token only when `ends_turn` (a reply cut off at
+    /// `max_tokens` did not end its turn, and is trained as it was sampled).
+    pub fn example_ending(
+        &self,
+        context: &[ChatMessage],
+        completion: &str,
+        ends_turn: bool,
+    ) -> Result<SftExample, LmError> {
         let mut completion_ids = self.tokenizer.encode(completion)?;
-        completion_ids.push(self.tokenizer.specials().im_end);
+        if ends_turn {
+            completion_ids.push(self.tokenizer.specials().im_end);
+        }
         Ok(SftExample { prompt: self.prompt_ids(context)?, completion: completion_ids })
     }
 
@@ -96,16 +109,28 @@ pub struct SftRecord {
     pub line: usize,
     pub messages: Vec<ChatMessage>,
     pub completion: String,
+    /// Whether the reply ended its turn (trained with the end-of-turn token).
+    pub ends_turn: bool,
 }
 
-/// Reads an `sft.jsonl` of `{"messages": [{role, content}...], "completion": "..."}` lines.
-/// Every bad line is reported as `file:line`, none is skipped silently.
+impl SftRecord {
+    pub fn example(&self, codec: &ChatCodec) -> Result<SftExample, LmError> {
+        codec.example_ending(&self.messages, &self.completion, self.ends_turn)
+    }
+}
+
+/// Reads an `sft.jsonl` of `{"messages": [{role, content}...], "completion": "..."}` lines, or
+/// the `samples.jsonl` of a WHALE weight step: `{"messages": [...], "trainable": [bool...],
+/// "finish_reason": "stop" | "length"}`, whose last trainable turn (an assistant message) is the
+/// reply to learn and the messages before it its context. Every bad line is reported as
+/// `file:line`, none is skipped silently.
 pub fn read_sft_file(path: &Path) -> Result<Vec<SftRecord>, LmError> {
     let (values, mut problems) = read_jsonl(path);
     let mut records = Vec::new();
     for (line, value) in values {
-        match parse_sft_record(&value) {
-            Ok((messages, completion)) => records.push(SftRecord { line, messages, completion }),
+        let parsed = if value.get("trainable").is_some() { parse_sample(&value) } else { parse_sft_record(&value) };
+        match parsed {
+            Ok((messages, completion, ends_turn)) => records.push(SftRecord { line, messages, completion, ends_turn }),
             Err((field, reason)) => problems.push(RecordError::new(path, line, Some(field), reason)),
         }
     }
@@ -117,10 +142,41 @@ pub fn read_sft_file(path: &Path) -> Result<Vec<SftRecord>, LmError> {
     }
 }
 
-fn parse_sft_record(value: &serde_json::Value) -> Result<(Vec<ChatMessage>, String), (&'static str, String)> {
+type ParsedRecord = (Vec<ChatMessage>, String, bool);
+
+fn parse_messages(value: &serde_json::Value) -> Result<Vec<ChatMessage>, (&'static str, String)> {
     let messages = value.get("messages").ok_or(("messages", "missing".to_string()))?;
-    let messages: Vec<ChatMessage> = serde_json::from_value(messages.clone())
-        .map_err(|e| ("messages", format!("expected a list of {{role, content}} strings: {e}")))?;
+    serde_json::from_value(messages.clone())
+        .map_err(|e| ("messages", format!("expected a list of {{role, content}} strings: {e}")))
+}
+
+/// A `samples.jsonl` line: the last trainable turn is the completion.
+fn parse_sample(value: &serde_json::Value) -> Result<ParsedRecord, (&'static str, String)> {
+    let mut messages = parse_messages(value)?;
+    let trainable: Vec<bool> = serde_json::from_value(value["trainable"].clone())
+        .map_err(|e| ("trainable", format!("expected a list of booleans: {e}")))?;
+    if trainable.len() != messages.len() {
+        let reason = format!("{} flags for {} messages", trainable.len(), messages.len());
+        return Err(("trainable", reason));
+    }
+    let last = trainable.iter().rposition(|&flag| flag).ok_or(("trainable", "no trainable turn".to_string()))?;
+    if last == 0 || messages[last].role != "assistant" {
+        let reason = format!("turn {last} is trainable but is not an assistant reply to earlier messages");
+        return Err(("trainable", reason));
+    }
+    let ends_turn = match value.get("finish_reason") {
+        None => true,
+        Some(serde_json::Value::String(reason)) if reason == "stop" => true,
+        Some(serde_json::Value::String(reason)) if reason == "length" => false,
+        Some(other) => return Err(("finish_reason", format!("expected \"stop\" or \"length\", got {other}"))),
+    };
+    messages.truncate(last + 1);
+    let completion = messages.pop().map(|m| m.content).unwrap_or_default();
+    Ok((messages, completion, ends_turn))
+}
+
+fn parse_sft_record(value: &serde_json::Value) -> Result<ParsedRecord, (&'static str, String)> {
+    let messages = parse_messages(value)?;
     if messages.is_empty() {
         return Err(("messages", "empty: the completion needs a prompt".to_string()));
     }
@@ -130,7 +186,7 @@ fn parse_sft_record(value: &serde_json::Value) -> Result<(Vec<ChatMessage>, Stri
         Some(other) => return Err(("completion", format!("expected a string, got {other}"))),
         None => return Err(("completion", "missing".to_string())),
     };
-    Ok((messages, completion))
+    Ok((messages, completion, true))
 }
 
 /// Settings of `whale lm train`.
@@ -169,8 +225,7 @@ pub fn train_sft(
     }
     let records = read_sft_file(data)?;
     let codec = ChatCodec::load(model_dir)?;
-    let examples: Vec<SftExample> =
-        records.iter().map(|r| codec.example(&r.messages, &r.completion)).collect::<Result<_, _>>()?;
+    let examples: Vec<SftExample> = records.iter().map(|record| record.example(&codec)).collect::<Result<_, _>>()?;
     let model = load_model(model_dir, DType::F32, &Device::Cpu)?;
     let config = TrainerConfig {
         learning_rate: settings.learning_rate,
@@ -289,5 +344,40 @@ mod tests {
         let shown = problems[0].to_string();
         assert!(shown.contains("sft.jsonl:2: field `messages`"), "{shown}");
         assert!(problems[1].to_string().contains("field `completion`"));
+    }
+
+    #[test]
+    fn weight_step_samples_train_their_last_trainable_turn() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sample = |trainable: &str, finish: &str| {
+            format!(
+                r#"{{"messages": [{{"role": "user", "content": "2+2?"}}, {{"role": "assistant", "content": "hm"}}, {{"role": "user", "content": "so?"}}, {{"role": "assistant", "content": "4"}}], "trainable": {trainable}, "finish_reason": "{finish}"}}"#
+            )
+        };
+        let text = format!(
+            "{}\n{}\n",
+            sample("[false, false, false, true]", "stop"),
+            sample("[false, true, false, false]", "length")
+        );
+        let records = read_sft_file(&write(dir.path(), &text)).expect("valid");
+        assert_eq!(records[0].completion, "4");
+        assert_eq!(records[0].messages.len(), 3, "every earlier turn is context");
+        assert!(records[0].ends_turn);
+        assert_eq!((records[1].completion.as_str(), records[1].messages.len()), ("hm", 1));
+        assert!(!records[1].ends_turn, "a reply cut off at max_tokens did not end its turn");
+
+        let bad = format!(
+            "{}\n{}\n{}\n",
+            sample("[false, false, false, false]", "stop"),
+            sample("[false, false, true, false]", "stop"),
+            sample("[true, true]", "stop")
+        );
+        let LmError::Records(problems) = read_sft_file(&write(dir.path(), &bad)).expect_err("invalid") else {
+            panic!("not records")
+        };
+        let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert!(shown[0].contains("no trainable turn"), "{shown:?}");
+        assert!(shown[1].contains("not an assistant reply"), "{shown:?}");
+        assert!(shown[2].contains("2 flags for 4 messages"), "{shown:?}");
     }
 }

@@ -7,6 +7,8 @@
 //! ledger.json          the ledger as of the last completed unit
 //! journal/step-N.json  the training examples of each weight step since the last checkpoint
 //! checkpoints/step-N/  full checkpoints (weights and optimizer), every `checkpoint_every` steps
+//! weights/step-N/      with an external trainer: the step's samples.jsonl, rollouts.json,
+//!                      train.log and the adapter/ or checkpoint/ the trainer wrote
 //! examples.jsonl       the last step's kept rollouts (few-shot material for the proposer)
 //! search_spend.jsonl   rollouts the search paid for, once per (unit, harness, weights, tasks)
 //! archive/             the harness archive (see whale-search)
@@ -35,6 +37,7 @@ pub const LEDGER_FILE: &str = "ledger.json";
 pub const REPORT_FILE: &str = "report.html";
 const JOURNAL_DIR: &str = "journal";
 const CHECKPOINTS_DIR: &str = "checkpoints";
+const WEIGHTS_DIR: &str = "weights";
 const ARCHIVE_DIR: &str = "archive";
 const EXAMPLES_FILE: &str = "examples.jsonl";
 const SEARCH_SPEND_FILE: &str = "search_spend.jsonl";
@@ -61,6 +64,17 @@ pub struct EvalMemo {
     pub scores: whale_core::Scores,
 }
 
+/// Weights an external trainer wrote and the policy now answers with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServedWeights {
+    /// The weight step whose trainer wrote them.
+    pub step: u64,
+    /// The name rollouts send as their `model` (an adapter's name on the server).
+    pub name: String,
+    /// The adapter or checkpoint directory.
+    pub path: PathBuf,
+}
+
 /// `state.json`: everything needed to continue after the last completed unit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunState {
@@ -85,6 +99,9 @@ pub struct RunState {
     /// How many `outcomes` there were at the last test evaluation (`None` before the first).
     pub last_eval_at: Option<usize>,
     pub evals: Vec<EvalMemo>,
+    /// With an external trainer: the weights of its last update (`None`: the base model).
+    #[serde(default)]
+    pub served: Option<ServedWeights>,
     pub finished: bool,
 }
 
@@ -103,6 +120,7 @@ impl RunState {
             metrics_rows: 0,
             last_eval_at: None,
             evals: Vec::new(),
+            served: None,
             finished: false,
         }
     }
@@ -215,6 +233,11 @@ impl RunDir {
 
     pub fn read_journal<T: DeserializeOwned>(&self, step: u64) -> Result<T, RunDirError> {
         read_json(&self.journal_path(step))
+    }
+
+    /// The files of weight step `step` with an external trainer.
+    pub fn weight_step_dir(&self, step: u64) -> PathBuf {
+        self.root.join(WEIGHTS_DIR).join(format!("step-{step:06}"))
     }
 
     pub fn checkpoint_path(&self, step: u64) -> PathBuf {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use whale_core::{pareto, Objectives, Spend, Task, Trajectory};
 use whale_harness::{run_rollouts, EpisodeSource, Harness, RolloutJob, RunOptions};
-use whale_lm::{LocalPolicy, Policy};
+use whale_lm::Policy;
 use whale_search::{
     AgentProposer, Archive, ArchiveError, CommandProposer, Evaluator, EvaluatorError, HarnessSearch, MutateProposer,
     Proposer, SearchConfig, SearchError, SummaryEvent,
@@ -145,7 +145,7 @@ pub fn open_search(
 /// The search phase's rollouts: one per search task, seeded by the task's position so that
 /// every candidate meets the same draws (a paired comparison), each spend recorded once.
 pub struct SearchRollouts<'e> {
-    pub policy: Arc<LocalPolicy>,
+    pub policy: Arc<dyn Policy>,
     pub environment: &'e Environment,
     pub config: &'e RunConfig,
     pub dir: &'e RunDir,
@@ -185,8 +185,7 @@ impl Evaluator for SearchRollouts<'_> {
             sink: None,
         };
         let started = Instant::now();
-        let policy: Arc<dyn Policy> = self.policy.clone();
-        let trajectories = run_rollouts(jobs, policy, &self.config.harness.limits, options)?;
+        let trajectories = run_rollouts(jobs, self.policy.clone(), &self.config.harness.limits, options)?;
         let first = tasks.first().map_or("", |t| t.id.as_str());
         let spend = SearchSpend {
             key: format!("u{}/{}/w{version}/{}/{first}", self.unit, harness.id, tasks.len()),

@@ -245,11 +245,8 @@ impl TrainerRun<'_> {
         if let Some(dir) = &self.config.workdir {
             command.current_dir(dir);
         }
-        let errors = log.try_clone().map_err(|source| TrainerCommandError::Io {
-            step,
-            path: self.log.to_path_buf(),
-            source,
-        })?;
+        let errors =
+            log.try_clone().map_err(|source| TrainerCommandError::Io { step, path: self.log.to_path_buf(), source })?;
         command.stdin(Stdio::null()).stdout(log).stderr(errors);
         Ok(command)
     }

@@ -160,40 +160,31 @@ impl WeightPhase<'_> {
             return Err(WeightPhaseError::NoTasks);
         }
         let started = Instant::now();
-        let trajectories = self.rollouts(step, population, policy)?;
+        let rollout_policy: Arc<dyn Policy> = policy.clone();
+        let trajectories = self.rollouts(step, population, &rollout_policy)?;
         let rollout_seconds = started.elapsed().as_secs_f64();
         let kept = kept(&trajectories, self.config.reward_threshold);
         let examples = training_examples(&kept, self.config.skip_truncated, |call| call_example(policy, call))?;
         let journal = StepJournal { step, mini_batches: self.mini_batches(step, examples.clone()) };
         let started = Instant::now();
         let pass = apply(trainer, &journal)?;
-        let rollouts = trajectories.len();
         let report = StepReport {
-            step,
-            rollouts,
-            reward_mean: trajectories.iter().map(|t| t.reward).sum::<f64>() / rollouts.max(1) as f64,
-            kept: kept.len(),
-            acceptance_rate: kept.len() as f64 / rollouts.max(1) as f64,
-            examples: examples.len(),
             updates: pass.updates,
             loss: pass.loss,
             trained_tokens: pass.tokens,
-            prompt_tokens: trajectories.iter().map(|t| t.prompt_tokens).sum(),
-            completion_tokens: trajectories.iter().map(|t| t.completion_tokens).sum(),
-            harnesses: harness_counts(&trajectories),
-            rollout_seconds,
             train_seconds: started.elapsed().as_secs_f64(),
+            ..rollout_report(step, &trajectories, kept.len(), examples.len(), rollout_seconds)
         };
         let kept = kept.into_iter().cloned().collect();
         Ok((report, journal, kept))
     }
 
     /// k rollouts of each drawn task, each task under one harness of the population.
-    fn rollouts(
+    pub fn rollouts(
         &self,
         step: u64,
         population: &[Harness],
-        policy: &Arc<LocalPolicy>,
+        policy: &Arc<dyn Policy>,
     ) -> Result<Vec<Trajectory>, WeightPhaseError> {
         if population.is_empty() {
             return Err(WeightPhaseError::NoHarness);
@@ -220,16 +211,49 @@ impl WeightPhase<'_> {
         }
         let options =
             RunOptions { threads: self.threads, sampling: self.sampling.clone(), progress: self.progress, sink: None };
-        let policy: Arc<dyn Policy> = policy.clone();
-        Ok(run_rollouts(jobs, policy, self.limits, options)?)
+        Ok(run_rollouts(jobs, policy.clone(), self.limits, options)?)
     }
 
-    /// The examples shuffled (seeded by the step) and cut into mini-batches.
-    fn mini_batches(&self, step: u64, mut examples: Vec<JournalExample>) -> Vec<Vec<JournalExample>> {
+    /// The examples in training order and cut into mini-batches.
+    fn mini_batches(&self, step: u64, examples: Vec<JournalExample>) -> Vec<Vec<JournalExample>> {
+        let examples = self.training_order(step, examples);
+        examples.chunks(self.config.mini_batch).map(<[JournalExample]>::to_vec).collect()
+    }
+
+    /// The order step `step` trains its examples in: shuffled, seeded by the step. Any list
+    /// with one item per example (tokens, chat samples) gets the same permutation.
+    pub fn training_order<T>(&self, step: u64, mut items: Vec<T>) -> Vec<T> {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ SHUFFLE_SALT);
         rng.set_stream(step);
-        examples.shuffle(&mut rng);
-        examples.chunks(self.config.mini_batch).map(<[JournalExample]>::to_vec).collect()
+        items.shuffle(&mut rng);
+        items
+    }
+}
+
+/// The report of a step's rollouts, before any training: no update, no loss.
+pub fn rollout_report(
+    step: u64,
+    trajectories: &[Trajectory],
+    kept: usize,
+    examples: usize,
+    rollout_seconds: f64,
+) -> StepReport {
+    let rollouts = trajectories.len();
+    StepReport {
+        step,
+        rollouts,
+        reward_mean: trajectories.iter().map(|t| t.reward).sum::<f64>() / rollouts.max(1) as f64,
+        kept,
+        acceptance_rate: kept as f64 / rollouts.max(1) as f64,
+        examples,
+        updates: 0,
+        loss: None,
+        trained_tokens: 0,
+        prompt_tokens: trajectories.iter().map(|t| t.prompt_tokens).sum(),
+        completion_tokens: trajectories.iter().map(|t| t.completion_tokens).sum(),
+        harnesses: harness_counts(trajectories),
+        rollout_seconds,
+        train_seconds: 0.0,
     }
 }
 
@@ -246,12 +270,16 @@ pub fn training_examples(
     skip_truncated: bool,
     encode: impl Fn(&ModelCall) -> Result<JournalExample, PolicyError>,
 ) -> Result<Vec<JournalExample>, PolicyError> {
+    trained_calls(kept, skip_truncated).map(encode).collect()
+}
+
+/// The model calls of the kept rollouts a step trains on, in rollout and call order: the
+/// trainable ones, less those cut off at `max_tokens` when `skip_truncated`.
+pub fn trained_calls<'a>(kept: &'a [&Trajectory], skip_truncated: bool) -> impl Iterator<Item = &'a ModelCall> {
     let length = whale_lm::FinishReason::Length.as_str();
     kept.iter()
         .flat_map(|t| t.model_calls.iter())
-        .filter(|call| call.trainable && !(skip_truncated && call.finish_reason == length))
-        .map(encode)
-        .collect()
+        .filter(move |call| call.trainable && !(skip_truncated && call.finish_reason == length))
 }
 
 /// A model call as the policy saw it: the prompt rendered with the chat template, and the

@@ -1,0 +1,242 @@
+//! The weight phase with an external trainer (`[weights.trainer]`): a step's kept model calls go
+//! to the command as chat JSONL, and the adapter or checkpoint it writes becomes the policy's
+//! weights — hot-loaded into the inference server, or loaded into the in-process engine.
+//!
+//! A step's files, in `weights/step-NNNNNN/`:
+//!
+//! ```text
+//! samples.jsonl          one line per trained model call (a [`Sample`]), in the order whale's
+//!                        own trainer would take them
+//! rollouts.json          the step's rollout report and the kept rollouts the proposer sees
+//!                        (a [`RolloutRecord`]), written after samples.jsonl
+//! train.log              the command's stdout and stderr
+//! adapter/, checkpoint/  `{output}`: what the command wrote
+//! ```
+//!
+//! Why rollouts are recorded: on a cluster a step's rollouts cost GPU-hours, and the command may
+//! fail for reasons of its own (a node lost, out of memory). A step is committed to `state.json`
+//! only once its new weights are installed; a failed or killed step is retried from its
+//! `rollouts.json` when one was written, so its rollouts are neither run nor counted twice, and
+//! the command runs again into a fresh output directory. When a run resumes, the weights of the
+//! last committed update are installed again (the server may have restarted meanwhile).
+
+use crate::run_dir::{read_json, write_atomic, write_json, RunDirError, ServedWeights};
+use crate::trainer_command::{Placeholders, TrainerCommandConfig, TrainerCommandError, TrainerOutput, TrainerRun};
+use crate::weight_phase::StepReport;
+use candle_core::{DType, Device};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use whale_core::{ChatMessage, ModelCall, Trajectory};
+use whale_lm::{load_model, LocalPolicy};
+
+/// One line of `samples.jsonl`: a model call as a chat, its completion the final assistant
+/// turn, and which turns are trained on (only that last one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub messages: Vec<ChatMessage>,
+    /// One flag per message: true for the turns to train on.
+    pub trainable: Vec<bool>,
+    /// `stop` (the model ended its turn) or `length` (cut off at `max_tokens`).
+    pub finish_reason: String,
+}
+
+impl Sample {
+    pub fn from_call(call: &ModelCall) -> Self {
+        let mut messages = call.messages.clone();
+        messages.push(ChatMessage::new("assistant", call.completion.clone()));
+        let mut trainable = vec![false; messages.len()];
+        trainable[messages.len() - 1] = true;
+        Self { messages, trainable, finish_reason: call.finish_reason.clone() }
+    }
+
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// `rollouts.json`: what a step's rollouts produced, kept so that a retried step does not roll
+/// out again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    /// The step's report before training (`updates` 0); `trained_tokens` counts the samples'
+    /// completion tokens as the policy reported them.
+    pub report: StepReport,
+    /// The kept rollouts the proposer is shown.
+    pub examples: Vec<Trajectory>,
+}
+
+/// The files of one weight step.
+#[derive(Debug, Clone)]
+pub struct StepFiles {
+    dir: PathBuf,
+}
+
+impl StepFiles {
+    pub fn new(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+
+    pub fn samples(&self) -> PathBuf {
+        self.dir.join("samples.jsonl")
+    }
+
+    pub fn record(&self) -> PathBuf {
+        self.dir.join("rollouts.json")
+    }
+
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("train.log")
+    }
+
+    pub fn output(&self, kind: TrainerOutput) -> PathBuf {
+        self.dir.join(kind.dir_name())
+    }
+
+    /// The record of an earlier attempt of this step, if it got that far.
+    pub fn read_record(&self) -> Result<Option<RolloutRecord>, RunDirError> {
+        let path = self.record();
+        if !path.is_file() {
+            return Ok(None);
+        }
+        read_json(&path).map(Some)
+    }
+
+    /// Writes the samples, then the record (its presence says both are complete).
+    pub fn write(&self, samples: &[Sample], record: &RolloutRecord) -> Result<(), RunDirError> {
+        std::fs::create_dir_all(&self.dir).map_err(|source| RunDirError::Io { path: self.dir.clone(), source })?;
+        let text: String = samples.iter().map(|s| s.to_json_line() + "\n").collect();
+        write_atomic(&self.samples(), text.as_bytes())?;
+        write_json(&self.record(), record)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExternalWeightsError {
+    #[error(transparent)]
+    Command(#[from] TrainerCommandError),
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    #[error("weight step {step}: cannot load {} into the engine: {reason}", path.display())]
+    Load { step: u64, path: PathBuf, reason: String },
+}
+
+/// Where new weights go.
+pub enum WeightsTarget {
+    /// The in-process engine (no `[server]`); `device` is where loaded weights live.
+    Local { policy: Arc<LocalPolicy>, device: Device },
+}
+
+/// The weight phase's external trainer and where its output is installed.
+pub struct ExternalTrainer {
+    pub config: TrainerCommandConfig,
+    /// What `{base}` expands to.
+    pub base: String,
+    /// Installed weights are named `<prefix>-step-<N>`.
+    pub name_prefix: String,
+    pub target: WeightsTarget,
+}
+
+/// One run of the trainer for a step.
+pub struct Update<'a> {
+    pub step: u64,
+    pub files: &'a StepFiles,
+    /// The weights of the last update (`{previous}`), if any.
+    pub previous: Option<&'a ServedWeights>,
+    /// The weights version the new weights become.
+    pub version: u64,
+    pub run_dir: &'a Path,
+    pub progress: bool,
+}
+
+impl ExternalTrainer {
+    /// Runs the command on the step's samples and installs what it wrote; returns the new
+    /// weights and the seconds the command took.
+    pub fn update(&self, update: &Update) -> Result<(ServedWeights, f64), ExternalWeightsError> {
+        let output = update.files.output(self.config.output);
+        let placeholders = Placeholders {
+            data: update.files.samples(),
+            base: self.base.clone(),
+            previous: update.previous.map(|weights| weights.path.clone()),
+            output: output.clone(),
+            step: update.step,
+            run_dir: update.run_dir.to_path_buf(),
+        };
+        let log = update.files.log();
+        let run =
+            TrainerRun { config: &self.config, placeholders: &placeholders, log: &log, progress: update.progress };
+        let seconds = run.run()?;
+        let weights = ServedWeights {
+            step: update.step,
+            name: format!("{}-step-{}", self.name_prefix, update.step),
+            path: output,
+        };
+        self.install(&weights, update.version)?;
+        Ok((weights, seconds))
+    }
+
+    /// Makes `weights` the policy's weights, as version `version`.
+    pub fn install(&self, weights: &ServedWeights, version: u64) -> Result<(), ExternalWeightsError> {
+        let failed =
+            |reason: String| ExternalWeightsError::Load { step: weights.step, path: weights.path.clone(), reason };
+        match &self.target {
+            WeightsTarget::Local { policy, device } => {
+                let model = match self.config.output {
+                    TrainerOutput::Checkpoint => {
+                        load_model(&weights.path, DType::F32, device).map_err(|e| failed(e.to_string()))?
+                    }
+                    TrainerOutput::Adapter => {
+                        return Err(failed("the in-process engine loads checkpoints only".to_string()))
+                    }
+                };
+                policy.reload(model, version).map_err(|e| failed(e.to_string()))
+            }
+        }
+    }
+
+    /// Releases the weights an update replaced: a checkpoint directory is removed (adapters,
+    /// small, stay for inspection). Called once the update is committed.
+    pub fn retire(&self, replaced: &ServedWeights) -> Result<(), ExternalWeightsError> {
+        if self.config.output == TrainerOutput::Checkpoint && replaced.path.is_dir() {
+            std::fs::remove_dir_all(&replaced.path)
+                .map_err(|source| RunDirError::Io { path: replaced.path.clone(), source })?;
+        }
+        Ok(())
+    }
+}
+
+/// The samples of a step's trained model calls.
+pub fn samples<'a>(calls: impl Iterator<Item = &'a ModelCall>) -> Vec<Sample> {
+    calls.map(Sample::from_call).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sample_is_the_call_with_its_completion_as_the_trained_last_turn() {
+        let call = ModelCall {
+            messages: vec![
+                ChatMessage::new("system", "Solve."),
+                ChatMessage::new("user", "2+2?"),
+                ChatMessage::new("assistant", "Let me see."),
+                ChatMessage::new("user", "Go on."),
+            ],
+            completion: "4\n#### 4".to_string(),
+            prompt_tokens: 20,
+            completion_tokens: 5,
+            trainable: true,
+            finish_reason: "stop".to_string(),
+            latency_ms: 1.0,
+        };
+        let sample = Sample::from_call(&call);
+        assert_eq!(sample.messages.len(), 5);
+        assert_eq!(sample.messages[4], ChatMessage::new("assistant", "4\n#### 4"));
+        assert_eq!(sample.trainable, [false, false, false, false, true]);
+        let line: serde_json::Value = serde_json::from_str(&sample.to_json_line()).expect("json");
+        assert_eq!(line["finish_reason"], "stop");
+        assert_eq!(line["messages"][2]["role"], "assistant");
+        assert_eq!(line["trainable"][4], true);
+    }
+}
