@@ -189,7 +189,7 @@ fn read_weight_map(index: &Path) -> Result<BTreeMap<String, String>, CheckpointE
     Ok(map)
 }
 
-fn read_json_object(file: &Path) -> Result<Map<String, Value>, CheckpointError> {
+pub(crate) fn read_json_object(file: &Path) -> Result<Map<String, Value>, CheckpointError> {
     let text = std::fs::read_to_string(file).map_err(|e| CheckpointError::io(file, e))?;
     match serde_json::from_str(&text) {
         Ok(Value::Object(object)) => Ok(object),
@@ -206,9 +206,33 @@ pub(crate) fn read_tensors(
     file: &Path,
     wanted: &[(String, Vec<usize>)],
 ) -> Result<HashMap<String, Tensor>, CheckpointError> {
+    read_tensors_checked(file, wanted, false)
+}
+
+/// [`read_tensors`] for a file that must hold exactly the wanted tensors: any other tensor is
+/// an error naming it.
+pub(crate) fn read_exact_tensors(
+    file: &Path,
+    wanted: &[(String, Vec<usize>)],
+) -> Result<HashMap<String, Tensor>, CheckpointError> {
+    read_tensors_checked(file, wanted, true)
+}
+
+fn read_tensors_checked(
+    file: &Path,
+    wanted: &[(String, Vec<usize>)],
+    exact: bool,
+) -> Result<HashMap<String, Tensor>, CheckpointError> {
     let bytes = std::fs::read(file).map_err(|e| CheckpointError::io(file, e))?;
     let archive = SafeTensors::deserialize(&bytes)
         .map_err(|e| CheckpointError::Format { file: file.to_path_buf(), reason: e.to_string() })?;
+    if exact {
+        let mut names = archive.names();
+        names.sort_unstable();
+        if let Some(unexpected) = names.into_iter().find(|name| !wanted.iter().any(|(w, _)| w == name)) {
+            return Err(CheckpointError::invalid(file, unexpected, "unexpected tensor"));
+        }
+    }
     let mut tensors = HashMap::with_capacity(wanted.len());
     for (name, shape) in wanted {
         let view = archive.tensor(name).map_err(|_| CheckpointError::invalid(file, name, "missing"))?;
