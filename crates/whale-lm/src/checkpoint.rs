@@ -129,6 +129,17 @@ fn torch_dtype_name(dtype: DType) -> &'static str {
     }
 }
 
+/// The dtype a checkpoint's `config.json` says its weights are stored in (`torch_dtype`, or
+/// `dtype` as newer `transformers` write it); f32 when it names none or another.
+pub fn stored_dtype(config: &Qwen3Config) -> DType {
+    let named = config.torch_dtype.as_deref().or_else(|| config.extra.get("dtype").and_then(Value::as_str));
+    match named {
+        Some("bfloat16") => DType::BF16,
+        Some("float16") => DType::F16,
+        _ => DType::F32,
+    }
+}
+
 /// Writes the model as a Hugging Face checkpoint into `dir` (created if needed): `config.json`,
 /// a single `model.safetensors` in the model's dtype, and `generation_config.json`.
 pub fn save_model(model: &Qwen3Model, generation: &GenerationConfig, dir: &Path) -> Result<(), CheckpointError> {

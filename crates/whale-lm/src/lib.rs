@@ -46,7 +46,7 @@ pub mod train;
 
 pub use bench::{run_bench, BenchConfig, BenchError, BenchRow, BenchTable};
 pub use chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
-pub use checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
+pub use checkpoint::{load_model, save_model, stored_dtype, CheckpointError, GenerationConfig};
 pub use config::{ConfigError, ConfigIssue, ModelSize, Qwen3Config};
 pub use engine::{EngineConfig, EngineError, EngineStats, LocalPolicy};
 pub use lora::{LoraAdapter, LoraConfig, LoraError, LoraTarget};
