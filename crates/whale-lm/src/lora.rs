@@ -309,7 +309,7 @@ impl LoraAdapter {
     }
 
     /// Whether the adapter's matrices fit models of `model`'s configuration.
-    pub fn check_fits(&self, model: &Qwen3Config) -> Result<(), String> {
+    pub(crate) fn check_fits(&self, model: &Qwen3Config) -> Result<(), String> {
         if self.num_layers != model.num_hidden_layers {
             return Err(format!("the adapter has {} layers, the model {}", self.num_layers, model.num_hidden_layers));
         }
