@@ -4,7 +4,9 @@
 Checks, on a whale checkpoint loaded as `Qwen3ForCausalLM`:
   1. the tokenizer and chat template give the same token ids in both (64 GSM8K questions);
   2. the logits of one sequence agree within 1e-4 (the proof that whale's checkpoints are
-     real Hugging Face checkpoints and that the two implementations compute the same model);
+     real Hugging Face checkpoints and that the two implementations compute the same model),
+     and so do they through a LoRA adapter that whale trains here and `peft` loads (the proof
+     that whale's adapters are real PEFT adapters);
 then times, with the same prompts, sampling settings and batch:
   3. generation of 64 concurrent requests (whale's engine vs `model.generate` at batch 64);
   4. one training step (completion-only cross-entropy, AdamW, clipping at 1.0).
@@ -26,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("WHALE_HF_VENV", REPO / "bench" / ".venv"))
-PACKAGES = ["torch", "transformers", "safetensors"]
+PACKAGES = ["torch", "transformers", "safetensors", "peft"]
 LOGITS_TOLERANCE = 1e-4
 INSTRUCTION = "\nGive the final answer after ####."
 
@@ -74,6 +76,18 @@ def conversation(record):
     return [{"role": "user", "content": record["question"] + INSTRUCTION}]
 
 
+def train_adapter(model_dir, records, scratch):
+    """A LoRA adapter trained by `whale lm train` for a few steps on GSM8K solutions."""
+    data = Path(scratch) / "sft.jsonl"
+    with open(data, "w", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps({"messages": conversation(record), "completion": record["answer"]}) + "\n")
+    adapter = Path(scratch) / "adapter"
+    cargo(["run", "--release", "--quiet", "-p", "whale", "--", "lm", "train", "--model", str(model_dir),
+           "--data", str(data), "-o", str(adapter), "--lora-rank", "8", "--lr", "1e-2", "--batch", "8"])
+    return adapter
+
+
 def build_workload(tokenizer, args):
     records = gsm8k(args.batch)
     conversations = [conversation(r) for r in records]
@@ -92,14 +106,13 @@ def build_workload(tokenizer, args):
     }
 
 
-def run_whale(model_dir, workload):
+def run_whale(model_dir, workload, scratch):
     cargo(["build", "--release", "--quiet", "-p", "whale-lm", "--example", "hf_peer"])
     peer = REPO / "target" / "release" / "examples" / "hf_peer"
-    with tempfile.TemporaryDirectory() as scratch:
-        work, out = Path(scratch) / "workload.json", Path(scratch) / "out.json"
-        work.write_text(json.dumps(workload))
-        subprocess.run([str(peer), str(model_dir), str(work), str(out)], check=True)
-        return json.loads(out.read_text())
+    work, out = Path(scratch) / "workload.json", Path(scratch) / "out.json"
+    work.write_text(json.dumps(workload))
+    subprocess.run([str(peer), str(model_dir), str(work), str(out)], check=True)
+    return json.loads(out.read_text())
 
 
 def eos_ids(tokenizer, config):
@@ -178,6 +191,7 @@ def main():
     args = parser.parse_args()
     ensure_venv()
 
+    import peft
     import torch
     import transformers
 
@@ -186,7 +200,13 @@ def main():
     model = transformers.Qwen3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     model.eval()
     workload = build_workload(tokenizer, args)
-    ours = run_whale(model_dir, workload)
+    with tempfile.TemporaryDirectory() as scratch:
+        workload["adapter"] = str(train_adapter(model_dir, gsm8k(32, offset=args.batch), scratch))
+        ours = run_whale(model_dir, workload, scratch)
+        base = transformers.Qwen3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        with torch.no_grad():
+            adapted = peft.PeftModel.from_pretrained(base.eval(), workload["adapter"])
+            theirs_adapted = adapted(input_ids=torch.tensor([workload["logits_input"]])).logits[0]
 
     failures = []
     same_ids = sum(a == b for a, b in zip(ours["chat_ids"], workload["generate"]["prompts"]))
@@ -197,6 +217,12 @@ def main():
     difference = (theirs - torch.tensor(ours["logits"])).abs().max().item()
     if not difference <= LOGITS_TOLERANCE:
         failures.append(f"logits differ by {difference:.3g} > {LOGITS_TOLERANCE}")
+    adapter_difference = (theirs_adapted - torch.tensor(ours["adapter_logits"])).abs().max().item()
+    adapter_effect = (theirs_adapted - theirs).abs().max().item()
+    if not adapter_difference <= LOGITS_TOLERANCE:
+        failures.append(f"logits through the LoRA adapter differ by {adapter_difference:.3g} > {LOGITS_TOLERANCE}")
+    if not adapter_effect > 100 * LOGITS_TOLERANCE:
+        failures.append(f"the trained adapter moves the logits by only {adapter_effect:.3g}; the check proves nothing")
 
     hf_gen_tokens, hf_gen_seconds = time_generation(torch, model, tokenizer, workload)
     hf_positions, hf_step_seconds, hf_loss = time_training(torch, model, tokenizer, workload)
@@ -207,6 +233,8 @@ def main():
     print(f"chat template + tokenizer: {same_ids}/{len(workload['conversations'])} GSM8K prompts give identical ids")
     print(f"logits of a {len(workload['logits_input'])}-token sequence: max |whale - transformers| = {difference:.2e}"
           f" (tolerance {LOGITS_TOLERANCE:g})")
+    print(f"through whale's LoRA adapter loaded by peft {peft.__version__}: max |whale - transformers| = "
+          f"{adapter_difference:.2e} (the adapter moves the logits by up to {adapter_effect:.2f})")
     ours_gen = ours["generate_tokens"] / ours["generate_seconds"]
     hf_gen = hf_gen_tokens / hf_gen_seconds
     ours_train = ours["train_positions"] / ours["train_seconds_per_step"]
