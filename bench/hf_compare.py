@@ -102,7 +102,8 @@ def build_workload(tokenizer, args):
         "conversations": conversations,
         "logits_input": chat_ids[0] + examples[0]["completion"],
         "generate": {"prompts": chat_ids, "max_tokens": args.max_tokens, "temperature": 1.0, "top_k": 20, "top_p": 1.0},
-        "train": {"examples": examples, "steps": args.train_steps, "learning_rate": 1e-5},
+        "train": {"examples": examples, "micro_batch": args.micro_batch, "steps": args.train_steps,
+                  "learning_rate": 1e-5},
     }
 
 
@@ -146,30 +147,30 @@ def time_generation(torch, model, tokenizer, workload):
 
 
 def time_training(torch, model, tokenizer, workload):
+    """Micro-batches as whale's trainer forms them: longest first, padded to the longest in each,
+    gradients accumulated over the step, the loss summed over all completion tokens."""
     spec = workload["train"]
-    examples = spec["examples"]
+    examples = sorted(spec["examples"], key=lambda e: -(len(e["prompt"]) + len(e["completion"])))
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    width = max(len(e["prompt"]) + len(e["completion"]) for e in examples)
-    rows, labels, masks = [], [], []
-    for e in examples:
-        ids = e["prompt"] + e["completion"]
-        rows.append(ids + [pad] * (width - len(ids)))
-        labels.append([-100] * len(e["prompt"]) + e["completion"] + [-100] * (width - len(ids)))
-        masks.append([1] * len(ids) + [0] * (width - len(ids)))
-    input_ids, labels, mask = torch.tensor(rows), torch.tensor(labels), torch.tensor(masks)
+    batches = [padded(torch, examples[i : i + spec["micro_batch"]], pad)
+               for i in range(0, len(examples), spec["micro_batch"])]
+    total = sum(len(e["completion"]) for e in examples)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec["learning_rate"], betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=0.0)
 
     def step():
         optimizer.zero_grad()
-        logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                                 ignore_index=-100)
-        loss.backward()
+        loss_sum = 0.0
+        for input_ids, labels, mask in batches:
+            logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1]
+            summed = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                       labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+            (summed / total).backward()
+            loss_sum += summed.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        return loss.item()
+        return loss_sum / total
 
     step()
     start = time.perf_counter()
@@ -180,12 +181,25 @@ def time_training(torch, model, tokenizer, workload):
     return positions, seconds, loss
 
 
+def padded(torch, examples, pad):
+    width = max(len(e["prompt"]) + len(e["completion"]) for e in examples)
+    rows, labels, masks = [], [], []
+    for e in examples:
+        ids = e["prompt"] + e["completion"]
+        rows.append(ids + [pad] * (width - len(ids)))
+        labels.append([-100] * len(e["prompt"]) + e["completion"] + [-100] * (width - len(ids)))
+        masks.append([1] * len(ids) + [0] * (width - len(ids)))
+    return torch.tensor(rows), torch.tensor(labels), torch.tensor(masks)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a whale / Hugging Face checkpoint directory")
     parser.add_argument("--batch", type=int, default=64, help="concurrent generation requests")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens each generation request asks for")
     parser.add_argument("--train-examples", type=int, default=16, help="examples in the training step")
+    parser.add_argument("--micro-batch", type=int, default=8,
+                        help="examples per forward/backward pass in both (whale's default micro-batch)")
     parser.add_argument("--train-completion-tokens", type=int, default=96)
     parser.add_argument("--train-steps", type=int, default=2, help="timed training steps (after one warm-up)")
     args = parser.parse_args()
@@ -244,7 +258,7 @@ def main():
     print(f"| generate, {args.batch} concurrent, up to {args.max_tokens} new tokens: tokens/s "
           f"| {ours_gen:.0f} ({ours['generate_tokens']} in {ours['generate_seconds']:.2f} s) "
           f"| {hf_gen:.0f} ({hf_gen_tokens} in {hf_gen_seconds:.2f} s) | {ours_gen / hf_gen:.2f}x |")
-    print(f"| training step, {args.train_examples} examples: tokens/s "
+    print(f"| training step, {args.train_examples} examples in micro-batches of {args.micro_batch}: tokens/s "
           f"| {ours_train:.0f} ({ours['train_seconds_per_step']:.3f} s/step, loss {ours['train_loss']:.3f}) "
           f"| {hf_train:.0f} ({hf_step_seconds:.3f} s/step, loss {hf_loss:.3f}) | {ours_train / hf_train:.2f}x |")
     for failure in failures:

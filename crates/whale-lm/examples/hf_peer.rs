@@ -41,6 +41,8 @@ struct GenerateWorkload {
 #[derive(Deserialize)]
 struct TrainWorkload {
     examples: Vec<TrainExample>,
+    /// Examples per forward/backward pass (gradients accumulate over the step).
+    micro_batch: usize,
     steps: usize,
     learning_rate: f64,
 }
@@ -140,7 +142,7 @@ fn time_generation(policy: &LocalPolicy, work: &GenerateWorkload) -> Result<(usi
     Ok((tokens, seconds))
 }
 
-/// Seconds per SFT step over the whole batch (one micro-batch), after one warm-up step.
+/// Seconds per SFT step over the whole batch, after one warm-up step.
 fn time_training(policy: &LocalPolicy, work: &TrainWorkload) -> Result<(usize, f64, f64), BoxError> {
     let examples: Vec<SftExample> = work
         .examples
@@ -151,7 +153,7 @@ fn time_training(policy: &LocalPolicy, work: &TrainWorkload) -> Result<(usize, f
     let config = TrainerConfig {
         learning_rate: work.learning_rate,
         warmup_steps: 0,
-        micro_batch_size: examples.len().max(1),
+        micro_batch_size: work.micro_batch,
         max_seq_len: longest,
         ..TrainerConfig::default()
     };
