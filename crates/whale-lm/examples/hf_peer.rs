@@ -4,9 +4,10 @@
 //! `cargo run --release -p whale-lm --example hf_peer -- MODEL_DIR WORKLOAD.json OUT.json`
 //!
 //! The workload (written by the script) holds chat conversations to render and tokenize, one
-//! token sequence to compute logits for, the prompts of a concurrent generation run and the
-//! examples of a training step. The output holds the rendered token ids, the logits, the
-//! generated token count and time, and the training time per step.
+//! token sequence to compute logits for (also through a LoRA adapter, when it names one), the
+//! prompts of a concurrent generation run and the examples of a training step. The output holds
+//! the rendered token ids, the logits, the generated token count and time, and the training time
+//! per step.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,12 +15,16 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use whale_core::ChatMessage;
-use whale_lm::{EngineConfig, LocalPolicy, SamplingParams, SftExample, SftTrainer, TrainerConfig};
+use whale_lm::{
+    EngineConfig, LocalPolicy, LoraAdapter, Qwen3Model, SamplingParams, SftExample, SftTrainer, TrainerConfig,
+};
 
 #[derive(Deserialize)]
 struct Workload {
     conversations: Vec<Vec<ChatMessage>>,
     logits_input: Vec<u32>,
+    /// A PEFT adapter directory to compute the same logits through.
+    adapter: Option<PathBuf>,
     generate: GenerateWorkload,
     train: TrainWorkload,
 }
@@ -36,6 +41,8 @@ struct GenerateWorkload {
 #[derive(Deserialize)]
 struct TrainWorkload {
     examples: Vec<TrainExample>,
+    /// Examples per forward/backward pass (gradients accumulate over the step).
+    micro_batch: usize,
     steps: usize,
     learning_rate: f64,
 }
@@ -50,6 +57,7 @@ struct TrainExample {
 struct Results {
     chat_ids: Vec<Vec<u32>>,
     logits: Vec<Vec<f32>>,
+    adapter_logits: Option<Vec<Vec<f32>>>,
     generate_tokens: usize,
     generate_seconds: f64,
     train_positions: usize,
@@ -71,12 +79,21 @@ fn main() -> Result<(), BoxError> {
     let policy = LocalPolicy::load(model_dir, DType::F32, &Device::Cpu, engine)?;
     let chat_ids =
         workload.conversations.iter().map(|messages| policy.prompt_ids(messages)).collect::<Result<_, _>>()?;
-    let logits = sequence_logits(&policy, &workload.logits_input)?;
+    let model = policy.model();
+    let logits = sequence_logits(&model, &workload.logits_input)?;
+    let adapter_logits = match &workload.adapter {
+        Some(dir) => {
+            let adapter = LoraAdapter::load_peft(dir, model.config(), DType::F32, &Device::Cpu)?;
+            Some(sequence_logits(&model.with_adapter(&adapter)?, &workload.logits_input)?)
+        }
+        None => None,
+    };
     let (generate_tokens, generate_seconds) = time_generation(&policy, &workload.generate)?;
     let (train_positions, train_seconds_per_step, train_loss) = time_training(&policy, &workload.train)?;
     let results = Results {
         chat_ids,
         logits,
+        adapter_logits,
         generate_tokens,
         generate_seconds,
         train_positions,
@@ -88,10 +105,10 @@ fn main() -> Result<(), BoxError> {
 }
 
 /// Logits `[T, vocab]` of one unpadded sequence, from the training forward pass.
-fn sequence_logits(policy: &LocalPolicy, ids: &[u32]) -> Result<Vec<Vec<f32>>, BoxError> {
+fn sequence_logits(model: &Qwen3Model, ids: &[u32]) -> Result<Vec<Vec<f32>>, BoxError> {
     let input = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
     let mask = Tensor::ones((1, ids.len()), DType::U32, &Device::Cpu)?;
-    Ok(policy.model().forward_train(&input, &mask)?.squeeze(0)?.to_vec2()?)
+    Ok(model.forward_train(&input, &mask)?.squeeze(0)?.to_vec2()?)
 }
 
 /// All prompts generated at once by concurrent callers, after a short warm-up request.
@@ -125,7 +142,7 @@ fn time_generation(policy: &LocalPolicy, work: &GenerateWorkload) -> Result<(usi
     Ok((tokens, seconds))
 }
 
-/// Seconds per SFT step over the whole batch (one micro-batch), after one warm-up step.
+/// Seconds per SFT step over the whole batch, after one warm-up step.
 fn time_training(policy: &LocalPolicy, work: &TrainWorkload) -> Result<(usize, f64, f64), BoxError> {
     let examples: Vec<SftExample> = work
         .examples
@@ -136,7 +153,7 @@ fn time_training(policy: &LocalPolicy, work: &TrainWorkload) -> Result<(usize, f
     let config = TrainerConfig {
         learning_rate: work.learning_rate,
         warmup_steps: 0,
-        micro_batch_size: examples.len().max(1),
+        micro_batch_size: work.micro_batch,
         max_seq_len: longest,
         ..TrainerConfig::default()
     };

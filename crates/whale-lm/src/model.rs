@@ -7,6 +7,10 @@
 //! pass needs no gradient and runs candle's. Otherwise both passes share the same code and
 //! agree to float rounding.
 //!
+//! A model may carry a LoRA adapter ([`Qwen3Model::with_adapter`]): each targeted projection
+//! then adds `scale * (x A^T) B^T` to `x W^T`, in both entry points; a model without one does no
+//! extra work.
+//!
 //! Two entry points:
 //! - [`Qwen3Model::forward_train`]: a padded batch `[B, T]` with its attention mask, all logits.
 //! - [`Qwen3Model::forward_step`]: batched incremental decoding. Each sequence owns a
@@ -17,6 +21,7 @@
 
 use crate::config::{ConfigIssue, Qwen3Config};
 use crate::kernels;
+use crate::lora::{base_weight_name, LoraAdapter, LoraTarget};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
@@ -83,6 +88,62 @@ fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
     x.reshape((rows, in_dim))?.matmul(&weight.t()?)?.reshape(shape)
 }
 
+/// A linear projection `x W^T`, plus a LoRA update when an adapter targets it.
+#[derive(Clone)]
+struct Projection {
+    weight: Tensor,
+    lora: Option<LoraUpdate>,
+}
+
+impl Projection {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let base = linear(x, &self.weight)?;
+        match &self.lora {
+            None => Ok(base),
+            Some(lora) => base + lora.forward(x)?,
+        }
+    }
+}
+
+/// `scale * (dropout(x) A^T) B^T`, with A `[rank, in]` and B `[out, rank]` sharing the
+/// adapter's variables.
+#[derive(Clone)]
+struct LoraUpdate {
+    a: Tensor,
+    b: Tensor,
+    scale: f64,
+    /// Set on the models of training passes only ([`Qwen3Model::with_dropout`]).
+    dropout: Option<Dropout>,
+}
+
+impl LoraUpdate {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let input = match &self.dropout {
+            Some(dropout) => dropout.apply(x)?,
+            None => x.clone(),
+        };
+        linear(&linear(&input, &self.a)?, &self.b)? * self.scale
+    }
+}
+
+/// Inverted dropout whose mask is drawn on the host from `seed`, so that a training pass is
+/// reproducible (and a resumed run repeats it) on any device.
+#[derive(Clone, Copy)]
+struct Dropout {
+    probability: f64,
+    seed: u64,
+}
+
+impl Dropout {
+    fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let kept = (1.0 / (1.0 - self.probability)) as f32;
+        let mask: Vec<f32> =
+            (0..x.elem_count()).map(|_| if rng.gen::<f64>() < self.probability { 0.0 } else { kept }).collect();
+        x * Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?
+    }
+}
+
 /// Which softmax, RMSNorm and rotary kernels a pass runs. Training needs gradients: it runs
 /// [`crate::kernels`] (fused on the CPU, with backward passes). Inference
 /// ([`Qwen3Model::forward_step`]) runs candle's fused kernels, which have no backward pass but
@@ -146,10 +207,10 @@ type LayerKv = (Tensor, Tensor);
 
 #[derive(Clone)]
 struct Attention {
-    q_proj: Tensor,
-    k_proj: Tensor,
-    v_proj: Tensor,
-    o_proj: Tensor,
+    q_proj: Projection,
+    k_proj: Projection,
+    v_proj: Projection,
+    o_proj: Projection,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
     num_heads: usize,
@@ -177,20 +238,20 @@ impl Attention {
         };
         let attended = self.attend(&q, &all_k, &all_v, mask, kernels)?;
         let merged = attended.transpose(1, 2)?.reshape((batch, steps, self.num_heads * self.head_dim))?;
-        Ok((linear(&merged, &self.o_proj)?, (k, v)))
+        Ok((self.o_proj.forward(&merged)?, (k, v)))
     }
 
     /// Projects to `[B, heads, T, head_dim]`, normalising each head when `norm` is given.
     fn heads(
         &self,
         x: &Tensor,
-        weight: &Tensor,
+        projection: &Projection,
         heads: usize,
         norm: Option<&RmsNorm>,
         kernels: Kernels,
     ) -> candle_core::Result<Tensor> {
         let (batch, steps, _) = x.dims3()?;
-        let projected = linear(x, weight)?.reshape((batch, steps, heads, self.head_dim))?;
+        let projected = projection.forward(x)?.reshape((batch, steps, heads, self.head_dim))?;
         let projected = match norm {
             Some(norm) => norm.forward(&projected, kernels)?,
             None => projected,
@@ -230,15 +291,15 @@ impl Attention {
 
 #[derive(Clone)]
 struct Mlp {
-    gate_proj: Tensor,
-    up_proj: Tensor,
-    down_proj: Tensor,
+    gate_proj: Projection,
+    up_proj: Projection,
+    down_proj: Projection,
 }
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let gated = (linear(x, &self.gate_proj)?.silu()? * linear(x, &self.up_proj)?)?;
-        linear(&gated, &self.down_proj)
+        let gated = (self.gate_proj.forward(x)?.silu()? * self.up_proj.forward(x)?)?;
+        self.down_proj.forward(&gated)
     }
 }
 
@@ -263,6 +324,19 @@ impl DecoderLayer {
         let x = (x + attended)?;
         let out = (&x + self.mlp.forward(&self.post_attention_layernorm.forward(&x, kernels)?)?)?;
         Ok((out, kv))
+    }
+
+    fn projections_mut(&mut self) -> [(LoraTarget, &mut Projection); 7] {
+        let (attention, mlp) = (&mut self.attention, &mut self.mlp);
+        [
+            (LoraTarget::QProj, &mut attention.q_proj),
+            (LoraTarget::KProj, &mut attention.k_proj),
+            (LoraTarget::VProj, &mut attention.v_proj),
+            (LoraTarget::OProj, &mut attention.o_proj),
+            (LoraTarget::GateProj, &mut mlp.gate_proj),
+            (LoraTarget::UpProj, &mut mlp.up_proj),
+            (LoraTarget::DownProj, &mut mlp.down_proj),
+        ]
     }
 }
 
@@ -403,14 +477,16 @@ pub struct SeqStep<'a> {
     pub cache: &'a mut KvCache,
 }
 
-/// A Qwen3 causal language model whose parameters live in a [`VarMap`].
+/// A Qwen3 causal language model whose parameters live in a [`VarMap`], optionally carrying a
+/// LoRA adapter.
 ///
-/// Cloning is cheap and shares the parameters: an optimizer step through one clone is seen by
-/// all of them.
+/// Cloning is cheap and shares the parameters (and the adapter's): an optimizer step through
+/// one clone is seen by all of them.
 #[derive(Clone)]
 pub struct Qwen3Model {
     config: Qwen3Config,
     varmap: VarMap,
+    adapter: Option<LoraAdapter>,
     device: Device,
     dtype: DType,
     embed_tokens: Tensor,
@@ -465,15 +541,18 @@ impl Qwen3Model {
             params.insert(name.clone(), var.as_tensor().clone());
             varmap.data().lock().unwrap_or_else(PoisonError::into_inner).insert(name, var);
         }
-        Self::assemble(config, varmap, params, dtype, device)
+        Self::assemble(config, varmap, params, dtype, device, None)
     }
 
+    /// A model reading `params` (tensors of `varmap`'s variables, or constants sharing their
+    /// storage) and, when given, the adapter's variables.
     fn assemble(
         config: &Qwen3Config,
         varmap: VarMap,
         params: HashMap<String, Tensor>,
         dtype: DType,
         device: &Device,
+        adapter: Option<&LoraAdapter>,
     ) -> Result<Self, ModelError> {
         let take =
             |name: &str| params.get(name).cloned().ok_or_else(|| ModelError::MissingTensor { name: name.to_string() });
@@ -481,13 +560,20 @@ impl Qwen3Model {
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for layer in 0..config.num_hidden_layers {
             let weight = |name: &str| take(&format!("model.layers.{layer}.{name}.weight"));
+            let projection = |target: LoraTarget| -> Result<Projection, ModelError> {
+                let lora = adapter.and_then(|adapter| {
+                    let (a, b) = adapter.matrices(layer, target)?;
+                    Some(LoraUpdate { a, b, scale: adapter.scale(), dropout: None })
+                });
+                Ok(Projection { weight: take(&base_weight_name(layer, target))?, lora })
+            };
             layers.push(DecoderLayer {
                 input_layernorm: RmsNorm { weight: weight("input_layernorm")?, eps },
                 attention: Attention {
-                    q_proj: weight("self_attn.q_proj")?,
-                    k_proj: weight("self_attn.k_proj")?,
-                    v_proj: weight("self_attn.v_proj")?,
-                    o_proj: weight("self_attn.o_proj")?,
+                    q_proj: projection(LoraTarget::QProj)?,
+                    k_proj: projection(LoraTarget::KProj)?,
+                    v_proj: projection(LoraTarget::VProj)?,
+                    o_proj: projection(LoraTarget::OProj)?,
                     q_norm: RmsNorm { weight: weight("self_attn.q_norm")?, eps },
                     k_norm: RmsNorm { weight: weight("self_attn.k_norm")?, eps },
                     num_heads: config.num_attention_heads,
@@ -496,9 +582,9 @@ impl Qwen3Model {
                 },
                 post_attention_layernorm: RmsNorm { weight: weight("post_attention_layernorm")?, eps },
                 mlp: Mlp {
-                    gate_proj: weight("mlp.gate_proj")?,
-                    up_proj: weight("mlp.up_proj")?,
-                    down_proj: weight("mlp.down_proj")?,
+                    gate_proj: projection(LoraTarget::GateProj)?,
+                    up_proj: projection(LoraTarget::UpProj)?,
+                    down_proj: projection(LoraTarget::DownProj)?,
                 },
             });
         }
@@ -508,6 +594,7 @@ impl Qwen3Model {
         Ok(Self {
             config: config.clone(),
             varmap,
+            adapter: adapter.cloned(),
             device: device.clone(),
             dtype,
             embed_tokens,
@@ -535,7 +622,75 @@ impl Qwen3Model {
         &self.varmap
     }
 
-    /// Every parameter with its Hugging Face name, sorted by name.
+    /// The adapter this model applies, if any.
+    pub fn adapter(&self) -> Option<&LoraAdapter> {
+        self.adapter.as_ref()
+    }
+
+    /// This model with `adapter` applied (replacing any adapter it carries). It shares this
+    /// model's parameters and the adapter's variables, so updates of either are seen by both;
+    /// the base parameters enter its passes as constants, so a backward pass through it yields
+    /// gradients for the adapter only. The adapter must have been made for this configuration,
+    /// dtype and device.
+    pub fn with_adapter(&self, adapter: &LoraAdapter) -> Result<Self, ModelError> {
+        adapter.check_fits(&self.config).map_err(input_error)?;
+        if adapter.dtype() != self.dtype || !adapter.device().same_device(&self.device) {
+            return Err(input_error(format!(
+                "the adapter is {:?} on {:?}, the model {:?} on {:?}",
+                adapter.dtype(),
+                adapter.device().location(),
+                self.dtype,
+                self.device.location()
+            )));
+        }
+        let params = self.named_parameters().into_iter().map(|(name, var)| (name, var.as_tensor().detach())).collect();
+        Self::assemble(&self.config, self.varmap.clone(), params, self.dtype, &self.device, Some(adapter))
+    }
+
+    /// A clone whose adapter applies its dropout, with masks drawn from `seed` (a stream per
+    /// layer and projection): the model of one training pass. Without an adapter, or with a
+    /// dropout of 0, a plain clone.
+    pub fn with_dropout(&self, seed: u64) -> Self {
+        let mut model = self.clone();
+        let probability = self.adapter.as_ref().map_or(0.0, |adapter| adapter.config().dropout);
+        if probability == 0.0 {
+            return model;
+        }
+        for (index, layer) in model.layers.iter_mut().enumerate() {
+            for (target, projection) in layer.projections_mut() {
+                if let Some(lora) = &mut projection.lora {
+                    let stream = (index * LoraTarget::ALL.len() + target as usize + 1) as u64;
+                    let seed = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    lora.dropout = Some(Dropout { probability, seed });
+                }
+            }
+        }
+        model
+    }
+
+    /// A new model with its own parameters, each targeted weight replaced by
+    /// `W + scale * B A` (computed in f32), and no adapter: what a full checkpoint of the
+    /// adapted model holds. Without an adapter, a copy.
+    pub fn merged(&self) -> Result<Self, ModelError> {
+        let mut tensors: HashMap<String, Tensor> =
+            self.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
+        if let Some(adapter) = &self.adapter {
+            for layer in 0..self.config.num_hidden_layers {
+                for &target in adapter.targets() {
+                    let Some((a, b)) = adapter.matrices(layer, target) else { continue };
+                    let name = base_weight_name(layer, target);
+                    let weight =
+                        tensors.remove(&name).ok_or_else(|| ModelError::MissingTensor { name: name.clone() })?;
+                    let update = (b.to_dtype(DType::F32)?.matmul(&a.to_dtype(DType::F32)?)? * adapter.scale())?;
+                    tensors.insert(name, (weight.to_dtype(DType::F32)? + update)?.to_dtype(self.dtype)?);
+                }
+            }
+        }
+        Self::from_tensors(&self.config, tensors, self.dtype, &self.device)
+    }
+
+    /// Every base parameter with its Hugging Face name, sorted by name (an adapter's are in
+    /// [`LoraAdapter::named_parameters`]).
     pub fn named_parameters(&self) -> Vec<(String, Var)> {
         let data = self.varmap.data().lock().unwrap_or_else(PoisonError::into_inner);
         let mut params: Vec<(String, Var)> = data.iter().map(|(name, var)| (name.clone(), var.clone())).collect();

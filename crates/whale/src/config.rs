@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use whale_core::Domain;
 use whale_harness::Limits;
-use whale_lm::{EngineConfig, SamplingParams};
+use whale_lm::{EngineConfig, LoraConfig, SamplingParams};
 use whale_search::{Acceptance, AgentConfig, CommandConfig};
 
 /// A whole experiment.
@@ -194,7 +194,14 @@ pub struct WeightConfig {
     /// Write a full checkpoint (weights and optimizer) every this many weight steps; the steps
     /// in between are replayed from their journal on resume.
     pub checkpoint_every: u64,
-    /// Train with this command instead of in-process (required with `[server]`).
+    /// `[weights.lora]`: train a LoRA adapter of the model instead of all its weights (the
+    /// rollouts then sample from the base plus the adapter, and checkpoints are PEFT adapter
+    /// directories); absent: full fine-tuning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
+    /// `[weights.trainer]`: train with this command instead of in-process (required with
+    /// `[server]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub trainer: Option<TrainerCommandConfig>,
 }
 
@@ -213,6 +220,7 @@ impl Default for WeightConfig {
             max_seq_len: 1024,
             skip_truncated: true,
             checkpoint_every: 5,
+            lora: None,
             trainer: None,
         }
     }
@@ -449,6 +457,9 @@ impl RunConfig {
         if !(self.weights.learning_rate > 0.0 && self.weights.learning_rate.is_finite()) {
             return Err(("weights.learning_rate", "must be a positive number".to_string()));
         }
+        if let Some(lora) = &self.weights.lora {
+            lora.validate().map_err(|error| ("weights.lora", error.to_string()))?;
+        }
         if let Some(share) = self.schedule.sequential_weight_share {
             if !(0.0..=1.0).contains(&share) {
                 return Err(("schedule.sequential_weight_share", "must lie in [0, 1]".to_string()));
@@ -480,6 +491,11 @@ impl RunConfig {
         }
         if let Some(trainer) = &self.weights.trainer {
             trainer.validate()?;
+        }
+        if self.weights.trainer.is_some() && self.weights.lora.is_some() {
+            let reason = "configures whale's own trainer; an external trainer ([weights.trainer]) takes its LoRA \
+                          settings on its command line";
+            return Err(("weights.lora", reason.to_string()));
         }
         let trains = self.condition != Condition::HarnessOnly;
         match (&self.server, &self.weights.trainer) {
@@ -557,6 +573,21 @@ mod tests {
         assert!(error.to_string().contains("search_min"), "{error}");
         let error = parse("[eval]\nk = 0\n").expect_err("k");
         assert!(error.to_string().contains("eval.k"), "{error}");
+        let error = parse("[weights.lora]\nrank = 0\n").expect_err("rank");
+        assert!(error.to_string().contains("weights.lora") && error.to_string().contains("`rank`"), "{error}");
+        let error = parse("[weights.lora]\ntarget_modules = [\"qproj\"]\n").expect_err("module");
+        assert!(error.to_string().contains("`qproj`"), "{error}");
+        let error = parse("[weights.lora]\nranks = 4\n").expect_err("unknown key");
+        assert!(error.to_string().contains("ranks"), "{error}");
+    }
+
+    #[test]
+    fn a_lora_table_keeps_the_adapter_defaults() {
+        assert_eq!(RunConfig::default().weights.lora, None, "full fine-tuning by default");
+        let config = parse("[weights.lora]\nrank = 4\ntarget_modules = [\"q_proj\", \"v_proj\"]\n").expect("config");
+        let lora = config.weights.lora.expect("a lora table");
+        assert_eq!((lora.rank, lora.alpha, lora.dropout), (4, LoraConfig::default().alpha, 0.0));
+        assert_eq!(lora.target_modules, ["q_proj", "v_proj"]);
     }
 
     #[test]
@@ -575,6 +606,7 @@ mod tests {
         let mut config = RunConfig::default();
         config.model.path = Some(PathBuf::from("/models/base"));
         config.schedule.sequential_weight_share = Some(0.5);
+        config.weights.lora = Some(LoraConfig { rank: 4, dropout: 0.1, ..LoraConfig::default() });
         let text = config.to_toml().expect("toml");
         assert_eq!(parse(&text).expect("config"), config);
     }

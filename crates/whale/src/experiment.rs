@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use whale_core::{Ledger, Purpose, Spend, Task, Trajectory};
 use whale_harness::{stock_harness, Harness};
-use whale_lm::{EngineConfig, GenerationConfig, LocalPolicy, Policy, SftTrainer};
+use whale_lm::{EngineConfig, LocalPolicy, Policy, SftTrainer};
 use whale_search::HarnessSearch;
 use whale_tasks::split::{split, SplitSizes, Splits};
 use whale_tasks::{DomainTasks, Environment};
@@ -161,6 +161,8 @@ pub struct Experiment {
     state: RunState,
     splits: Splits,
     environment: Environment,
+    /// The model directory the run starts from (the base of a LoRA adapter).
+    base_model: PathBuf,
     /// What every rollout talks to.
     policy: Arc<dyn Policy>,
     weights: Weights,
@@ -261,7 +263,7 @@ impl Experiment {
                     config: trainer.clone(),
                     base: trainer.base.clone().unwrap_or_else(|| model_dir.display().to_string()),
                     name_prefix: format!("{}-{}", config.name, config.condition),
-                    target: WeightsTarget::Local { policy: engine.clone(), device: device.clone() },
+                    target: WeightsTarget::Local { policy: engine.clone(), base: engine.model() },
                 };
                 (engine, Weights::External(external))
             }
@@ -277,8 +279,19 @@ impl Experiment {
             adaptive: config.schedule.adaptive.clone(),
             search_stale_limit: config.schedule.search_stale_limit,
         };
-        let mut experiment =
-            Self { dir, config, state, splits, environment, policy, weights, search, scheduler, verbosity };
+        let mut experiment = Self {
+            dir,
+            config,
+            state,
+            splits,
+            environment,
+            base_model: model_dir,
+            policy,
+            weights,
+            search,
+            scheduler,
+            verbosity,
+        };
         experiment.restore_weights(&device)?;
         experiment.restore_examples()?;
         Ok(experiment)
@@ -300,17 +313,15 @@ impl Experiment {
                 return Ok(());
             }
         };
-        let pad = engine.tokenizer().specials().endoftext;
-        let trainer_config = weight_phase::trainer_config(&self.config.weights, pad);
         let model_error = |e: &dyn std::fmt::Display| ExperimentError::Model(e.to_string());
+        let weights = &self.config.weights;
         let mut trainer = if self.state.checkpoint_step > 0 {
             let path = self.dir.checkpoint_path(self.state.checkpoint_step);
-            let trainer = SftTrainer::resume(&path, trainer_config, DType::F32, device).map_err(|e| model_error(&e))?;
-            engine.reload(trainer.model().clone(), 0).map_err(|e| model_error(&e))?;
-            trainer
+            weight_phase::resume_trainer(weights, &engine, &path, device)
         } else {
-            SftTrainer::new(engine.model(), trainer_config).map_err(|e| model_error(&e))?
-        };
+            weight_phase::new_trainer(weights, &engine, self.config.seed)
+        }
+        .map_err(|e| model_error(&e))?;
         for step in self.state.checkpoint_step + 1..=self.state.weight_steps {
             let journal: StepJournal = self.dir.read_journal(step)?;
             weight_phase::apply(&mut trainer, &journal).map_err(|e| model_error(&e))?;
@@ -584,8 +595,8 @@ impl Experiment {
                     .map_err(|source| RunDirError::Io { path: stale.to_path_buf(), source })?;
             }
         }
-        let generation = GenerationConfig::for_model(trainer.model().config());
-        trainer.save(&partial, &generation).map_err(|e| ExperimentError::Model(e.to_string()))?;
+        weight_phase::save_trainer(trainer, &partial, &self.base_model)
+            .map_err(|e| ExperimentError::Model(e.to_string()))?;
         std::fs::rename(&partial, &target).map_err(|source| RunDirError::Io { path: target.clone(), source })?;
         self.state.checkpoint_step = step;
         Ok(())

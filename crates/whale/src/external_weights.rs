@@ -23,12 +23,11 @@
 use crate::run_dir::{read_json, write_atomic, write_json, RunDirError, ServedWeights};
 use crate::trainer_command::{Placeholders, TrainerCommandConfig, TrainerCommandError, TrainerOutput, TrainerRun};
 use crate::weight_phase::StepReport;
-use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use whale_core::{ChatMessage, ModelCall, Trajectory};
-use whale_lm::{load_model, LocalPolicy};
+use whale_lm::{load_model, LocalPolicy, LoraAdapter, Qwen3Model};
 
 /// One line of `samples.jsonl`: a model call as a chat, its completion the final assistant
 /// turn, and which turns are trained on (only that last one).
@@ -123,8 +122,9 @@ pub enum ExternalWeightsError {
 
 /// Where new weights go.
 pub enum WeightsTarget {
-    /// The in-process engine (no `[server]`); `device` is where loaded weights live.
-    Local { policy: Arc<LocalPolicy>, device: Device },
+    /// The in-process engine (no `[server]`); adapters apply to `base`, the model it started
+    /// with, and checkpoints load in its dtype and onto its device.
+    Local { policy: Arc<LocalPolicy>, base: Qwen3Model },
 }
 
 /// The weight phase's external trainer and where its output is installed.
@@ -180,13 +180,15 @@ impl ExternalTrainer {
         let failed =
             |reason: String| ExternalWeightsError::Load { step: weights.step, path: weights.path.clone(), reason };
         match &self.target {
-            WeightsTarget::Local { policy, device } => {
+            WeightsTarget::Local { policy, base } => {
                 let model = match self.config.output {
                     TrainerOutput::Checkpoint => {
-                        load_model(&weights.path, DType::F32, device).map_err(|e| failed(e.to_string()))?
+                        load_model(&weights.path, base.dtype(), base.device()).map_err(|e| failed(e.to_string()))?
                     }
                     TrainerOutput::Adapter => {
-                        return Err(failed("the in-process engine loads checkpoints only".to_string()))
+                        let adapter = LoraAdapter::load_peft(&weights.path, base.config(), base.dtype(), base.device())
+                            .map_err(|e| failed(e.to_string()))?;
+                        base.with_adapter(&adapter).map_err(|e| failed(e.to_string()))?
                     }
                 };
                 policy.reload(model, version).map_err(|e| failed(e.to_string()))

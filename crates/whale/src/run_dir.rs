@@ -6,7 +6,8 @@
 //! metrics.jsonl        one row per weight step, search iteration, evaluation, phase boundary
 //! ledger.json          the ledger as of the last completed unit
 //! journal/step-N.json  the training examples of each weight step since the last checkpoint
-//! checkpoints/step-N/  full checkpoints (weights and optimizer), every `checkpoint_every` steps
+//! checkpoints/step-N/  full checkpoints (weights and optimizer), every `checkpoint_every` steps;
+//!                      with `[weights.lora]`, PEFT adapter directories (adapter and optimizer)
 //! weights/step-N/      with an external trainer: the step's samples.jsonl, rollouts.json,
 //!                      train.log and the adapter/ or checkpoint/ the trainer wrote
 //! examples.jsonl       the last step's kept rollouts (few-shot material for the proposer)
