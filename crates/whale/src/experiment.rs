@@ -131,7 +131,7 @@ enum Weights {
     /// and none for harness-only).
     InProcess { engine: Arc<LocalPolicy>, trainer: Option<Box<SftTrainer>> },
     /// The `[weights.trainer]` command.
-    External(ExternalTrainer),
+    External(Box<ExternalTrainer>),
 }
 
 /// The phase's settings, from the parts of an experiment it borrows.
@@ -265,7 +265,7 @@ impl Experiment {
                     name_prefix: format!("{}-{}", config.name, config.condition),
                     target: WeightsTarget::Local { policy: engine.clone(), base: engine.model() },
                 };
-                (engine, Weights::External(external))
+                (engine, Weights::External(Box::new(external)))
             }
             None => (engine.clone(), Weights::InProcess { engine, trainer: None }),
         };
