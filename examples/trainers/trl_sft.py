@@ -65,7 +65,11 @@ def parse_args(argv=None):
     parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank r (default 16)")
     parser.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 2 x rank)")
     parser.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout (default 0)")
-    parser.add_argument("--target-modules", default=TARGET_MODULES, help=f"comma-separated (default {TARGET_MODULES})")
+    parser.add_argument(
+        "--target-modules",
+        default=TARGET_MODULES,
+        help=f"comma-separated, or all-linear for every linear layer but the output (default {TARGET_MODULES})",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="examples per device per step (default 8)")
     parser.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (default 1)")
     parser.add_argument("--max-length", type=int, default=8192, help="tokens per example; longer lose their end")
@@ -113,6 +117,13 @@ def prompt_completion(sample):
     return {"prompt": clean[:last], "completion": clean[last:]}
 
 
+def target_modules(spec):
+    """PEFT's `all-linear`, or the comma-separated module names."""
+    if spec == "all-linear":
+        return spec
+    return [name.strip() for name in spec.split(",") if name.strip()]
+
+
 def main(argv=None):
     args = parse_args(argv)
     samples = read_samples(args.data)
@@ -136,7 +147,7 @@ def main(argv=None):
             r=args.lora_rank,
             lora_alpha=args.lora_alpha if args.lora_alpha is not None else 2 * args.lora_rank,
             lora_dropout=args.lora_dropout,
-            target_modules=[name.strip() for name in args.target_modules.split(",") if name.strip()],
+            target_modules=target_modules(args.target_modules),
             task_type="CAUSAL_LM",
         )
     config = SFTConfig(

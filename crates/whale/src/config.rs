@@ -591,14 +591,29 @@ mod tests {
     }
 
     #[test]
-    fn the_tiny_examples_parse_and_math_toml_documents_the_defaults() {
+    fn every_example_parses_and_math_toml_documents_the_defaults() {
         let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
         let math = RunConfig::load(&examples.join("math.toml")).expect("math.toml");
         assert_eq!(math, RunConfig::default(), "examples/math.toml shows every default");
-        for name in ["chess", "qa", "math-qwen3", "chess-qwen3", "qa-qwen3"] {
-            let config = RunConfig::load(&examples.join(format!("{name}.toml"))).expect(name);
-            assert_eq!(config.name, name);
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&examples).expect("examples/") {
+            let path = entry.expect("an entry").path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let config = RunConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+                assert_eq!(config.name, stem, "{}", path.display());
+                names.push(config.name);
+            }
         }
+        names.sort();
+        let expected = ["chess", "chess-qwen3", "chess-qwen3.5", "math", "math-qwen3", "math-qwen3.5", "qa"];
+        assert_eq!(names[..7], expected, "{names:?}");
+        let served = RunConfig::load(&examples.join("qa-qwen3.5.toml")).expect("qa-qwen3.5");
+        let server = served.server.expect("rollouts on a server");
+        assert_eq!((server.model.as_str(), server.kind), ("Qwen/Qwen3.5-2B", crate::server::ServerKind::Vllm));
+        let trainer = served.weights.trainer.expect("an external trainer");
+        let workdir = trainer.workdir.expect("resolved").canonicalize().expect("a directory");
+        assert_eq!(workdir, examples.canonicalize().expect("examples/"), "the command runs beside the file");
     }
 
     #[test]
