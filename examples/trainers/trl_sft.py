@@ -35,6 +35,10 @@ By hand, on whale's tiny base model (CPU, seconds):
     python examples/trainers/trl_sft.py --data samples.jsonl \\
         --base ~/.cache/whale/models/base-v1-seed0 --output /tmp/adapter
 
+For a server that loads full checkpoints (SGLang's /update_weights_from_disk, output =
+"checkpoint"), --merge writes the adapter folded into the weights instead, and --previous is
+then the previous step's checkpoint, on which a fresh adapter is trained.
+
 Notes:
 - --previous is the last update's adapter (whale passes an empty string before the first
   update): its weights are trained further. The optimizer starts afresh each step (whale's own
@@ -84,6 +88,12 @@ def parse_args(argv=None):
         help="training precision (auto: bfloat16 on a GPU that has it, else float32)",
     )
     parser.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for activation memory")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="write a full checkpoint (the adapter merged into the weights) for output = \"checkpoint\"; "
+        "--previous is then the previous step's checkpoint, which a fresh adapter trains on",
+    )
     return parser.parse_args(argv)
 
 
@@ -138,9 +148,10 @@ def main(argv=None):
         args.dtype == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     )
     tokenizer = AutoTokenizer.from_pretrained(args.base)
-    model = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.bfloat16 if bf16 else torch.float32)
+    start = args.previous if args.merge and args.previous else args.base
+    model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.bfloat16 if bf16 else torch.float32)
     peft_config = None
-    if args.previous:
+    if args.previous and not args.merge:
         model = PeftModel.from_pretrained(model, args.previous, is_trainable=True)
     else:
         peft_config = LoraConfig(
@@ -178,9 +189,25 @@ def main(argv=None):
         peft_config=peft_config,
     )
     result = trainer.train()
-    trainer.save_model(str(args.output))
+    if args.merge:
+        save_merged(trainer, tokenizer, args.output)
+    else:
+        trainer.save_model(str(args.output))
     if trainer.is_world_process_zero():
-        print(f"trained on {len(samples)} samples, loss {result.training_loss:.4f}; adapter in {args.output}")
+        what = "checkpoint" if args.merge else "adapter"
+        print(f"trained on {len(samples)} samples, loss {result.training_loss:.4f}; {what} in {args.output}")
+
+
+def save_merged(trainer, tokenizer, output):
+    """The adapter folded into the weights, saved as a Hugging Face checkpoint by the main process.
+    Every process must hold whole weights (one process, DDP or ZeRO-2; not FSDP or ZeRO-3)."""
+    trainer.accelerator.wait_for_everyone()
+    if trainer.is_world_process_zero():
+        merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+        merged.save_pretrained(str(output), safe_serialization=True)
+        # The chat template stays in tokenizer_config.json, where every reader finds it.
+        tokenizer.save_pretrained(str(output), save_jinja_files=False)
+    trainer.accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":
