@@ -6,8 +6,9 @@
 //! string) and nothing from a completed stop string on is sent: text after the cut must never
 //! reach the client. The streamed pieces therefore always add up to the final completion's text.
 
-use std::io::Write;
 use std::sync::mpsc;
+
+use hyper::body::Bytes;
 
 use serde_json::Value;
 use whale_lm::sampling::StopMatcher;
@@ -65,7 +66,7 @@ pub fn stream(
     request: &GenerationRequest,
     prompt: &[u32],
     header: &ReplyHeader,
-    mut sink: EventSink<impl Write>,
+    mut sink: EventSink,
 ) {
     let tokenizer = policy.tokenizer();
     for index in 0..request.n {
@@ -179,45 +180,32 @@ impl<'a> ChoiceText<'a> {
     }
 }
 
-/// Server-sent events over a raw HTTP/1.1 connection, each event one chunk of a chunked body
-/// and flushed at once (tiny_http's own chunked writer buffers 8 KiB, which would hold tokens
-/// back).
-pub struct EventSink<W: Write> {
-    writer: W,
-    /// The client went away; later events are dropped.
+/// Server-sent events into a streamed response body: each event is one frame, handed to the
+/// HTTP layer as soon as it is written (a slow client makes this wait; a client that went away
+/// makes it drop the rest).
+pub struct EventSink {
+    frames: tokio::sync::mpsc::Sender<Bytes>,
     broken: bool,
 }
 
-impl<W: Write> EventSink<W> {
-    /// Writes the response head.
-    pub fn open(mut writer: W) -> Self {
-        let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
-                    Transfer-Encoding: chunked\r\n\r\n";
-        let broken = writer.write_all(head.as_bytes()).and_then(|()| writer.flush()).is_err();
-        Self { writer, broken }
+impl EventSink {
+    pub fn new(frames: tokio::sync::mpsc::Sender<Bytes>) -> Self {
+        Self { frames, broken: false }
     }
 
     pub fn send(&mut self, event: &Value) {
-        self.chunk(format!("data: {event}\n\n").as_bytes());
+        self.frame(format!("data: {event}\n\n"));
     }
 
-    /// The `[DONE]` event and the end of the body.
+    /// The `[DONE]` event, which ends the body.
     pub fn done(mut self) {
-        self.chunk(b"data: [DONE]\n\n");
-        if !self.broken {
-            let _ = self.writer.write_all(b"0\r\n\r\n").and_then(|()| self.writer.flush());
-        }
+        self.frame("data: [DONE]\n\n".to_string());
     }
 
-    fn chunk(&mut self, data: &[u8]) {
-        if self.broken {
-            return;
+    fn frame(&mut self, text: String) {
+        if !self.broken {
+            self.broken = self.frames.blocking_send(Bytes::from(text)).is_err();
         }
-        let written = write!(self.writer, "{:x}\r\n", data.len())
-            .and_then(|()| self.writer.write_all(data))
-            .and_then(|()| self.writer.write_all(b"\r\n"))
-            .and_then(|()| self.writer.flush());
-        self.broken = written.is_err();
     }
 }
 
@@ -245,14 +233,15 @@ mod tests {
     }
 
     #[test]
-    fn events_are_chunked_and_end_with_done() {
-        let mut body = Vec::new();
-        let mut sink = EventSink::open(&mut body);
+    fn events_are_data_lines_and_end_with_done() {
+        let (frames, mut received) = tokio::sync::mpsc::channel(8);
+        let mut sink = EventSink::new(frames);
         sink.send(&serde_json::json!({"a": 1}));
         sink.done();
-        let body = String::from_utf8(body).expect("utf-8");
-        let expected =
-            "Transfer-Encoding: chunked\r\n\r\nf\r\ndata: {\"a\":1}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
-        assert!(body.starts_with("HTTP/1.1 200 OK\r\n") && body.ends_with(expected), "{body:?}");
+        let mut body = Vec::new();
+        while let Ok(frame) = received.try_recv() {
+            body.extend_from_slice(&frame);
+        }
+        assert_eq!(String::from_utf8(body).expect("utf-8"), "data: {\"a\":1}\n\ndata: [DONE]\n\n");
     }
 }

@@ -1,7 +1,12 @@
-//! The HTTP server: tiny_http accepts connections and parses requests on its own threads, and
-//! a fixed pool of worker threads takes requests off its queue and answers each one, blocking
-//! while the engine generates. The engine batches across workers, so the pool is sized for
-//! concurrency (default 256 requests at once), not for CPU.
+//! The HTTP server: hyper on a small tokio runtime parses requests and streams replies; each
+//! request's work (parsing, generation, model loading) runs on tokio's blocking pool, where it
+//! may wait on the engine as long as it takes. The engine batches across those threads, so the
+//! pool is sized for concurrency (default 256 requests at once), not for CPU.
+//!
+//! Why not a simpler blocking server: tiny_http, tried first, hands connections to a pool that
+//! keeps 4 threads and queues a burst of new keep-alive connections behind them, so 60 of 64
+//! concurrent clients waited until others hung up. hyper and tokio are in the build already
+//! (reqwest is made of them).
 //!
 //! Routes (OpenAI's, plus vLLM's and SGLang's model management):
 //! - `POST /v1/chat/completions`, `POST /v1/completions` (both may stream)
@@ -10,16 +15,24 @@
 //!   {lora_name}` (also without `/v1`, SGLang's paths)
 //! - `POST /update_weights_from_disk {model_path}`: new weights for the base model
 
-use std::io::Read;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::{Body, Bytes, Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Response, StatusCode};
+use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tiny_http::{Header, Method, Request, Response};
+use whale_lm::LocalPolicy;
 
 use crate::error::ApiError;
 use crate::fault::FaultInjector;
@@ -34,7 +47,7 @@ pub struct ServeConfig {
     pub host: String,
     /// 0 picks a free port; [`Server::addr`] tells which.
     pub port: u16,
-    /// Requests answered at once (each waits on the engine in its own thread).
+    /// Requests worked on at once (each waits on the engine in its own thread); more wait.
     pub workers: usize,
     /// Larger request bodies get a 413.
     pub max_body_bytes: usize,
@@ -62,8 +75,8 @@ pub enum ServeError {
     Bind { address: String, reason: String },
     #[error("serve config `{key}`: {reason}")]
     Config { key: &'static str, reason: String },
-    #[error("cannot start a worker thread: {0}")]
-    Spawn(std::io::Error),
+    #[error("cannot start the server's runtime: {0}")]
+    Runtime(std::io::Error),
 }
 
 /// Counters since the server started.
@@ -75,25 +88,26 @@ pub struct ServerStats {
     pub injected_faults: u64,
 }
 
-/// What the workers share.
+/// What the request handlers share.
 struct State {
     registry: ModelRegistry,
     faults: FaultInjector,
     max_body_bytes: usize,
     requests: AtomicU64,
-    stopping: AtomicBool,
 }
 
 /// A running server; dropping it stops it.
 pub struct Server {
-    http: Arc<tiny_http::Server>,
+    runtime: Option<tokio::runtime::Runtime>,
     state: Arc<State>,
-    workers: Vec<JoinHandle<()>>,
     addr: SocketAddr,
 }
 
+/// How long [`Server::shutdown`] lets requests in flight finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 impl Server {
-    /// Binds `host:port` and starts the workers.
+    /// Binds `host:port` and starts serving.
     pub fn start(config: &ServeConfig, registry: ModelRegistry) -> Result<Self, ServeError> {
         if config.workers == 0 {
             return Err(ServeError::Config { key: "workers", reason: "must be positive".to_string() });
@@ -105,27 +119,30 @@ impl Server {
             });
         }
         let address = format!("{}:{}", config.host, config.port);
-        let bind_error = |reason: String| ServeError::Bind { address: address.clone(), reason };
-        let http = tiny_http::Server::http(&address).map_err(|e| bind_error(e.to_string()))?;
-        let addr = http.server_addr().to_ip().ok_or_else(|| bind_error("not an IP address".to_string()))?;
-        let http = Arc::new(http);
+        let bind_error = |e: std::io::Error| ServeError::Bind { address: address.clone(), reason: e.to_string() };
+        let listener = std::net::TcpListener::bind(&address).map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
+        let addr = listener.local_addr().map_err(bind_error)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(config.workers)
+            .thread_name("whale-serve")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(ServeError::Runtime)?;
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::TcpListener::from_std(listener).map_err(bind_error)?
+        };
         let state = Arc::new(State {
             registry,
             faults: FaultInjector::new(config.fail_rate, config.fail_seed),
             max_body_bytes: config.max_body_bytes,
             requests: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
         });
-        let mut server = Self { http, state, workers: Vec::with_capacity(config.workers), addr };
-        for index in 0..config.workers {
-            let (http, state) = (Arc::clone(&server.http), Arc::clone(&server.state));
-            let worker = std::thread::Builder::new()
-                .name(format!("whale-serve-{index}"))
-                .spawn(move || work(&http, &state))
-                .map_err(ServeError::Spawn)?;
-            server.workers.push(worker);
-        }
-        Ok(server)
+        runtime.spawn(accept(listener, Arc::clone(&state)));
+        Ok(Self { runtime: Some(runtime), state, addr })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -148,22 +165,17 @@ impl Server {
         }
     }
 
-    /// Blocks the calling thread for as long as the server runs (until the process ends).
-    pub fn wait(mut self) {
-        for worker in self.workers.drain(..) {
-            // A worker that panicked has already stopped; the others keep serving.
-            let _ = worker.join();
+    /// Blocks the calling thread for as long as the process runs; the server works meanwhile.
+    pub fn wait(self) -> ! {
+        loop {
+            std::thread::park();
         }
     }
 
-    /// Stops taking requests, lets the workers finish the requests they hold, and waits for them.
+    /// Stops accepting, gives the requests in flight a few seconds, and stops.
     pub fn shutdown(&mut self) {
-        self.state.stopping.store(true, Ordering::SeqCst);
-        for _ in 0..self.workers.len() {
-            self.http.unblock();
-        }
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(SHUTDOWN_GRACE);
         }
     }
 }
@@ -174,88 +186,120 @@ impl Drop for Server {
     }
 }
 
-fn work(http: &tiny_http::Server, state: &State) {
-    while !state.stopping.load(Ordering::SeqCst) {
-        match http.recv() {
-            Ok(request) => serve(state, request),
-            // Unblocked for shutdown; or a connection failed before its request was complete.
-            Err(_) => continue,
-        }
+async fn accept(listener: tokio::net::TcpListener, state: Arc<State>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Out of file descriptors or a connection reset before it was accepted: wait
+                // a moment rather than spin.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| handle(Arc::clone(&state), request));
+            // A connection that breaks concerns only its own client.
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
     }
 }
 
-/// How a request is answered once routed.
+type ReplyBody = BoxBody<Bytes, Infallible>;
+
+/// What a request asks for, known from its method and path alone.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Health,
+    Models,
+    Generate(Endpoint),
+    Load,
+    Unload,
+    ReloadBase,
+}
+
+/// How a request is answered.
 enum Reply {
     Json(u16, Value),
-    /// A valid generation request that streams: the writer is taken from the request.
-    Stream(Box<GenerationRequest>, Arc<whale_lm::LocalPolicy>, Vec<u32>),
+    /// A valid generation request that streams.
+    Stream(Box<GenerationRequest>, Arc<LocalPolicy>, Vec<u32>),
 }
 
-fn serve(state: &State, mut request: Request) {
+async fn handle(state: Arc<State>, request: hyper::Request<Incoming>) -> Result<Response<ReplyBody>, Infallible> {
     state.requests.fetch_add(1, Ordering::Relaxed);
-    let path = request.url().split('?').next().unwrap_or_default().to_string();
-    let method = request.method().clone();
-    match route(state, &mut request, &method, &path) {
-        Ok(Reply::Json(status, body)) => respond_json(request, status, &body),
-        Ok(Reply::Stream(generation, policy, prompt)) => stream(request, &generation, &policy, &prompt),
-        Err(error) => respond_json(request, error.status, &error.body()),
-    }
+    let (parts, body) = request.into_parts();
+    let reply = match route(&parts.method, parts.uri.path()) {
+        Err(error) => Err(error),
+        Ok(route) => match read_body(&parts.headers, body, state.max_body_bytes).await {
+            Err(error) => Err(error),
+            Ok(body) => {
+                let worker_state = Arc::clone(&state);
+                tokio::task::spawn_blocking(move || answer(&worker_state, route, &body))
+                    .await
+                    .unwrap_or_else(|_| Err(ApiError::internal("the request handler panicked")))
+            }
+        },
+    };
+    Ok(match reply {
+        Ok(Reply::Json(status, body)) => json_response(status, &body),
+        Ok(Reply::Stream(generation, policy, prompt)) => stream_response(*generation, policy, prompt),
+        Err(error) => json_response(error.status, &error.body()),
+    })
 }
 
-fn route(state: &State, request: &mut Request, method: &Method, path: &str) -> Result<Reply, ApiError> {
-    let allowed = match path {
-        "/v1/models" | "/health" => "GET",
-        "/v1/chat/completions"
-        | "/v1/completions"
-        | "/v1/load_lora_adapter"
-        | "/load_lora_adapter"
-        | "/v1/unload_lora_adapter"
-        | "/unload_lora_adapter"
-        | "/update_weights_from_disk" => "POST",
+fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
+    let (route, allowed) = match path {
+        "/health" => (Route::Health, Method::GET),
+        "/v1/models" => (Route::Models, Method::GET),
+        "/v1/chat/completions" => (Route::Generate(Endpoint::Chat), Method::POST),
+        "/v1/completions" => (Route::Generate(Endpoint::Text), Method::POST),
+        "/v1/load_lora_adapter" | "/load_lora_adapter" => (Route::Load, Method::POST),
+        "/v1/unload_lora_adapter" | "/unload_lora_adapter" => (Route::Unload, Method::POST),
+        "/update_weights_from_disk" => (Route::ReloadBase, Method::POST),
         _ => return Err(ApiError::no_route(method.as_str(), path)),
     };
-    if method.as_str() != allowed {
-        return Err(ApiError::method_not_allowed(method.as_str(), path, allowed));
+    if *method != allowed {
+        return Err(ApiError::method_not_allowed(method.as_str(), path, allowed.as_str()));
     }
-    match path {
-        "/health" => Ok(Reply::Json(200, json!({}))),
-        "/v1/models" => Ok(Reply::Json(200, models(&state.registry.list()))),
-        "/v1/chat/completions" => generation(state, request, Endpoint::Chat),
-        "/v1/completions" => generation(state, request, Endpoint::Text),
-        "/v1/load_lora_adapter" | "/load_lora_adapter" => load(state, &read_body(request, state.max_body_bytes)?),
-        "/v1/unload_lora_adapter" | "/unload_lora_adapter" => unload(state, &read_body(request, state.max_body_bytes)?),
-        _ => reload_base(state, &read_body(request, state.max_body_bytes)?),
+    Ok(route)
+}
+
+/// The whole body, refused with a 413 past `limit` bytes (before reading when the client
+/// says its length).
+async fn read_body(headers: &HeaderMap, body: Incoming, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = headers.get(CONTENT_LENGTH).and_then(|value| value.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(ApiError::too_large(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
+        Err(error) => Err(ApiError::bad_request(format!("cannot read the request body: {error}"))),
     }
 }
 
-fn read_body(request: &mut Request, limit: usize) -> Result<Vec<u8>, ApiError> {
-    if request.body_length().is_some_and(|length| length > limit) {
-        return Err(ApiError::too_large(limit));
+/// The blocking part of a request: everything after the body is read.
+fn answer(state: &State, route: Route, body: &[u8]) -> Result<Reply, ApiError> {
+    match route {
+        Route::Health => Ok(Reply::Json(200, json!({}))),
+        Route::Models => Ok(Reply::Json(200, models(&state.registry.list()))),
+        Route::Generate(endpoint) => generation(state, body, endpoint),
+        Route::Load => load(state, body),
+        Route::Unload => unload(state, body),
+        Route::ReloadBase => reload_base(state, body),
     }
-    let mut body = Vec::new();
-    request
-        .as_reader()
-        .take(limit as u64 + 1)
-        .read_to_end(&mut body)
-        .map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
-    if body.len() > limit {
-        return Err(ApiError::too_large(limit));
-    }
-    Ok(body)
 }
 
-fn generation(state: &State, request: &mut Request, endpoint: Endpoint) -> Result<Reply, ApiError> {
+fn generation(state: &State, body: &[u8], endpoint: Endpoint) -> Result<Reply, ApiError> {
     if state.faults.should_fail() {
         return Err(ApiError::unavailable(format!("injected fault (fail rate {})", state.faults.rate()))
             .with_code("injected_fault"));
     }
-    let parsed = GenerationRequest::parse(&read_body(request, state.max_body_bytes)?, endpoint)?;
+    let parsed = GenerationRequest::parse(body, endpoint)?;
     let policy = state.registry.get(&parsed.model).ok_or_else(|| ApiError::model_not_found(&parsed.model))?;
     let prompt = generate::prompt_ids(&policy, &parsed)?;
     if parsed.stream {
-        if request.http_version() < &tiny_http::HTTPVersion(1, 1) {
-            return Err(ApiError::bad_request("streaming needs HTTP/1.1 (a chunked body)").with_param("stream"));
-        }
         return Ok(Reply::Stream(Box::new(parsed), policy, prompt));
     }
     let completions = generate::complete(&policy, &parsed, &prompt)?;
@@ -263,9 +307,41 @@ fn generation(state: &State, request: &mut Request, endpoint: Endpoint) -> Resul
     Ok(Reply::Json(200, header.completion(&completions, policy.tokenizer(), parsed.logprobs)))
 }
 
-fn stream(request: Request, generation: &GenerationRequest, policy: &whale_lm::LocalPolicy, prompt: &[u32]) {
-    let header = ReplyHeader::new(generation.endpoint, &generation.model);
-    generate::stream(policy, generation, prompt, &header, EventSink::open(request.into_writer()));
+/// Events waiting to be written per streamed reply; a slower client holds the generation's
+/// writer back, not the engine.
+const STREAM_BUFFER: usize = 64;
+
+/// A `text/event-stream` reply whose events are written by a blocking thread as the engine
+/// samples.
+fn stream_response(generation: GenerationRequest, policy: Arc<LocalPolicy>, prompt: Vec<u32>) -> Response<ReplyBody> {
+    let (frames, receiver) = tokio::sync::mpsc::channel(STREAM_BUFFER);
+    tokio::task::spawn_blocking(move || {
+        let header = ReplyHeader::new(generation.endpoint, &generation.model);
+        generate::stream(&policy, &generation, &prompt, &header, EventSink::new(frames));
+    });
+    let mut response = Response::new(EventBody(receiver).boxed());
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// A response body fed by a channel; it ends when the writer drops its sender.
+struct EventBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl Body for EventBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|frame| frame.map(|bytes| Ok(Frame::data(bytes))))
+    }
+}
+
+fn json_response(status: u16, body: &Value) -> Response<ReplyBody> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 fn models(entries: &[ModelInfo]) -> Value {
@@ -343,14 +419,4 @@ fn registry_error(error: RegistryError, param: &str) -> ApiError {
         | RegistryError::Engine(_)
         | RegistryError::Checkpoint(_) => ApiError::bad_request(message).with_param(param),
     }
-}
-
-fn respond_json(request: Request, status: u16, body: &Value) {
-    let content_type = Header::from_bytes("Content-Type", "application/json").ok();
-    let mut response = Response::from_data(body.to_string().into_bytes()).with_status_code(status);
-    if let Some(header) = content_type {
-        response.add_header(header);
-    }
-    // A client that went away needs no answer.
-    let _ = request.respond(response);
 }
