@@ -5,9 +5,8 @@
 //! `whale serve` is what that client's retries, timeouts and adapter routing are tested
 //! against on loopback, fault injection included.
 //!
-//! Data flow of one chat request: tiny_http parses the HTTP request on its connection thread
-//! → a [`server`] worker reads the body (capped), [`request::GenerationRequest::parse`]
-//! checks it strictly → the [`registry::ModelRegistry`] picks the [`whale_lm::LocalPolicy`]
+//! Data flow of one chat request: hyper parses the HTTP request and reads the body (capped)
+//! → on a blocking [`server`] thread, [`request::GenerationRequest::parse`] checks it strictly → the [`registry::ModelRegistry`] picks the [`whale_lm::LocalPolicy`]
 //! named by `model` → [`generate`] renders the messages with the model's chat template and
 //! submits one engine request per choice (seed, seed + 1, ...) → the engine batches them with
 //! every other request in flight → [`response::ReplyHeader`] writes the OpenAI body, or

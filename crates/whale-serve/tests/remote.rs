@@ -186,3 +186,49 @@ fn set_model_routes_requests_to_a_loaded_checkpoint_until_it_is_unloaded() {
     assert_eq!(client.set_model("base"), 2);
     assert_eq!(client.chat(asked).expect("the base again"), from_base);
 }
+
+/// A proxy to `target` that reads the first request of each of its first `drops` connections
+/// and hangs up without answering, then forwards one connection and stops accepting.
+fn dropping_proxy(target: std::net::SocketAddr, drops: usize) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a port");
+    let address = listener.local_addr().expect("an address").to_string();
+    std::thread::spawn(move || {
+        for (index, connection) in listener.incoming().take(drops + 1).enumerate() {
+            let Ok(mut client) = connection else { continue };
+            if index < drops {
+                let mut request = [0u8; 4096];
+                let _ = std::io::Read::read(&mut client, &mut request);
+                continue;
+            }
+            let Ok(mut server) = std::net::TcpStream::connect(target) else { return };
+            let (Ok(mut client_reader), Ok(mut server_writer)) = (client.try_clone(), server.try_clone()) else {
+                return;
+            };
+            std::thread::spawn(move || std::io::copy(&mut client_reader, &mut server_writer));
+            let _ = std::io::copy(&mut server, &mut client);
+        }
+    });
+    address
+}
+
+#[test]
+fn connections_dropped_without_a_reply_are_retried() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_model(dir.path(), 6);
+    let server = start(dir.path(), ServeConfig::default());
+    let proxy = dropping_proxy(server.addr(), 2);
+    let client = RemotePolicy::new(RemoteConfig {
+        base_url: format!("http://{proxy}/v1"),
+        model: "base".into(),
+        max_retries: 3,
+        backoff_initial_ms: 1,
+        backoff_max_ms: 5,
+        request_timeout_s: 30.0,
+        ..RemoteConfig::default()
+    })
+    .expect("a valid client");
+    let asked = request("Kalo has 2 pens.", 0.0, 0, 8);
+    let completion = client.chat(asked.clone()).expect("the third attempt gets through");
+    assert_eq!(completion, local(dir.path()).chat(asked).expect("in-process"));
+    assert_eq!(client.stats().retries, 2);
+}

@@ -24,4 +24,5 @@ pub mod run_dir;
 pub mod runtime;
 pub mod scheduler;
 pub mod search_phase;
+pub mod serve_bench;
 pub mod weight_phase;
