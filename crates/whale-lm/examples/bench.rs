@@ -8,6 +8,7 @@ use candle_core::Device;
 use whale_lm::{run_bench, BenchConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    whale_lm::runtime::configure_cpu();
     let config = BenchConfig { model_dir: std::env::args().nth(1).map(PathBuf::from), ..BenchConfig::default() };
     let table = run_bench(&config, &Device::Cpu)?;
     println!("{table}");

@@ -129,6 +129,17 @@ fn torch_dtype_name(dtype: DType) -> &'static str {
     }
 }
 
+/// The dtype a checkpoint's `config.json` says its weights are stored in (`torch_dtype`, or
+/// `dtype` as newer `transformers` write it); f32 when it names none or another.
+pub fn stored_dtype(config: &Qwen3Config) -> DType {
+    let named = config.torch_dtype.as_deref().or_else(|| config.extra.get("dtype").and_then(Value::as_str));
+    match named {
+        Some("bfloat16") => DType::BF16,
+        Some("float16") => DType::F16,
+        _ => DType::F32,
+    }
+}
+
 /// Writes the model as a Hugging Face checkpoint into `dir` (created if needed): `config.json`,
 /// a single `model.safetensors` in the model's dtype, and `generation_config.json`.
 pub fn save_model(model: &Qwen3Model, generation: &GenerationConfig, dir: &Path) -> Result<(), CheckpointError> {
@@ -189,7 +200,7 @@ fn read_weight_map(index: &Path) -> Result<BTreeMap<String, String>, CheckpointE
     Ok(map)
 }
 
-fn read_json_object(file: &Path) -> Result<Map<String, Value>, CheckpointError> {
+pub(crate) fn read_json_object(file: &Path) -> Result<Map<String, Value>, CheckpointError> {
     let text = std::fs::read_to_string(file).map_err(|e| CheckpointError::io(file, e))?;
     match serde_json::from_str(&text) {
         Ok(Value::Object(object)) => Ok(object),
@@ -206,9 +217,33 @@ pub(crate) fn read_tensors(
     file: &Path,
     wanted: &[(String, Vec<usize>)],
 ) -> Result<HashMap<String, Tensor>, CheckpointError> {
+    read_tensors_checked(file, wanted, false)
+}
+
+/// [`read_tensors`] for a file that must hold exactly the wanted tensors: any other tensor is
+/// an error naming it.
+pub(crate) fn read_exact_tensors(
+    file: &Path,
+    wanted: &[(String, Vec<usize>)],
+) -> Result<HashMap<String, Tensor>, CheckpointError> {
+    read_tensors_checked(file, wanted, true)
+}
+
+fn read_tensors_checked(
+    file: &Path,
+    wanted: &[(String, Vec<usize>)],
+    exact: bool,
+) -> Result<HashMap<String, Tensor>, CheckpointError> {
     let bytes = std::fs::read(file).map_err(|e| CheckpointError::io(file, e))?;
     let archive = SafeTensors::deserialize(&bytes)
         .map_err(|e| CheckpointError::Format { file: file.to_path_buf(), reason: e.to_string() })?;
+    if exact {
+        let mut names = archive.names();
+        names.sort_unstable();
+        if let Some(unexpected) = names.into_iter().find(|name| !wanted.iter().any(|(w, _)| w == name)) {
+            return Err(CheckpointError::invalid(file, unexpected, "unexpected tensor"));
+        }
+    }
     let mut tensors = HashMap::with_capacity(wanted.len());
     for (name, shape) in wanted {
         let view = archive.tensor(name).map_err(|_| CheckpointError::invalid(file, name, "missing"))?;

@@ -50,7 +50,9 @@ pub struct EngineConfig {
     /// Most tokens of prompt plus completion; capped by the model's `max_position_embeddings`.
     pub max_context: usize,
     /// Most cells (sequences x longest prompt, padding included) of one prefill call; a prompt
-    /// longer than this is prefilled alone.
+    /// longer than this is prefilled alone. The default suits a CPU: there a larger batch
+    /// gains little and padding costs a lot (64 GSM8K prompts with a 1M-parameter model
+    /// prefill 2-3x faster at 512 than at 8192); a GPU wants several thousand.
     pub max_prefill_tokens: usize,
     /// End-of-sequence ids besides `<|im_end|>`, `<|endoftext|>` and the model config's
     /// `eos_token_id` (e.g. those of `generation_config.json`).
@@ -59,7 +61,7 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { max_batch_size: 64, max_context: 4096, max_prefill_tokens: 8192, eos_token_ids: Vec::new() }
+        Self { max_batch_size: 64, max_context: 4096, max_prefill_tokens: 512, eos_token_ids: Vec::new() }
     }
 }
 
@@ -629,19 +631,23 @@ impl Scheduler {
         }
     }
 
-    /// Sequences with a prompt to feed, in arrival order, while the padded batch stays within
-    /// `max_prefill_tokens` (the first always goes, however long).
+    /// Sequences with a prompt to feed, shortest first, while the padded batch stays within
+    /// `max_prefill_tokens` (the first always goes, however long). Taking similar lengths
+    /// together keeps padding low: a padded prefill pays for `rows x longest` tokens in the
+    /// projections and `rows x longest²` cells in attention. Every prompt still gets its turn
+    /// within a few steps, since no new sequence is admitted while the batch is full.
     fn prefill_members(&self) -> Vec<bool> {
+        let mut waiting: Vec<(usize, usize)> = (self.live.iter().enumerate())
+            .map(|(index, sequence)| (sequence.feed.len(), index))
+            .filter(|&(len, _)| len >= 2)
+            .collect();
+        waiting.sort_unstable();
         let mut members = vec![false; self.live.len()];
-        let (mut rows, mut longest) = (0, 0);
-        for (member, sequence) in members.iter_mut().zip(&self.live) {
-            let len = sequence.feed.len();
-            if len < 2 || (rows > 0 && (rows + 1) * longest.max(len) > self.max_prefill_tokens) {
-                continue;
+        for (rows, &(len, index)) in waiting.iter().enumerate() {
+            if rows > 0 && (rows + 1) * len > self.max_prefill_tokens {
+                break;
             }
-            *member = true;
-            rows += 1;
-            longest = longest.max(len);
+            members[index] = true;
         }
         members
     }

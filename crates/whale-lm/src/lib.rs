@@ -20,6 +20,13 @@
 //!   so every clone of the model (the one the rollout engine holds included) sees them.
 //! - [`train::SftTrainer::save`] writes a Hugging Face checkpoint plus the optimizer state;
 //!   [`train::SftTrainer::resume`] continues from it exactly.
+//! - LoRA: a [`lora::LoraAdapter`] holds low-rank matrices under PEFT's tensor names in its own
+//!   `VarMap`; [`model::Qwen3Model::with_adapter`] gives a model that shares the base weights and
+//!   the adapter's variables and adds `scale * B A` to the targeted projections. A trainer over
+//!   such a model optimizes the adapter only and saves it with [`train::SftTrainer::save_adapter`]
+//!   ([`lora::LoraAdapter::save_peft`] / [`lora::LoraAdapter::load_peft`] read and write the
+//!   PEFT directory that `peft`, vLLM and SGLang load); [`model::Qwen3Model::merged`] folds the
+//!   adapter into a plain model for a full checkpoint.
 //! - After a trainer step the owner calls [`engine::LocalPolicy::set_weights_version`], which
 //!   bumps [`policy::Policy::weights_version`] and rebuilds the caches of requests in flight.
 //! - [`bench::run_bench`] measures generation through the engine, SFT training steps and the
@@ -30,18 +37,22 @@ pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
 pub mod engine;
+mod kernels;
+pub mod lora;
 pub mod model;
 pub mod policy;
 pub mod remote;
+pub mod runtime;
 pub mod sampling;
 pub mod tokenizer;
 pub mod train;
 
 pub use bench::{run_bench, BenchConfig, BenchError, BenchRow, BenchTable};
 pub use chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
-pub use checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
+pub use checkpoint::{load_model, save_model, stored_dtype, CheckpointError, GenerationConfig};
 pub use config::{ConfigError, ConfigIssue, ModelSize, Qwen3Config};
 pub use engine::{EngineConfig, EngineError, EngineStats, LocalPolicy};
+pub use lora::{LoraAdapter, LoraConfig, LoraError, LoraTarget};
 pub use model::{KvCache, ModelError, Qwen3Model, SeqStep};
 pub use policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 pub use remote::{RemoteConfig, RemoteError, RemotePolicy};

@@ -1,10 +1,15 @@
 //! The Qwen3 decoder: embeddings, `num_hidden_layers` pre-norm blocks (grouped-query attention
 //! with q/k RMSNorm and rotary embeddings, then a SwiGLU MLP), a final RMSNorm and the LM head.
 //!
-//! Every operation is a composition of basic, differentiable candle ops: candle's fused softmax,
-//! RMSNorm and rotary kernels have no backward pass and would silently cut the gradient. The
-//! training pass and the cached decoding pass share the same code, so they compute the same
-//! numbers.
+//! candle's fused softmax, RMSNorm and rotary kernels have no backward pass and would silently
+//! cut the gradient, so the training pass runs whale's own ([`crate::kernels`]: fused on the
+//! CPU with backward passes, composed from differentiable ops elsewhere). The cached decoding
+//! pass needs no gradient and runs candle's. Otherwise both passes share the same code and
+//! agree to float rounding.
+//!
+//! A model may carry a LoRA adapter ([`Qwen3Model::with_adapter`]): each targeted projection
+//! then adds `scale * (x A^T) B^T` to `x W^T`, in both entry points; a model without one does no
+//! extra work.
 //!
 //! Two entry points:
 //! - [`Qwen3Model::forward_train`]: a padded batch `[B, T]` with its attention mask, all logits.
@@ -15,7 +20,9 @@
 //!   sequences may join or leave between calls: the batch is formed anew on every call.
 
 use crate::config::{ConfigIssue, Qwen3Config};
-use candle_core::{DType, Device, Tensor, Var, D};
+use crate::kernels;
+use crate::lora::{base_weight_name, LoraAdapter, LoraTarget};
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -81,11 +88,78 @@ fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
     x.reshape((rows, in_dim))?.matmul(&weight.t()?)?.reshape(shape)
 }
 
-/// `exp(x - max) / sum`, composed so that gradients flow (the max is a constant shift).
-fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let exp = x.broadcast_sub(&max)?.exp()?;
-    exp.broadcast_div(&exp.sum_keepdim(D::Minus1)?)
+/// A linear projection `x W^T`, plus a LoRA update when an adapter targets it.
+#[derive(Clone)]
+struct Projection {
+    weight: Tensor,
+    lora: Option<LoraUpdate>,
+}
+
+impl Projection {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let base = linear(x, &self.weight)?;
+        match &self.lora {
+            None => Ok(base),
+            Some(lora) => base + lora.forward(x)?,
+        }
+    }
+}
+
+/// `scale * (dropout(x) A^T) B^T`, with A `[rank, in]` and B `[out, rank]` sharing the
+/// adapter's variables.
+#[derive(Clone)]
+struct LoraUpdate {
+    a: Tensor,
+    b: Tensor,
+    scale: f64,
+    /// Set on the models of training passes only ([`Qwen3Model::with_dropout`]).
+    dropout: Option<Dropout>,
+}
+
+impl LoraUpdate {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let input = match &self.dropout {
+            Some(dropout) => dropout.apply(x)?,
+            None => x.clone(),
+        };
+        linear(&linear(&input, &self.a)?, &self.b)? * self.scale
+    }
+}
+
+/// Inverted dropout whose mask is drawn on the host from `seed`, so that a training pass is
+/// reproducible (and a resumed run repeats it) on any device.
+#[derive(Clone, Copy)]
+struct Dropout {
+    probability: f64,
+    seed: u64,
+}
+
+impl Dropout {
+    fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let kept = (1.0 / (1.0 - self.probability)) as f32;
+        let mask: Vec<f32> =
+            (0..x.elem_count()).map(|_| if rng.gen::<f64>() < self.probability { 0.0 } else { kept }).collect();
+        x * Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?
+    }
+}
+
+/// Which softmax, RMSNorm and rotary kernels a pass runs. Training needs gradients: it runs
+/// [`crate::kernels`] (fused on the CPU, with backward passes). Inference
+/// ([`Qwen3Model::forward_step`]) runs candle's fused kernels, which have no backward pass but
+/// exist for every device. Both compute the same function up to float rounding (the tests hold
+/// cached and uncached logits to 1e-4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    Differentiable,
+    Fused,
+}
+
+fn softmax_last_dim(x: &Tensor, kernels: Kernels) -> candle_core::Result<Tensor> {
+    match kernels {
+        Kernels::Fused => candle_nn::ops::softmax_last_dim(&x.contiguous()?),
+        Kernels::Differentiable => kernels::softmax_last_dim(x),
+    }
 }
 
 /// Root-mean-square normalisation over the last dimension, computed in f32 as in `transformers`.
@@ -96,38 +170,35 @@ struct RmsNorm {
 }
 
 impl RmsNorm {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let x32 = x.to_dtype(DType::F32)?;
-        let inverse_rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?.sqrt()?.recip()?;
-        x32.broadcast_mul(&inverse_rms)?.to_dtype(x.dtype())?.broadcast_mul(&self.weight)
+    fn forward(&self, x: &Tensor, kernels: Kernels) -> candle_core::Result<Tensor> {
+        match kernels {
+            Kernels::Fused => candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32),
+            Kernels::Differentiable => kernels::rms_norm(x, &self.weight, self.eps),
+        }
     }
 }
 
-/// Rotary position embeddings for one pass: `cos` and `sin` of shape `[B, 1, T, head_dim]`.
+/// Rotary position embeddings for one pass: `cos` and `sin` of shape `[B, T, head_dim / 2]`.
 struct Rotary {
     cos: Tensor,
     sin: Tensor,
+    kernels: Kernels,
 }
 
 impl Rotary {
     /// `positions` is `[B, T]` in f32; `inv_freq` is `[head_dim / 2]` in f32.
-    fn new(inv_freq: &Tensor, positions: &Tensor, dtype: DType) -> candle_core::Result<Self> {
+    fn new(inv_freq: &Tensor, positions: &Tensor, dtype: DType, kernels: Kernels) -> candle_core::Result<Self> {
         let half = inv_freq.dim(0)?;
         let freqs = positions.unsqueeze(2)?.broadcast_mul(&inv_freq.reshape((1, 1, half))?)?;
-        let angles = Tensor::cat(&[&freqs, &freqs], 2)?;
-        Ok(Self {
-            cos: angles.cos()?.to_dtype(dtype)?.unsqueeze(1)?,
-            sin: angles.sin()?.to_dtype(dtype)?.unsqueeze(1)?,
-        })
+        Ok(Self { cos: freqs.cos()?.to_dtype(dtype)?, sin: freqs.sin()?.to_dtype(dtype)?, kernels })
     }
 
     /// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]` (the HF convention).
     fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let half = x.dim(D::Minus1)? / 2;
-        let first = x.narrow(D::Minus1, 0, half)?;
-        let second = x.narrow(D::Minus1, half, half)?;
-        let rotated = Tensor::cat(&[&second.neg()?, &first], D::Minus1)?;
-        x.broadcast_mul(&self.cos)? + rotated.broadcast_mul(&self.sin)?
+        match self.kernels {
+            Kernels::Fused => candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin),
+            Kernels::Differentiable => kernels::rope(x, &self.cos, &self.sin),
+        }
     }
 }
 
@@ -136,10 +207,10 @@ type LayerKv = (Tensor, Tensor);
 
 #[derive(Clone)]
 struct Attention {
-    q_proj: Tensor,
-    k_proj: Tensor,
-    v_proj: Tensor,
-    o_proj: Tensor,
+    q_proj: Projection,
+    k_proj: Projection,
+    v_proj: Projection,
+    o_proj: Projection,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
     num_heads: usize,
@@ -157,24 +228,32 @@ impl Attention {
         past: Option<&LayerKv>,
     ) -> candle_core::Result<(Tensor, LayerKv)> {
         let (batch, steps, _) = x.dims3()?;
-        let q = rotary.apply(&self.heads(x, &self.q_proj, self.num_heads, Some(&self.q_norm))?)?;
-        let k = rotary.apply(&self.heads(x, &self.k_proj, self.num_kv_heads, Some(&self.k_norm))?)?;
-        let v = self.heads(x, &self.v_proj, self.num_kv_heads, None)?;
+        let kernels = rotary.kernels;
+        let q = rotary.apply(&self.heads(x, &self.q_proj, self.num_heads, Some(&self.q_norm), kernels)?)?;
+        let k = rotary.apply(&self.heads(x, &self.k_proj, self.num_kv_heads, Some(&self.k_norm), kernels)?)?;
+        let v = self.heads(x, &self.v_proj, self.num_kv_heads, None, kernels)?;
         let (all_k, all_v) = match past {
             Some((past_k, past_v)) => (Tensor::cat(&[past_k, &k], 2)?, Tensor::cat(&[past_v, &v], 2)?),
             None => (k.clone(), v.clone()),
         };
-        let attended = self.attend(&q, &all_k, &all_v, mask)?;
+        let attended = self.attend(&q, &all_k, &all_v, mask, kernels)?;
         let merged = attended.transpose(1, 2)?.reshape((batch, steps, self.num_heads * self.head_dim))?;
-        Ok((linear(&merged, &self.o_proj)?, (k, v)))
+        Ok((self.o_proj.forward(&merged)?, (k, v)))
     }
 
     /// Projects to `[B, heads, T, head_dim]`, normalising each head when `norm` is given.
-    fn heads(&self, x: &Tensor, weight: &Tensor, heads: usize, norm: Option<&RmsNorm>) -> candle_core::Result<Tensor> {
+    fn heads(
+        &self,
+        x: &Tensor,
+        projection: &Projection,
+        heads: usize,
+        norm: Option<&RmsNorm>,
+        kernels: Kernels,
+    ) -> candle_core::Result<Tensor> {
         let (batch, steps, _) = x.dims3()?;
-        let projected = linear(x, weight)?.reshape((batch, steps, heads, self.head_dim))?;
+        let projected = projection.forward(x)?.reshape((batch, steps, heads, self.head_dim))?;
         let projected = match norm {
-            Some(norm) => norm.forward(&projected)?,
+            Some(norm) => norm.forward(&projected, kernels)?,
             None => projected,
         };
         projected.transpose(1, 2)?.contiguous()
@@ -183,7 +262,14 @@ impl Attention {
     /// Grouped-query attention. Query head `h` reads key/value head `h / groups`, exactly as
     /// `repeat_kv` would arrange it, but the queries of a group are stacked instead of the keys
     /// being copied. `mask` is additive, `[B, 1, 1, T, S]`.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &Tensor,
+        kernels: Kernels,
+    ) -> candle_core::Result<Tensor> {
         let (batch, heads, steps, head_dim) = q.dims4()?;
         let groups = heads / self.num_kv_heads;
         let keys = k.dim(2)?;
@@ -193,7 +279,7 @@ impl Attention {
             .reshape((batch, self.num_kv_heads, groups, steps, keys))?
             .to_dtype(DType::F32)?
             .broadcast_add(mask)?;
-        let probs = softmax_last_dim(&scores)?.to_dtype(v.dtype())?.reshape((
+        let probs = softmax_last_dim(&scores, kernels)?.to_dtype(v.dtype())?.reshape((
             batch,
             self.num_kv_heads,
             groups * steps,
@@ -205,15 +291,15 @@ impl Attention {
 
 #[derive(Clone)]
 struct Mlp {
-    gate_proj: Tensor,
-    up_proj: Tensor,
-    down_proj: Tensor,
+    gate_proj: Projection,
+    up_proj: Projection,
+    down_proj: Projection,
 }
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let gated = (linear(x, &self.gate_proj)?.silu()? * linear(x, &self.up_proj)?)?;
-        linear(&gated, &self.down_proj)
+        let gated = (self.gate_proj.forward(x)?.silu()? * self.up_proj.forward(x)?)?;
+        self.down_proj.forward(&gated)
     }
 }
 
@@ -233,10 +319,24 @@ impl DecoderLayer {
         mask: &Tensor,
         past: Option<&LayerKv>,
     ) -> candle_core::Result<(Tensor, LayerKv)> {
-        let (attended, kv) = self.attention.forward(&self.input_layernorm.forward(x)?, rotary, mask, past)?;
+        let kernels = rotary.kernels;
+        let (attended, kv) = self.attention.forward(&self.input_layernorm.forward(x, kernels)?, rotary, mask, past)?;
         let x = (x + attended)?;
-        let out = (&x + self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)?;
+        let out = (&x + self.mlp.forward(&self.post_attention_layernorm.forward(&x, kernels)?)?)?;
         Ok((out, kv))
+    }
+
+    fn projections_mut(&mut self) -> [(LoraTarget, &mut Projection); 7] {
+        let (attention, mlp) = (&mut self.attention, &mut self.mlp);
+        [
+            (LoraTarget::QProj, &mut attention.q_proj),
+            (LoraTarget::KProj, &mut attention.k_proj),
+            (LoraTarget::VProj, &mut attention.v_proj),
+            (LoraTarget::OProj, &mut attention.o_proj),
+            (LoraTarget::GateProj, &mut mlp.gate_proj),
+            (LoraTarget::UpProj, &mut mlp.up_proj),
+            (LoraTarget::DownProj, &mut mlp.down_proj),
+        ]
     }
 }
 
@@ -377,14 +477,16 @@ pub struct SeqStep<'a> {
     pub cache: &'a mut KvCache,
 }
 
-/// A Qwen3 causal language model whose parameters live in a [`VarMap`].
+/// A Qwen3 causal language model whose parameters live in a [`VarMap`], optionally carrying a
+/// LoRA adapter.
 ///
-/// Cloning is cheap and shares the parameters: an optimizer step through one clone is seen by
-/// all of them.
+/// Cloning is cheap and shares the parameters (and the adapter's): an optimizer step through
+/// one clone is seen by all of them.
 #[derive(Clone)]
 pub struct Qwen3Model {
     config: Qwen3Config,
     varmap: VarMap,
+    adapter: Option<LoraAdapter>,
     device: Device,
     dtype: DType,
     embed_tokens: Tensor,
@@ -439,15 +541,18 @@ impl Qwen3Model {
             params.insert(name.clone(), var.as_tensor().clone());
             varmap.data().lock().unwrap_or_else(PoisonError::into_inner).insert(name, var);
         }
-        Self::assemble(config, varmap, params, dtype, device)
+        Self::assemble(config, varmap, params, dtype, device, None)
     }
 
+    /// A model reading `params` (tensors of `varmap`'s variables, or constants sharing their
+    /// storage) and, when given, the adapter's variables.
     fn assemble(
         config: &Qwen3Config,
         varmap: VarMap,
         params: HashMap<String, Tensor>,
         dtype: DType,
         device: &Device,
+        adapter: Option<&LoraAdapter>,
     ) -> Result<Self, ModelError> {
         let take =
             |name: &str| params.get(name).cloned().ok_or_else(|| ModelError::MissingTensor { name: name.to_string() });
@@ -455,13 +560,20 @@ impl Qwen3Model {
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for layer in 0..config.num_hidden_layers {
             let weight = |name: &str| take(&format!("model.layers.{layer}.{name}.weight"));
+            let projection = |target: LoraTarget| -> Result<Projection, ModelError> {
+                let lora = adapter.and_then(|adapter| {
+                    let (a, b) = adapter.matrices(layer, target)?;
+                    Some(LoraUpdate { a, b, scale: adapter.scale(), dropout: None })
+                });
+                Ok(Projection { weight: take(&base_weight_name(layer, target))?, lora })
+            };
             layers.push(DecoderLayer {
                 input_layernorm: RmsNorm { weight: weight("input_layernorm")?, eps },
                 attention: Attention {
-                    q_proj: weight("self_attn.q_proj")?,
-                    k_proj: weight("self_attn.k_proj")?,
-                    v_proj: weight("self_attn.v_proj")?,
-                    o_proj: weight("self_attn.o_proj")?,
+                    q_proj: projection(LoraTarget::QProj)?,
+                    k_proj: projection(LoraTarget::KProj)?,
+                    v_proj: projection(LoraTarget::VProj)?,
+                    o_proj: projection(LoraTarget::OProj)?,
                     q_norm: RmsNorm { weight: weight("self_attn.q_norm")?, eps },
                     k_norm: RmsNorm { weight: weight("self_attn.k_norm")?, eps },
                     num_heads: config.num_attention_heads,
@@ -470,9 +582,9 @@ impl Qwen3Model {
                 },
                 post_attention_layernorm: RmsNorm { weight: weight("post_attention_layernorm")?, eps },
                 mlp: Mlp {
-                    gate_proj: weight("mlp.gate_proj")?,
-                    up_proj: weight("mlp.up_proj")?,
-                    down_proj: weight("mlp.down_proj")?,
+                    gate_proj: projection(LoraTarget::GateProj)?,
+                    up_proj: projection(LoraTarget::UpProj)?,
+                    down_proj: projection(LoraTarget::DownProj)?,
                 },
             });
         }
@@ -482,6 +594,7 @@ impl Qwen3Model {
         Ok(Self {
             config: config.clone(),
             varmap,
+            adapter: adapter.cloned(),
             device: device.clone(),
             dtype,
             embed_tokens,
@@ -509,7 +622,75 @@ impl Qwen3Model {
         &self.varmap
     }
 
-    /// Every parameter with its Hugging Face name, sorted by name.
+    /// The adapter this model applies, if any.
+    pub fn adapter(&self) -> Option<&LoraAdapter> {
+        self.adapter.as_ref()
+    }
+
+    /// This model with `adapter` applied (replacing any adapter it carries). It shares this
+    /// model's parameters and the adapter's variables, so updates of either are seen by both;
+    /// the base parameters enter its passes as constants, so a backward pass through it yields
+    /// gradients for the adapter only. The adapter must have been made for this configuration,
+    /// dtype and device.
+    pub fn with_adapter(&self, adapter: &LoraAdapter) -> Result<Self, ModelError> {
+        adapter.check_fits(&self.config).map_err(input_error)?;
+        if adapter.dtype() != self.dtype || !adapter.device().same_device(&self.device) {
+            return Err(input_error(format!(
+                "the adapter is {:?} on {:?}, the model {:?} on {:?}",
+                adapter.dtype(),
+                adapter.device().location(),
+                self.dtype,
+                self.device.location()
+            )));
+        }
+        let params = self.named_parameters().into_iter().map(|(name, var)| (name, var.as_tensor().detach())).collect();
+        Self::assemble(&self.config, self.varmap.clone(), params, self.dtype, &self.device, Some(adapter))
+    }
+
+    /// A clone whose adapter applies its dropout, with masks drawn from `seed` (a stream per
+    /// layer and projection): the model of one training pass. Without an adapter, or with a
+    /// dropout of 0, a plain clone.
+    pub fn with_dropout(&self, seed: u64) -> Self {
+        let mut model = self.clone();
+        let probability = self.adapter.as_ref().map_or(0.0, |adapter| adapter.config().dropout);
+        if probability == 0.0 {
+            return model;
+        }
+        for (index, layer) in model.layers.iter_mut().enumerate() {
+            for (target, projection) in layer.projections_mut() {
+                if let Some(lora) = &mut projection.lora {
+                    let stream = (index * LoraTarget::ALL.len() + target as usize + 1) as u64;
+                    let seed = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    lora.dropout = Some(Dropout { probability, seed });
+                }
+            }
+        }
+        model
+    }
+
+    /// A new model with its own parameters, each targeted weight replaced by
+    /// `W + scale * B A` (computed in f32), and no adapter: what a full checkpoint of the
+    /// adapted model holds. Without an adapter, a copy.
+    pub fn merged(&self) -> Result<Self, ModelError> {
+        let mut tensors: HashMap<String, Tensor> =
+            self.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
+        if let Some(adapter) = &self.adapter {
+            for layer in 0..self.config.num_hidden_layers {
+                for &target in adapter.targets() {
+                    let Some((a, b)) = adapter.matrices(layer, target) else { continue };
+                    let name = base_weight_name(layer, target);
+                    let weight =
+                        tensors.remove(&name).ok_or_else(|| ModelError::MissingTensor { name: name.clone() })?;
+                    let update = (b.to_dtype(DType::F32)?.matmul(&a.to_dtype(DType::F32)?)? * adapter.scale())?;
+                    tensors.insert(name, (weight.to_dtype(DType::F32)? + update)?.to_dtype(self.dtype)?);
+                }
+            }
+        }
+        Self::from_tensors(&self.config, tensors, self.dtype, &self.device)
+    }
+
+    /// Every base parameter with its Hugging Face name, sorted by name (an adapter's are in
+    /// [`LoraAdapter::named_parameters`]).
     pub fn named_parameters(&self) -> Vec<(String, Var)> {
         let data = self.varmap.data().lock().unwrap_or_else(PoisonError::into_inner);
         let mut params: Vec<(String, Var)> = data.iter().map(|(name, var)| (name.clone(), var.clone())).collect();
@@ -532,7 +713,7 @@ impl Qwen3Model {
     /// [`Self::logits`], which saves the `[B, T, vocab]` tensor.
     pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, ModelError> {
         let inputs = self.padded_inputs(input_ids, attention_mask)?;
-        Ok(self.run_layers(&inputs, None)?.0)
+        Ok(self.run_layers(&inputs, None, Kernels::Differentiable)?.0)
     }
 
     /// Logits (f32) of hidden states with any leading dimensions.
@@ -595,9 +776,14 @@ impl Qwen3Model {
 
     /// Runs the decoder on `[B, T]` ids after `past` (per layer, `[B, kv, S_past, d]`).
     /// Returns the normalised hidden states and each layer's new keys and values.
-    fn run_layers(&self, inputs: &PassInputs, past: Option<&[LayerKv]>) -> candle_core::Result<(Tensor, Vec<LayerKv>)> {
+    fn run_layers(
+        &self,
+        inputs: &PassInputs,
+        past: Option<&[LayerKv]>,
+        kernels: Kernels,
+    ) -> candle_core::Result<(Tensor, Vec<LayerKv>)> {
         let (rows, steps) = inputs.ids.dims2()?;
-        let rotary = Rotary::new(&self.inv_freq, &inputs.positions, self.dtype)?;
+        let rotary = Rotary::new(&self.inv_freq, &inputs.positions, self.dtype, kernels)?;
         let mut x = self.embed_tokens.index_select(&inputs.ids.flatten_all()?, 0)?.reshape((
             rows,
             steps,
@@ -610,7 +796,7 @@ impl Qwen3Model {
             x = out;
             new_kv.push(kv);
         }
-        Ok((self.norm.forward(&x)?, new_kv))
+        Ok((self.norm.forward(&x, kernels)?, new_kv))
     }
 
     /// An empty cache for one sequence of this model.
@@ -652,7 +838,7 @@ impl Qwen3Model {
         }
         let inputs = self.step_inputs(steps, &past_lens, &chunk_lens, past_max, chunk_max)?;
         let past = if past_max == 0 { None } else { Some(self.gather_past(steps, past_max)?) };
-        let (hidden, new_kv) = self.run_layers(&inputs, past.as_deref())?;
+        let (hidden, new_kv) = self.run_layers(&inputs, past.as_deref(), Kernels::Fused)?;
         for (row, step) in steps.iter_mut().enumerate() {
             let len = step.tokens.len();
             for (layer, (keys, values)) in new_kv.iter().enumerate() {

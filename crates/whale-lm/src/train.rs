@@ -7,11 +7,17 @@
 //! the cut. The optimizer is AdamW with decoupled weight decay on matrices, a linear warm-up and a
 //! constant or cosine schedule, and clipping by global gradient norm. Its moments and step count
 //! are saved beside the checkpoint so that a resumed run continues exactly.
+//!
+//! A model carrying a LoRA adapter ([`Qwen3Model::with_adapter`]) is trained the same way, but
+//! only the adapter's matrices are optimized: the base weights are constants of the pass and
+//! stay bit-for-bit what they were. Such a trainer saves a PEFT adapter directory instead of a
+//! checkpoint, with the optimizer state beside it.
 
 use crate::checkpoint::{
     load_model, read_tensors, save_model, write_atomic, write_tensors, CheckpointError, GenerationConfig,
 };
 use crate::config::optional;
+use crate::lora::{LoraAdapter, LoraError};
 use crate::model::{ModelError, Qwen3Model};
 use candle_core::{DType, Device, Tensor, Var, D};
 use serde::{Deserialize, Serialize};
@@ -136,12 +142,22 @@ pub enum TrainError {
     Batch(String),
     #[error("non-finite gradient norm {grad_norm} (loss {loss}); the update was skipped")]
     NonFinite { loss: f64, grad_norm: f64 },
+    #[error("{0}")]
+    Mode(&'static str),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
+    Lora(Box<LoraError>),
+    #[error(transparent)]
     Candle(#[from] candle_core::Error),
+}
+
+impl From<LoraError> for TrainError {
+    fn from(error: LoraError) -> Self {
+        Self::Lora(Box::new(error))
+    }
 }
 
 /// A padded batch in the usual causal-LM layout: position `t` of a row reads `input_ids[t]` and
@@ -316,6 +332,7 @@ struct Moments {
 }
 
 /// The SFT trainer: owns a handle on the model (clones share its weights) and the optimizer.
+/// It trains every parameter of a plain model, and only the adapter of a model that carries one.
 ///
 /// Train an f32 model: the moments are kept in f32 whatever the model's dtype, but a bf16 or
 /// f16 model stores its updated weights rounded to that dtype, which loses small updates.
@@ -328,10 +345,14 @@ pub struct SftTrainer {
 }
 
 impl SftTrainer {
-    /// A trainer with fresh optimizer state.
+    /// A trainer with fresh optimizer state: over the adapter's matrices when `model` carries
+    /// an adapter, over all its parameters otherwise.
     pub fn new(model: Qwen3Model, config: TrainerConfig) -> Result<Self, TrainError> {
         config.validate()?;
-        let params = model.named_parameters();
+        let params = match model.adapter() {
+            Some(adapter) => adapter.named_parameters(),
+            None => model.named_parameters(),
+        };
         let moments = params
             .iter()
             .map(|(_, var)| {
@@ -348,8 +369,24 @@ impl SftTrainer {
     pub fn resume(dir: &Path, config: TrainerConfig, dtype: DType, device: &Device) -> Result<Self, TrainError> {
         let model = load_model(dir, dtype, device)?;
         let mut trainer = Self::new(model, config)?;
-        trainer.state = TrainerState::load(&dir.join(TRAINER_STATE_FILE))?;
-        let wanted: Vec<(String, Vec<usize>)> = trainer
+        trainer.restore(dir)?;
+        Ok(trainer)
+    }
+
+    /// Continues training the adapter of `base` saved by [`Self::save_adapter`] in `dir`: its
+    /// matrices, moments and counters.
+    pub fn resume_adapter(dir: &Path, base: &Qwen3Model, config: TrainerConfig) -> Result<Self, TrainError> {
+        let adapter = LoraAdapter::load_peft(dir, base.config(), base.dtype(), base.device())?;
+        let mut trainer = Self::new(base.with_adapter(&adapter)?, config)?;
+        trainer.restore(dir)?;
+        Ok(trainer)
+    }
+
+    /// Reads the counters and the moments saved in `dir`.
+    fn restore(&mut self, dir: &Path) -> Result<(), TrainError> {
+        self.state = TrainerState::load(&dir.join(TRAINER_STATE_FILE))?;
+        let device = self.model.device().clone();
+        let wanted: Vec<(String, Vec<usize>)> = self
             .params
             .iter()
             .flat_map(|(name, var)| {
@@ -358,18 +395,18 @@ impl SftTrainer {
             })
             .collect();
         let mut stored = read_tensors(&dir.join(OPTIMIZER_FILE), &wanted)?;
-        for ((name, _), moments) in trainer.params.iter().zip(&mut trainer.moments) {
+        for ((name, _), moments) in self.params.iter().zip(&mut self.moments) {
             let mut take = |suffix: &str| -> Result<Tensor, TrainError> {
                 let key = format!("{name}.{suffix}");
                 let tensor = stored
                     .remove(&key)
                     .ok_or_else(|| CheckpointError::invalid(&dir.join(OPTIMIZER_FILE), &key, "missing"))?;
-                Ok(tensor.to_dtype(DType::F32)?.to_device(device)?)
+                Ok(tensor.to_dtype(DType::F32)?.to_device(&device)?)
             };
             moments.first = take("exp_avg")?;
             moments.second = take("exp_avg_sq")?;
         }
-        Ok(trainer)
+        Ok(())
     }
 
     /// The model being trained; a clone of it sees every update.
@@ -388,9 +425,27 @@ impl SftTrainer {
     /// Writes the checkpoint (`config.json`, `model.safetensors`, `generation_config.json`),
     /// the optimizer moments (`optimizer.safetensors`) and, last, `trainer_state.json`, whose
     /// presence therefore marks a complete save. Save into a fresh directory each time to be
-    /// safe against a kill in the middle.
+    /// safe against a kill in the middle. A trainer of an adapter saves with
+    /// [`Self::save_adapter`] instead.
     pub fn save(&self, dir: &Path, generation: &GenerationConfig) -> Result<(), TrainError> {
+        if self.model.adapter().is_some() {
+            return Err(TrainError::Mode("a LoRA trainer saves its adapter (save_adapter), not a checkpoint"));
+        }
         save_model(&self.model, generation, dir)?;
+        self.save_optimizer(dir)
+    }
+
+    /// Writes the adapter as a PEFT directory (`adapter_config.json` naming
+    /// `base_model_name_or_path`, `adapter_model.safetensors`), then the optimizer moments and,
+    /// last, `trainer_state.json`, as [`Self::save`] does.
+    pub fn save_adapter(&self, dir: &Path, base_model_name_or_path: &str) -> Result<(), TrainError> {
+        let adapter =
+            self.model.adapter().ok_or(TrainError::Mode("only a trainer of a LoRA adapter saves an adapter"))?;
+        adapter.save_peft(dir, base_model_name_or_path)?;
+        self.save_optimizer(dir)
+    }
+
+    fn save_optimizer(&self, dir: &Path) -> Result<(), TrainError> {
         let moments = self
             .params
             .iter()
@@ -420,8 +475,9 @@ impl SftTrainer {
         }
         let mut grads: Vec<Option<Tensor>> = vec![None; self.params.len()];
         let mut loss_sum = 0.0;
-        for batch in batches.iter().filter(|batch| batch.tokens() > 0) {
-            let summed = completion_loss(&self.model, batch)?;
+        for (index, batch) in batches.iter().filter(|batch| batch.tokens() > 0).enumerate() {
+            let model = self.model.with_dropout(dropout_seed(self.state.step, index));
+            let summed = completion_loss(&model, batch)?;
             loss_sum += f64::from(summed.to_scalar::<f32>()?);
             let store = (summed / tokens as f64)?.backward()?;
             for ((_, var), total) in self.params.iter().zip(grads.iter_mut()) {
@@ -513,6 +569,13 @@ impl SftTrainer {
         }
         Ok(())
     }
+}
+
+/// The seed of the adapter dropout masks of one micro-batch: a function of the update number
+/// and the micro-batch's place in it, so that a resumed run draws the same masks.
+fn dropout_seed(step: u64, micro_batch: usize) -> u64 {
+    const SALT: u64 = 0x10A4_D40F_0000_0001;
+    SALT ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (micro_batch as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
 }
 
 /// The L2 norm of all gradients together.

@@ -67,11 +67,6 @@ impl ApiError {
         Self::new(500, "server_error", message)
     }
 
-    /// 501: the request needs a feature this build does not have.
-    pub fn not_implemented(message: impl Into<String>) -> Self {
-        Self::new(501, "server_error", message)
-    }
-
     /// 503: the server cannot serve the request now; retrying may work.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(503, "server_error", message)

@@ -23,6 +23,6 @@ pub mod server;
 
 pub use error::ApiError;
 pub use fault::FaultInjector;
-pub use registry::{LoadSettings, ModelInfo, ModelRegistry, RegistryError, ADAPTER_CONFIG_FILE};
+pub use registry::{LoadSettings, ModelInfo, ModelRegistry, RegistryError};
 pub use request::{Endpoint, GenerationRequest, Prompt};
 pub use server::{ServeConfig, ServeError, Server, ServerStats};

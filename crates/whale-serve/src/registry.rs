@@ -4,7 +4,9 @@
 //! hands each new set of weights to the rollouts without restarting the server.
 //!
 //! Every entry is its own [`LocalPolicy`] (its own scheduler), held by `Arc`: unloading removes
-//! the name at once, and the requests already running on it finish before its engine stops.
+//! the name at once, and the requests already running on it finish before its engine stops. A
+//! LoRA adapter's entry shares the base model's weights (only the adapter's matrices are new);
+//! a full checkpoint's entry has weights of its own.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,10 +15,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use candle_core::{DType, Device};
 use whale_lm::checkpoint::CONFIG_FILE;
-use whale_lm::{load_model, CheckpointError, EngineConfig, EngineError, LocalPolicy};
-
-/// The file that marks a PEFT LoRA adapter directory.
-pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
+use whale_lm::lora::ADAPTER_CONFIG_FILE;
+use whale_lm::{
+    load_model, CheckpointError, EngineConfig, EngineError, LocalPolicy, LoraAdapter, LoraError, ModelError,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -28,12 +30,10 @@ pub enum RegistryError {
     Base(String),
     #[error("{}: neither {CONFIG_FILE} (a full checkpoint) nor {ADAPTER_CONFIG_FILE} (a LoRA adapter) is there", .0.display())]
     NotAModel(PathBuf),
-    #[error(
-        "{}: LoRA adapters need whale_lm::LoraAdapter (PEFT loading), which this build does not have yet; \
-         load a full checkpoint (a directory with {CONFIG_FILE}) instead",
-        .0.display()
-    )]
-    AdapterUnsupported(PathBuf),
+    #[error(transparent)]
+    Adapter(#[from] LoraError),
+    #[error("the adapter does not fit the base model: {0}")]
+    AdapterMismatch(#[from] ModelError),
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
@@ -112,21 +112,23 @@ impl ModelRegistry {
             .collect()
     }
 
-    /// Loads the weights in `dir` under `name`: a full checkpoint (`config.json`) becomes a new
-    /// engine of its own. The directory is read before the name is taken, so a slow load does
-    /// not block requests to the other entries.
+    /// Loads the weights in `dir` under `name`: a PEFT LoRA adapter (`adapter_config.json`)
+    /// applied to the base model, or a full checkpoint (`config.json`), each served by a new
+    /// engine. The directory is read before the name is taken, so a slow load does not block
+    /// requests to the other entries.
     pub fn load(&self, name: &str, dir: &Path) -> Result<ModelInfo, RegistryError> {
         if self.read().contains_key(name) {
             return Err(RegistryError::Duplicate(name.to_string()));
         }
-        let policy = if dir.join(CONFIG_FILE).is_file() {
+        let policy = if dir.join(ADAPTER_CONFIG_FILE).is_file() {
+            self.with_adapter(dir)?
+        } else if dir.join(CONFIG_FILE).is_file() {
             let settings = &self.settings;
-            LocalPolicy::load(dir, settings.dtype, &settings.device, settings.engine.clone())?.with_name(name)
-        } else if dir.join(ADAPTER_CONFIG_FILE).is_file() {
-            return Err(RegistryError::AdapterUnsupported(dir.to_path_buf()));
+            LocalPolicy::load(dir, settings.dtype, &settings.device, settings.engine.clone())?
         } else {
             return Err(RegistryError::NotAModel(dir.to_path_buf()));
-        };
+        }
+        .with_name(name);
         let info = ModelInfo {
             name: name.to_string(),
             root: dir.to_path_buf(),
@@ -141,6 +143,17 @@ impl ModelRegistry {
         Ok(info)
     }
 
+    /// An engine serving the base model with the adapter in `dir` applied: the base weights are
+    /// shared, and the tokenizer, chat template and end-of-sequence ids are the base model's.
+    fn with_adapter(&self, dir: &Path) -> Result<LocalPolicy, RegistryError> {
+        let base = self.get(&self.base).ok_or_else(|| RegistryError::Unknown(self.base.clone()))?;
+        let model = base.model();
+        let adapter = LoraAdapter::load_peft(dir, model.config(), model.dtype(), model.device())?;
+        let engine = EngineConfig { eos_token_ids: base.eos_token_ids().to_vec(), ..self.settings.engine.clone() };
+        let adapted = model.with_adapter(&adapter)?;
+        Ok(LocalPolicy::new(adapted, base.tokenizer().clone(), base.template().clone(), engine)?)
+    }
+
     /// Removes `name`; its requests in flight still finish.
     pub fn unload(&self, name: &str) -> Result<(), RegistryError> {
         if name == self.base {
@@ -152,8 +165,8 @@ impl ModelRegistry {
 
     /// Replaces the base model's weights with those in `dir` (same vocabulary, a context at
     /// least as long), as SGLang's `/update_weights_from_disk` does, and returns the new weights
-    /// version. Requests in flight continue on the new weights; entries loaded from other
-    /// directories keep theirs.
+    /// version. Requests in flight continue on the new weights; the other entries keep theirs
+    /// (adapters loaded earlier stay on the old base weights).
     pub fn reload_base(&self, dir: &Path) -> Result<u64, RegistryError> {
         let model = load_model(dir, self.settings.dtype, &self.settings.device)?;
         let base = self.get(&self.base).ok_or_else(|| RegistryError::Unknown(self.base.clone()))?;

@@ -412,10 +412,11 @@ fn registry_error(error: RegistryError, param: &str) -> ApiError {
     let message = error.to_string();
     match error {
         RegistryError::Unknown(_) => ApiError::not_found(message).with_param(param),
-        RegistryError::AdapterUnsupported(_) => ApiError::not_implemented(message).with_param(param),
         RegistryError::Duplicate(_)
         | RegistryError::Base(_)
         | RegistryError::NotAModel(_)
+        | RegistryError::Adapter(_)
+        | RegistryError::AdapterMismatch(_)
         | RegistryError::Engine(_)
         | RegistryError::Checkpoint(_) => ApiError::bad_request(message).with_param(param),
     }

@@ -190,8 +190,13 @@ fn models_are_listed_loaded_unloaded_and_reloaded() {
     assert_error(load("ckpt", other_dir.path()), 400, "already loaded");
     assert_error(load("empty", &base_dir.path().join("nowhere")), 400, "neither");
     let adapter = tempfile::tempdir().expect("tempdir");
-    std::fs::write(adapter.path().join("adapter_config.json"), "{}").expect("written");
-    assert_error(load("lora", adapter.path()), 501, "LoRA adapters need");
+    common::write_adapter(base_dir.path(), adapter.path(), 6);
+    assert_eq!(load("lora", adapter.path()).0, 200);
+    assert_eq!(names(), ["base", "ckpt", "lora"]);
+    let broken = tempfile::tempdir().expect("tempdir");
+    std::fs::write(broken.path().join("adapter_config.json"), "{}").expect("written");
+    assert_error(load("broken", broken.path()), 400, "adapter_config.json");
+    assert_eq!(post(&server, "/v1/unload_lora_adapter", r#"{"lora_name": "lora"}"#).0, 200);
     assert_error(post(&server, "/v1/unload_lora_adapter", r#"{"lora_name": "base"}"#), 400, "base model");
     assert_error(post(&server, "/v1/unload_lora_adapter", r#"{"lora_name": "nope"}"#), 404, "nope");
     assert_eq!(post(&server, "/unload_lora_adapter", r#"{"lora_name": "ckpt"}"#).0, 200);

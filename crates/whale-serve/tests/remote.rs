@@ -163,7 +163,7 @@ fn a_bad_request_is_reported_at_once_with_the_servers_message() {
 }
 
 #[test]
-fn set_model_routes_requests_to_a_loaded_checkpoint_until_it_is_unloaded() {
+fn set_model_routes_requests_to_loaded_checkpoints_and_adapters() {
     let (base_dir, other_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
     write_model(base_dir.path(), 4);
     write_model(other_dir.path(), 5);
@@ -183,8 +183,20 @@ fn set_model_routes_requests_to_a_loaded_checkpoint_until_it_is_unloaded() {
     assert_eq!(common::post(&server, "/v1/unload_lora_adapter", r#"{"lora_name": "step-1"}"#).0, 200);
     let error = client.chat(asked.clone()).expect_err("unloaded");
     assert!(matches!(error, PolicyError::Remote(RemoteError::Status { status: 404, .. })), "{error}");
-    assert_eq!(client.set_model("base"), 2);
-    assert_eq!(client.chat(asked).expect("the base again"), from_base);
+
+    let adapter_dir = tempfile::tempdir().expect("tempdir");
+    common::write_adapter(base_dir.path(), adapter_dir.path(), 9);
+    let load = format!(r#"{{"lora_name": "lora-1", "lora_path": {:?}}}"#, adapter_dir.path());
+    assert_eq!(common::post(&server, "/v1/load_lora_adapter", &load).0, 200);
+    assert_eq!(client.set_model("lora-1"), 2);
+    let from_adapter = client.chat(asked.clone()).expect("the adapter answers");
+    let expected =
+        common::local_with_adapter(base_dir.path(), adapter_dir.path()).chat(asked.clone()).expect("in-process");
+    assert_eq!(from_adapter, expected);
+    assert_ne!(from_adapter.token_ids, from_base.token_ids, "the adapter should change the outputs");
+
+    assert_eq!(client.set_model("base"), 3);
+    assert_eq!(client.chat(asked).expect("the base again"), from_base, "the adapter left the base weights alone");
 }
 
 /// A proxy to `target` that reads the first request of each of its first `drops` connections

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use whale_core::Domain;
 use whale_harness::Limits;
-use whale_lm::SamplingParams;
+use whale_lm::{EngineConfig, LoraConfig, SamplingParams};
 use whale_search::{Acceptance, AgentConfig, CommandConfig};
 
 /// A whole experiment.
@@ -68,11 +68,15 @@ pub struct ModelConfig {
     pub max_batch_size: usize,
     /// Most tokens of prompt plus completion.
     pub max_context: usize,
+    /// Most padded prompt tokens (sequences x longest prompt) prefilled in one forward pass.
+    /// Small suits a CPU, where padding costs more than batching saves; raise it on a GPU.
+    pub max_prefill_tokens: usize,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        Self { path: None, device: "cpu".to_string(), max_batch_size: 64, max_context: 2048 }
+        let max_prefill_tokens = EngineConfig::default().max_prefill_tokens;
+        Self { path: None, device: "cpu".to_string(), max_batch_size: 64, max_context: 2048, max_prefill_tokens }
     }
 }
 
@@ -184,6 +188,11 @@ pub struct WeightConfig {
     /// Write a full checkpoint (weights and optimizer) every this many weight steps; the steps
     /// in between are replayed from their journal on resume.
     pub checkpoint_every: u64,
+    /// `[weights.lora]`: train a LoRA adapter of the model instead of all its weights (the
+    /// rollouts then sample from the base plus the adapter, and checkpoints are PEFT adapter
+    /// directories); absent: full fine-tuning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 impl Default for WeightConfig {
@@ -201,6 +210,7 @@ impl Default for WeightConfig {
             max_seq_len: 1024,
             skip_truncated: true,
             checkpoint_every: 5,
+            lora: None,
         }
     }
 }
@@ -432,6 +442,9 @@ impl RunConfig {
         if !(self.weights.learning_rate > 0.0 && self.weights.learning_rate.is_finite()) {
             return Err(("weights.learning_rate", "must be a positive number".to_string()));
         }
+        if let Some(lora) = &self.weights.lora {
+            lora.validate().map_err(|error| ("weights.lora", error.to_string()))?;
+        }
         if let Some(share) = self.schedule.sequential_weight_share {
             if !(0.0..=1.0).contains(&share) {
                 return Err(("schedule.sequential_weight_share", "must lie in [0, 1]".to_string()));
@@ -506,6 +519,21 @@ mod tests {
         assert!(error.to_string().contains("search_min"), "{error}");
         let error = parse("[eval]\nk = 0\n").expect_err("k");
         assert!(error.to_string().contains("eval.k"), "{error}");
+        let error = parse("[weights.lora]\nrank = 0\n").expect_err("rank");
+        assert!(error.to_string().contains("weights.lora") && error.to_string().contains("`rank`"), "{error}");
+        let error = parse("[weights.lora]\ntarget_modules = [\"qproj\"]\n").expect_err("module");
+        assert!(error.to_string().contains("`qproj`"), "{error}");
+        let error = parse("[weights.lora]\nranks = 4\n").expect_err("unknown key");
+        assert!(error.to_string().contains("ranks"), "{error}");
+    }
+
+    #[test]
+    fn a_lora_table_keeps_the_adapter_defaults() {
+        assert_eq!(RunConfig::default().weights.lora, None, "full fine-tuning by default");
+        let config = parse("[weights.lora]\nrank = 4\ntarget_modules = [\"q_proj\", \"v_proj\"]\n").expect("config");
+        let lora = config.weights.lora.expect("a lora table");
+        assert_eq!((lora.rank, lora.alpha, lora.dropout), (4, LoraConfig::default().alpha, 0.0));
+        assert_eq!(lora.target_modules, ["q_proj", "v_proj"]);
     }
 
     #[test]
@@ -524,6 +552,7 @@ mod tests {
         let mut config = RunConfig::default();
         config.model.path = Some(PathBuf::from("/models/base"));
         config.schedule.sequential_weight_share = Some(0.5);
+        config.weights.lora = Some(LoraConfig { rank: 4, dropout: 0.1, ..LoraConfig::default() });
         let text = config.to_toml().expect("toml");
         assert_eq!(parse(&text).expect("config"), config);
     }

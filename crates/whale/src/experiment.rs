@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use whale_core::{Ledger, Purpose, Spend, Task, Trajectory};
 use whale_harness::{stock_harness, Harness};
-use whale_lm::{EngineConfig, GenerationConfig, LocalPolicy, Policy, SftTrainer};
+use whale_lm::{EngineConfig, LocalPolicy, Policy, SftTrainer};
 use whale_search::HarnessSearch;
 use whale_tasks::split::{split, SplitSizes, Splits};
 use whale_tasks::{DomainTasks, Environment};
@@ -126,6 +126,8 @@ pub struct Experiment {
     state: RunState,
     splits: Splits,
     environment: Environment,
+    /// The model directory the run starts from (the base of a LoRA adapter).
+    base_model: PathBuf,
     policy: Arc<LocalPolicy>,
     trainer: Option<SftTrainer>,
     search: HarnessSearch,
@@ -212,6 +214,7 @@ impl Experiment {
         let engine = EngineConfig {
             max_batch_size: config.model.max_batch_size,
             max_context: config.model.max_context,
+            max_prefill_tokens: config.model.max_prefill_tokens,
             ..EngineConfig::default()
         };
         let device = device(&config)?;
@@ -228,8 +231,19 @@ impl Experiment {
             adaptive: config.schedule.adaptive.clone(),
             search_stale_limit: config.schedule.search_stale_limit,
         };
-        let mut experiment =
-            Self { dir, config, state, splits, environment, policy, trainer: None, search, scheduler, verbosity };
+        let mut experiment = Self {
+            dir,
+            config,
+            state,
+            splits,
+            environment,
+            base_model: model_dir,
+            policy,
+            trainer: None,
+            search,
+            scheduler,
+            verbosity,
+        };
         experiment.restore_weights(&device)?;
         experiment.restore_examples()?;
         Ok(experiment)
@@ -240,17 +254,15 @@ impl Experiment {
         if self.state.condition == Condition::HarnessOnly {
             return Ok(());
         }
-        let pad = self.policy.tokenizer().specials().endoftext;
-        let trainer_config = weight_phase::trainer_config(&self.config.weights, pad);
         let model_error = |e: &dyn std::fmt::Display| ExperimentError::Model(e.to_string());
+        let weights = &self.config.weights;
         let mut trainer = if self.state.checkpoint_step > 0 {
             let path = self.dir.checkpoint_path(self.state.checkpoint_step);
-            let trainer = SftTrainer::resume(&path, trainer_config, DType::F32, device).map_err(|e| model_error(&e))?;
-            self.policy.reload(trainer.model().clone(), 0).map_err(|e| model_error(&e))?;
-            trainer
+            weight_phase::resume_trainer(weights, &self.policy, &path, device)
         } else {
-            SftTrainer::new(self.policy.model(), trainer_config).map_err(|e| model_error(&e))?
-        };
+            weight_phase::new_trainer(weights, &self.policy, self.config.seed)
+        }
+        .map_err(|e| model_error(&e))?;
         for step in self.state.checkpoint_step + 1..=self.state.weight_steps {
             let journal: StepJournal = self.dir.read_journal(step)?;
             weight_phase::apply(&mut trainer, &journal).map_err(|e| model_error(&e))?;
@@ -455,8 +467,8 @@ impl Experiment {
                     .map_err(|source| RunDirError::Io { path: stale.to_path_buf(), source })?;
             }
         }
-        let generation = GenerationConfig::for_model(trainer.model().config());
-        trainer.save(&partial, &generation).map_err(|e| ExperimentError::Model(e.to_string()))?;
+        weight_phase::save_trainer(trainer, &partial, &self.base_model)
+            .map_err(|e| ExperimentError::Model(e.to_string()))?;
         std::fs::rename(&partial, &target).map_err(|source| RunDirError::Io { path: target.clone(), source })?;
         self.state.checkpoint_step = step;
         Ok(())

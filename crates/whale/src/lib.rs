@@ -21,7 +21,6 @@ pub mod lm;
 pub mod pretrain;
 pub mod report;
 pub mod run_dir;
-pub mod runtime;
 pub mod scheduler;
 pub mod search_phase;
 pub mod serve_bench;

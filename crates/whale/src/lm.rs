@@ -1,10 +1,12 @@
 //! The `whale lm` commands on local checkpoints: turning chat data into training examples with a
-//! model's own tokenizer and chat template, supervised fine-tuning from an `sft.jsonl`, and
-//! sampling completions.
+//! model's own tokenizer and chat template, supervised fine-tuning from an `sft.jsonl` (of the
+//! whole model or of a LoRA adapter), merging an adapter into its base, and sampling completions.
 //!
 //! A checkpoint directory is the Hugging Face layout written by whale (`config.json`,
 //! `model.safetensors`, `tokenizer.json`, `tokenizer_config.json` with the chat template), so the
-//! same code serves the pretrained base model and every model trained from it.
+//! same code serves the pretrained base model and every model trained from it. An adapter
+//! directory is PEFT's layout (`adapter_config.json`, `adapter_model.safetensors`) and applies to
+//! the base it was trained on.
 
 use candle_core::{DType, Device};
 use rand::seq::SliceRandom;
@@ -16,9 +18,10 @@ use whale_core::ChatMessage;
 use whale_lm::chat_template::TOKENIZER_CONFIG_FILE;
 use whale_lm::engine::TOKENIZER_FILE;
 use whale_lm::{
-    load_model, save_model, ChatRequest, ChatTemplate, ChatTemplateError, CheckpointError, Completion, EngineConfig,
-    EngineError, GenerationConfig, LocalPolicy, Policy, PolicyError, RenderOptions, SamplingParams, SftExample,
-    SftTrainer, TokenizerError, TrainError, TrainerConfig,
+    load_model, save_model, stored_dtype, ChatRequest, ChatTemplate, ChatTemplateError, CheckpointError, Completion,
+    EngineConfig, EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LoraConfig, LoraError, ModelError, Policy,
+    PolicyError, Qwen3Config, RenderOptions, SamplingParams, SftExample, SftTrainer, TokenizerError, TrainError,
+    TrainerConfig,
 };
 use whale_tasks::{read_jsonl, RecordError};
 
@@ -36,12 +39,22 @@ pub enum LmError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Lora(Box<LoraError>),
+    #[error(transparent)]
+    Model(#[from] ModelError),
     #[error("{}: {reason}", path.display())]
     Io { path: PathBuf, reason: String },
     #[error("{} problem(s) in the SFT data, first: {}", .0.len(), .0[0])]
     Records(Vec<RecordError>),
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<LoraError> for LmError {
+    fn from(error: LoraError) -> Self {
+        Self::Lora(Box::new(error))
+    }
 }
 
 fn io_error(path: &Path, error: impl std::fmt::Display) -> LmError {
@@ -140,23 +153,37 @@ pub struct SftSettings {
     pub learning_rate: f64,
     /// Examples per optimizer step.
     pub batch_size: usize,
-    /// Shuffles the examples each epoch.
+    /// Shuffles the examples each epoch (and draws a new adapter's initial matrices).
     pub seed: u64,
+    /// Train a new LoRA adapter with these settings instead of the whole model.
+    pub lora: Option<LoraConfig>,
+    /// Continue the LoRA run saved in this adapter directory (its settings, matrices and
+    /// optimizer state); `lora` is then ignored.
+    pub resume_adapter: Option<PathBuf>,
 }
 
 /// What `whale lm train` did.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SftReport {
     pub examples: usize,
+    /// Updates done, those of a resumed run included.
     pub steps: u64,
+    /// Scalars the optimizer updated: the whole model's, or the adapter's.
+    pub trained_parameters: usize,
+    /// Whether `output` is a PEFT adapter directory rather than a checkpoint.
+    pub adapter: bool,
     /// Mean loss per completion token over the data before and after training.
     pub loss_before: f64,
     pub loss_after: f64,
     pub output: PathBuf,
 }
 
-/// Fine-tunes the model in `model_dir` on `data` and writes the result, with the tokenizer
-/// files, to `output` (a Hugging Face checkpoint). `on_step` sees every step.
+/// Fine-tunes the model in `model_dir` on `data` and writes the result to `output`: a Hugging
+/// Face checkpoint with the tokenizer files, or, when training a LoRA adapter, a PEFT adapter
+/// directory with the optimizer state that `resume_adapter` continues from. Each epoch's order
+/// is drawn from the seed and the number of updates done before it, so a LoRA run continued
+/// epoch by epoch with `resume_adapter` ends exactly where one uninterrupted run does.
+/// `on_step` sees every step.
 pub fn train_sft(
     model_dir: &Path,
     data: &Path,
@@ -179,12 +206,20 @@ pub fn train_sft(
         max_seq_len: model.config().max_position_embeddings,
         ..TrainerConfig::default()
     };
-    let mut trainer = SftTrainer::new(model, config)?;
+    let mut trainer = match (&settings.resume_adapter, &settings.lora) {
+        (Some(dir), _) => SftTrainer::resume_adapter(dir, &model, config)?,
+        (None, Some(lora)) => {
+            let adapter = LoraAdapter::new(lora.clone(), model.config(), settings.seed, DType::F32, &Device::Cpu)?;
+            SftTrainer::new(model.with_adapter(&adapter)?, config)?
+        }
+        (None, None) => SftTrainer::new(model, config)?,
+    };
     let (loss_before, _) = trainer.evaluate(&examples)?;
     let steps_per_epoch = examples.len().div_ceil(settings.batch_size) as u64;
-    let total_steps = steps_per_epoch * settings.epochs as u64;
-    let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
+    let total_steps = trainer.state().step + steps_per_epoch * settings.epochs as u64;
     for _ in 0..settings.epochs {
+        let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
+        rng.set_stream(trainer.state().step);
         let mut order: Vec<&SftExample> = examples.iter().collect();
         order.shuffle(&mut rng);
         for chunk in order.chunks(settings.batch_size) {
@@ -194,17 +229,44 @@ pub fn train_sft(
         }
     }
     let (loss_after, _) = trainer.evaluate(&examples)?;
-    let generation =
-        GenerationConfig::load(model_dir)?.unwrap_or_else(|| GenerationConfig::for_model(trainer.model().config()));
-    save_model(trainer.model(), &generation, output)?;
-    copy_tokenizer_files(model_dir, output)?;
+    let adapter = trainer.model().adapter().map(LoraAdapter::parameter_count);
+    if adapter.is_some() {
+        trainer.save_adapter(
+            output,
+            &std::path::absolute(model_dir).unwrap_or(model_dir.to_path_buf()).display().to_string(),
+        )?;
+    } else {
+        save_model(trainer.model(), &generation_config(model_dir, trainer.model().config())?, output)?;
+        copy_tokenizer_files(model_dir, output)?;
+    }
     Ok(SftReport {
         examples: examples.len(),
         steps: trainer.state().step,
+        trained_parameters: adapter.unwrap_or_else(|| trainer.model().config().parameter_count()),
+        adapter: adapter.is_some(),
         loss_before,
         loss_after,
         output: output.to_path_buf(),
     })
+}
+
+/// The sampling defaults of a checkpoint directory, or whale's for its model.
+fn generation_config(dir: &Path, config: &Qwen3Config) -> Result<GenerationConfig, LmError> {
+    Ok(GenerationConfig::load(dir)?.unwrap_or_else(|| GenerationConfig::for_model(config)))
+}
+
+/// Folds the PEFT adapter in `adapter_dir` into the model in `base_dir` and writes the result
+/// to `output` as a full checkpoint in the base's dtype, with the base's generation config and
+/// tokenizer files. Returns the number of projections the adapter changed.
+pub fn merge_adapter(base_dir: &Path, adapter_dir: &Path, output: &Path) -> Result<usize, LmError> {
+    let config =
+        Qwen3Config::from_file(&base_dir.join(whale_lm::checkpoint::CONFIG_FILE)).map_err(CheckpointError::from)?;
+    let base = load_model(base_dir, stored_dtype(&config), &Device::Cpu)?;
+    let adapter = LoraAdapter::load_peft(adapter_dir, base.config(), base.dtype(), base.device())?;
+    let merged = base.with_adapter(&adapter)?.merged()?;
+    save_model(&merged, &generation_config(base_dir, base.config())?, output)?;
+    copy_tokenizer_files(base_dir, output)?;
+    Ok(adapter.targets().len() * adapter.num_layers())
 }
 
 /// Settings of `whale lm generate`.
@@ -217,12 +279,19 @@ pub struct GenerateSettings {
     pub seed: u64,
     /// Continue the prompt as raw text instead of sending it as a user message.
     pub raw: bool,
+    /// A PEFT LoRA adapter directory to apply to the model.
+    pub adapter: Option<PathBuf>,
 }
 
 /// Samples `settings.n` completions of `prompt` from the model in `dir`, all at once (the
 /// engine batches them), with top_k 20 and top_p 1.0 as everywhere in whale.
 pub fn generate(dir: &Path, prompt: &str, settings: &GenerateSettings) -> Result<Vec<Completion>, LmError> {
     let policy = LocalPolicy::load(dir, DType::F32, &Device::Cpu, EngineConfig::default())?;
+    if let Some(adapter_dir) = &settings.adapter {
+        let base = policy.model();
+        let adapter = LoraAdapter::load_peft(adapter_dir, base.config(), base.dtype(), base.device())?;
+        policy.reload(base.with_adapter(&adapter)?, 0)?;
+    }
     let params = |i: usize| SamplingParams {
         max_tokens: settings.max_tokens,
         temperature: settings.temperature,

@@ -6,7 +6,8 @@
 //! metrics.jsonl        one row per weight step, search iteration, evaluation, phase boundary
 //! ledger.json          the ledger as of the last completed unit
 //! journal/step-N.json  the training examples of each weight step since the last checkpoint
-//! checkpoints/step-N/  full checkpoints (weights and optimizer), every `checkpoint_every` steps
+//! checkpoints/step-N/  full checkpoints (weights and optimizer), every `checkpoint_every` steps;
+//!                      with `[weights.lora]`, PEFT adapter directories (adapter and optimizer)
 //! examples.jsonl       the last step's kept rollouts (few-shot material for the proposer)
 //! search_spend.jsonl   rollouts the search paid for, once per (unit, harness, weights, tasks)
 //! archive/             the harness archive (see whale-search)

@@ -11,19 +11,27 @@
 //! resumed run repeats it exactly; the examples of every update are returned as a
 //! [`StepJournal`], from which a resumed run replays the updates made since its last full
 //! checkpoint instead of redoing their rollouts.
+//!
+//! With `[weights.lora]` the trainer updates a LoRA adapter instead of the model: the engine
+//! serves the base plus that adapter, sharing its matrices, so rollouts always sample from the
+//! weights just trained while the base stays untouched; checkpoints are then PEFT adapter
+//! directories ([`save_trainer`], [`resume_trainer`]).
 
 use crate::config::WeightConfig;
 use crate::evaluate::rollout_seed;
+use candle_core::{DType, Device};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use whale_core::{ModelCall, Task, Trajectory};
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use whale_lm::{
-    LocalPolicy, LrSchedule, Policy, PolicyError, SamplingParams, SftExample, SftTrainer, TrainError, TrainerConfig,
+    EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LrSchedule, Policy, PolicyError, SamplingParams,
+    SftExample, SftTrainer, TrainError, TrainerConfig,
 };
 use whale_tasks::{DomainTasks, Environment, EnvironmentError};
 
@@ -43,10 +51,18 @@ pub enum WeightPhaseError {
     Render(#[from] PolicyError),
     #[error(transparent)]
     Train(#[from] TrainError),
+    #[error("cannot serve the trained weights: {0}")]
+    Engine(Box<EngineError>),
     #[error("no harness to roll out with (the population is empty)")]
     NoHarness,
     #[error("no training tasks")]
     NoTasks,
+}
+
+impl From<EngineError> for WeightPhaseError {
+    fn from(error: EngineError) -> Self {
+        Self::Engine(Box::new(error))
+    }
 }
 
 /// One training example in the journal: token ids of the prompt and of the completion.
@@ -120,6 +136,49 @@ pub fn trainer_config(config: &WeightConfig, pad_token_id: u32) -> TrainerConfig
         max_seq_len: config.max_seq_len,
         pad_token_id,
         ..TrainerConfig::default()
+    }
+}
+
+/// The trainer of a run's weight phase, fresh: over the policy's model, or, with
+/// `[weights.lora]`, over a new adapter (initial matrices drawn from `seed`) that the policy
+/// serves from now on, sharing its matrices.
+pub fn new_trainer(config: &WeightConfig, policy: &LocalPolicy, seed: u64) -> Result<SftTrainer, WeightPhaseError> {
+    let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
+    let Some(lora) = &config.lora else {
+        return Ok(SftTrainer::new(policy.model(), settings)?);
+    };
+    let base = policy.model();
+    let adapter =
+        LoraAdapter::new(lora.clone(), base.config(), seed, base.dtype(), base.device()).map_err(TrainError::from)?;
+    let trainer = SftTrainer::new(base.with_adapter(&adapter).map_err(TrainError::from)?, settings)?;
+    policy.reload(trainer.model().clone(), policy.weights_version())?;
+    Ok(trainer)
+}
+
+/// The trainer saved by [`save_trainer`] in `dir` (a checkpoint, or with `[weights.lora]` an
+/// adapter of the policy's base model), whose model the policy serves from now on.
+pub fn resume_trainer(
+    config: &WeightConfig,
+    policy: &LocalPolicy,
+    dir: &Path,
+    device: &Device,
+) -> Result<SftTrainer, WeightPhaseError> {
+    let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
+    let trainer = match config.lora {
+        Some(_) => SftTrainer::resume_adapter(dir, &policy.model(), settings)?,
+        None => SftTrainer::resume(dir, settings, DType::F32, device)?,
+    };
+    policy.reload(trainer.model().clone(), policy.weights_version())?;
+    Ok(trainer)
+}
+
+/// Saves the trainer into `dir`: a checkpoint, or the PEFT adapter of `base_model` (its
+/// `base_model_name_or_path`), with the optimizer state either way.
+pub fn save_trainer(trainer: &SftTrainer, dir: &Path, base_model: &Path) -> Result<(), TrainError> {
+    if trainer.model().adapter().is_some() {
+        trainer.save_adapter(dir, &base_model.display().to_string())
+    } else {
+        trainer.save(dir, &GenerationConfig::for_model(trainer.model().config()))
     }
 }
 

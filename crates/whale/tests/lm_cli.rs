@@ -1,13 +1,14 @@
 //! `whale lm ...` end to end, with a tiny model pretrained for a few steps into a temporary
 //! `WHALE_HOME`: the cached model is in the Hugging Face layout, is reused, resumes after an
-//! interruption exactly where it stopped, fine-tunes and samples.
+//! interruption exactly where it stopped, fine-tunes (fully or a LoRA adapter, which resumes,
+//! merges and applies when sampling) and samples.
 
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use whale::lm::ChatCodec;
 use whale::pretrain::{self, PretrainSummary};
-use whale_lm::{load_model, SftExample, SftTrainer, TrainerConfig};
+use whale_lm::{load_model, LoraAdapter, Qwen3Model, SftExample, SftTrainer, TrainerConfig};
 
 /// The hidden flags that make pretraining take seconds.
 const TINY: [&str; 10] =
@@ -128,9 +129,36 @@ fn sft_line(question: &str, answer: &str) -> String {
 }
 
 fn mean_loss(model_dir: &Path, examples: &[SftExample]) -> f64 {
-    let model = load_model(model_dir, DType::F32, &Device::Cpu).expect("weights");
+    loss_of(load_model(model_dir, DType::F32, &Device::Cpu).expect("weights"), examples)
+}
+
+fn loss_of(model: Qwen3Model, examples: &[SftExample]) -> f64 {
     let trainer = SftTrainer::new(model, TrainerConfig::default()).expect("trainer");
     trainer.evaluate(examples).expect("loss").0
+}
+
+/// A pretrained tiny base model and an sft.jsonl of eight arithmetic replies.
+fn base_and_data(home: &Path) -> (PathBuf, PathBuf) {
+    pretrain_tiny(home, &["--steps", "2"]);
+    let lines: Vec<String> = (1..=8)
+        .map(|i| sft_line(&format!("What is {i} + {i}?"), &format!("{i} + {i} = {}.\n#### {}", 2 * i, 2 * i)))
+        .collect();
+    let data = home.join("sft.jsonl");
+    std::fs::write(&data, lines.join("\n") + "\n").expect("write");
+    (model_dir(home), data)
+}
+
+fn examples_of(data: &Path, model_dir: &Path) -> Vec<SftExample> {
+    let codec = ChatCodec::load(model_dir).expect("codec");
+    whale::lm::read_sft_file(data)
+        .expect("valid")
+        .iter()
+        .map(|r| codec.example(&r.messages, &r.completion).expect("example"))
+        .collect()
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("utf-8")
 }
 
 #[test]
@@ -149,7 +177,7 @@ fn lm_train_fine_tunes_on_an_sft_file_and_names_bad_lines() {
         home.path(),
         &[&args[..], &["-o", out.to_str().expect("utf-8"), "--epochs", "4", "--lr", "3e-3", "--batch", "4"]].concat(),
     );
-    assert!(printed.contains("trained on 8 examples for 8 steps"), "{printed}");
+    assert!(printed.contains("parameters on 8 examples, 8 steps in all"), "{printed}");
     for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
         assert!(out.join(file).is_file(), "{file} missing");
     }
@@ -215,4 +243,101 @@ fn lm_generate_prints_n_completions_and_lm_eval_scores_the_model() {
     );
     assert!(scored.contains("3 math tasks (difficulty 1) x 2 samples"), "{scored}");
     assert!(scored.contains("mean@2 "), "{scored}");
+}
+
+#[test]
+fn lm_train_with_lora_writes_a_peft_adapter_that_resumes_merges_and_samples() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (base, data) = base_and_data(home.path());
+    let base_weights = std::fs::read(base.join("model.safetensors")).expect("base weights");
+    let train = |out: &Path, extra: &[&str]| {
+        let args = ["lm", "train", "--model", path(&base), "--data", path(&data), "-o", path(out)];
+        let common = ["--lr", "1e-2", "--batch", "4", "--seed", "5"];
+        succeed(home.path(), &[&args[..], &common, extra].concat())
+    };
+    let lora = ["--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "q_proj,v_proj,down_proj"];
+
+    let straight = home.path().join("straight");
+    let printed = train(&straight, &[&lora[..], &["--epochs", "2"]].concat());
+    assert!(printed.contains("adapter parameters on 8 examples, 4 steps in all"), "{printed}");
+    for file in ["adapter_config.json", "adapter_model.safetensors", "optimizer.safetensors", "trainer_state.json"] {
+        assert!(straight.join(file).is_file(), "{file} missing");
+    }
+    assert!(!straight.join("model.safetensors").exists(), "a LoRA run writes no full checkpoint");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(straight.join("adapter_config.json")).expect("config"))
+            .expect("json");
+    assert_eq!(config["peft_type"], "LORA");
+    assert_eq!((config["r"].as_u64(), config["lora_alpha"].as_f64()), (Some(4), Some(8.0)));
+    assert_eq!(config["target_modules"], serde_json::json!(["q_proj", "v_proj", "down_proj"]));
+    assert_eq!(std::fs::read(base.join("model.safetensors")).expect("base weights"), base_weights);
+
+    // One epoch, then one more from the saved adapter: the same adapter as two epochs at once.
+    let first = home.path().join("first");
+    train(&first, &[&lora[..], &["--epochs", "1"]].concat());
+    let second = home.path().join("second");
+    let printed = train(&second, &["--resume-adapter", path(&first), "--epochs", "1"]);
+    assert!(printed.contains("4 steps in all"), "{printed}");
+    let tensors = |dir: &Path| {
+        let mut named: Vec<(String, Vec<f32>)> =
+            candle_core::safetensors::load(dir.join("adapter_model.safetensors"), &Device::Cpu)
+                .expect("adapter weights")
+                .into_iter()
+                .map(|(name, t)| (name, t.flatten_all().and_then(|t| t.to_vec1()).expect("f32")))
+                .collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    };
+    assert_eq!(tensors(&second), tensors(&straight), "the resumed run ends where the straight one does");
+
+    let examples = examples_of(&data, &base);
+    let base_model = load_model(&base, DType::F32, &Device::Cpu).expect("base");
+    let adapter = LoraAdapter::load_peft(&straight, base_model.config(), DType::F32, &Device::Cpu).expect("adapter");
+    let adapted_loss = loss_of(base_model.with_adapter(&adapter).expect("fits"), &examples);
+    let base_loss = loss_of(base_model, &examples);
+    assert!(adapted_loss < base_loss - 0.1, "loss {base_loss} -> {adapted_loss}");
+
+    let merged = home.path().join("merged");
+    let printed = succeed(
+        home.path(),
+        &["lm", "merge", "--model", path(&base), "--adapter", path(&straight), "-o", path(&merged)],
+    );
+    assert!(printed.contains("merged the adapter into"), "{printed}");
+    for file in
+        ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
+    {
+        assert!(merged.join(file).is_file(), "{file} missing");
+    }
+    let merged_loss = mean_loss(&merged, &examples);
+    assert!((merged_loss - adapted_loss).abs() < 1e-4, "merged {merged_loss} vs adapted {adapted_loss}");
+
+    let generate = |model: &Path, extra: &[&str]| {
+        let args = ["lm", "generate", "--model", path(model), "--prompt", "What is 3 + 3?", "--max-tokens", "10"];
+        succeed(home.path(), &[&args[..], &["--n", "3"], extra].concat())
+    };
+    let with_adapter = generate(&base, &["--adapter", path(&straight)]);
+    assert!(with_adapter.contains("--- completion 3 ("), "{with_adapter}");
+    assert_eq!(generate(&merged, &[]), with_adapter, "the merged model samples what the adapter does");
+    assert_ne!(generate(&base, &[]), with_adapter, "the adapter changes what the base samples");
+
+    let bad = whale(
+        home.path(),
+        &[
+            "lm",
+            "train",
+            "--model",
+            path(&base),
+            "--data",
+            path(&data),
+            "-o",
+            path(&home.path().join("bad")),
+            "--lora-rank",
+            "4",
+            "--lora-targets",
+            "q_proj,lm_head",
+        ],
+    );
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("target_modules") && stderr.contains("lm_head"), "{stderr}");
 }

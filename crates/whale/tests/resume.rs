@@ -100,6 +100,11 @@ struct Fixture {
 }
 
 fn fixture(condition: &str) -> Fixture {
+    fixture_with(condition, "")
+}
+
+/// A fixture whose config ends with `extra` TOML.
+fn fixture_with(condition: &str, extra: &str) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().to_path_buf();
     let model = root.join("model");
@@ -108,7 +113,7 @@ fn fixture(condition: &str) -> Fixture {
     let harness = root.join("short.js");
     std::fs::write(&harness, HARNESS).expect("harness");
     let config = root.join("r.toml");
-    std::fs::write(&config, self::config(&model, &harness, condition)).expect("config");
+    std::fs::write(&config, self::config(&model, &harness, condition) + extra).expect("config");
     Fixture { _dir: dir, root, config }
 }
 
@@ -220,5 +225,22 @@ fn a_fast_slow_run_killed_at_random_moments_ends_as_if_never_interrupted() {
     let typical = run_to_end(&fixture, "straight");
     let landed = run_with_kills(&fixture, "killed", 3, typical, 23);
     assert!(landed >= 1, "no kill landed before the run ended");
+    assert_same_result(&fixture, "straight", "killed");
+}
+
+#[test]
+fn a_lora_run_killed_at_random_moments_ends_as_if_never_interrupted() {
+    let fixture = fixture_with("weight-only", "[weights.lora]\nrank = 4\ndropout = 0.1\n");
+    let typical = run_to_end(&fixture, "straight");
+    let run = fixture.root.join("straight/r");
+    let state = read(&run.join("state.json"));
+    assert!(state["weights_version"].as_u64().unwrap_or(0) >= 4, "weights were updated: {state}");
+    let checkpoint = run.join(format!("checkpoints/step-{:06}", state["checkpoint_step"].as_u64().expect("a step")));
+    for file in ["adapter_config.json", "adapter_model.safetensors", "optimizer.safetensors"] {
+        assert!(checkpoint.join(file).is_file(), "{file} missing from {}", checkpoint.display());
+    }
+    assert!(!checkpoint.join("model.safetensors").exists(), "a LoRA checkpoint holds the adapter only");
+    let landed = run_with_kills(&fixture, "killed", 4, typical, 31);
+    assert!(landed >= 2, "only {landed} kills landed before the run ended");
     assert_same_result(&fixture, "straight", "killed");
 }

@@ -1,14 +1,16 @@
 //! The RFT step on a tiny model: it trains on the completion tokens of kept rollouts only,
-//! and an empty kept set leaves the weights exactly as they were.
+//! an empty kept set leaves the weights exactly as they were, and with `[weights.lora]` it
+//! trains the adapter the policy serves and never the base.
 
 mod common;
 
+use candle_core::{Device, Var};
 use std::sync::Arc;
 use whale::config::WeightConfig;
-use whale::weight_phase::{call_example, kept, trainer_config, WeightPhase};
+use whale::weight_phase::{call_example, kept, new_trainer, resume_trainer, save_trainer, trainer_config, WeightPhase};
 use whale_core::Domain;
 use whale_harness::{stock_harness, Limits};
-use whale_lm::{SamplingParams, SftTrainer};
+use whale_lm::{LoraConfig, SamplingParams, SftTrainer};
 use whale_tasks::{DomainTasks, Environment};
 
 /// Every parameter of the model, flattened, in a fixed order.
@@ -149,4 +151,58 @@ fn the_threshold_is_strict_and_steps_draw_every_task_once_per_epoch() {
         phase.draw(2).iter().map(|t| &t.id).collect::<Vec<_>>()
     );
     assert!(kept(&[], 0.5).is_empty());
+}
+
+fn values(params: Vec<(String, Var)>) -> Vec<(String, Vec<f32>)> {
+    params
+        .into_iter()
+        .map(|(name, var)| (name, var.as_tensor().flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("f32")))
+        .collect()
+}
+
+#[test]
+fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
+    let policy = Arc::new(common::tiny_policy());
+    let base = policy.model();
+    let base_before = values(base.named_parameters());
+    let mut config = config(-1.0);
+    config.lora =
+        Some(LoraConfig { rank: 4, target_modules: vec!["q_proj".into(), "up_proj".into()], ..LoraConfig::default() });
+    let mut trainer = new_trainer(&config, &policy, 11).expect("trainer");
+    let served = || values(policy.model().adapter().expect("the policy serves the adapter").named_parameters());
+    let adapter_before = served();
+    assert_eq!(adapter_before.len(), 2 * 2 * base.config().num_hidden_layers);
+
+    let tasks = Domain::Math.generate(12, 5, 1);
+    let environment = Environment::for_tasks(Domain::Math, &tasks).expect("environment");
+    let sampling = SamplingParams { max_tokens: 12, ..SamplingParams::default() };
+    let limits = Limits::default();
+    let phase = WeightPhase {
+        config: &config,
+        environment: &environment,
+        train: &tasks,
+        limits: &limits,
+        sampling: &sampling,
+        threads: 4,
+        seed: 3,
+        progress: false,
+    };
+    let harness = stock_harness("math/plain").expect("stock").harness();
+    let (report, _, _) = phase.step(1, &[harness], &policy, &mut trainer).expect("step");
+    assert!(report.updates > 0, "{report:?}");
+    assert_eq!(values(base.named_parameters()), base_before, "the base is bit for bit what it was");
+    let trained = served();
+    assert_ne!(trained, adapter_before, "the served adapter is the trained one");
+    assert_eq!(trained, values(trainer.model().adapter().expect("adapter").named_parameters()));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    save_trainer(&trainer, dir.path(), std::path::Path::new("/models/base")).expect("save");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("adapter_config.json")).expect("adapter config"))
+            .expect("json");
+    assert_eq!(saved["base_model_name_or_path"], "/models/base");
+    let other = Arc::new(common::tiny_policy());
+    let resumed = resume_trainer(&config, &other, dir.path(), &Device::Cpu).expect("resume");
+    assert_eq!(resumed.state(), trainer.state());
+    assert_eq!(values(other.model().adapter().expect("adapter").named_parameters()), trained);
 }

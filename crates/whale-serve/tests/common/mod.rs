@@ -89,3 +89,32 @@ pub fn get(server: &Server, path: &str) -> (u16, serde_json::Value) {
 pub fn http() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().expect("a client")
 }
+
+/// Writes to `dir` a PEFT LoRA adapter (rank 4 on every projection) for the model in
+/// `base_dir`, with random B matrices so that it changes the model's outputs.
+pub fn write_adapter(base_dir: &Path, dir: &Path, seed: u64) {
+    use rand::{Rng, SeedableRng};
+    let base = whale_lm::load_model(base_dir, DType::F32, &Device::Cpu).expect("the base loads");
+    let config = whale_lm::LoraConfig { rank: 4, ..whale_lm::LoraConfig::default() };
+    let adapter =
+        whale_lm::LoraAdapter::new(config, base.config(), seed, DType::F32, &Device::Cpu).expect("an adapter");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for (name, var) in adapter.named_parameters() {
+        if name.contains("lora_B") {
+            let values: Vec<f32> = (0..var.elem_count()).map(|_| rng.gen_range(-0.5..0.5)).collect();
+            let tensor = candle_core::Tensor::from_vec(values, var.shape(), &Device::Cpu).expect("a tensor");
+            var.set(&tensor).expect("B set");
+        }
+    }
+    adapter.save_peft(dir, "base").expect("the adapter is written");
+}
+
+/// The model in `base_dir` with the adapter in `adapter_dir` applied, in-process.
+pub fn local_with_adapter(base_dir: &Path, adapter_dir: &Path) -> LocalPolicy {
+    let policy = local(base_dir);
+    let base = policy.model();
+    let adapter = whale_lm::LoraAdapter::load_peft(adapter_dir, base.config(), DType::F32, &Device::Cpu)
+        .expect("the adapter loads");
+    policy.reload(base.with_adapter(&adapter).expect("it fits"), 0).expect("reloaded");
+    policy
+}

@@ -7,6 +7,7 @@ use anyhow::Result;
 use clap::Subcommand;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use whale_lm::LoraConfig;
 
 #[derive(Debug, Subcommand)]
 pub enum LmCommand {
@@ -57,6 +58,9 @@ pub enum LmCommand {
         /// Continue the prompt as raw text, without the chat template.
         #[arg(long)]
         raw: bool,
+        /// A PEFT LoRA adapter directory (from `whale lm train --lora-rank`) to apply to the model.
+        #[arg(long)]
+        adapter: Option<PathBuf>,
     },
     /// Measure mean@k of a model on generated math tasks with the plain one-call prompt
     /// ("<question>\nGive the final answer after ####."), as pretraining does.
@@ -85,12 +89,15 @@ pub enum LmCommand {
     },
     /// Fine-tune a model on an sft.jsonl of {"messages": [...], "completion": "..."} lines:
     /// the completion is the assistant's reply to the messages, and only it is trained on.
+    /// With --lora-rank (or --resume-adapter) only a LoRA adapter is trained and the output is
+    /// a PEFT adapter directory (adapter_config.json, adapter_model.safetensors) plus the
+    /// optimizer state, which `peft`, vLLM and SGLang load and `whale lm merge` folds in.
     Train {
         #[arg(long)]
         model: PathBuf,
         #[arg(long)]
         data: PathBuf,
-        /// Output checkpoint directory.
+        /// Output directory: a checkpoint, or a PEFT adapter directory when training LoRA.
         #[arg(short, long)]
         output: PathBuf,
         #[arg(long, default_value_t = 1)]
@@ -100,9 +107,41 @@ pub enum LmCommand {
         /// Examples per optimizer step.
         #[arg(long, default_value_t = 16)]
         batch: usize,
-        /// Shuffles the examples.
+        /// Shuffles the examples (each epoch from the seed and the updates done before it) and
+        /// draws a new adapter's initial matrices.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Train a LoRA adapter of this rank instead of the whole model.
+        #[arg(long)]
+        lora_rank: Option<usize>,
+        /// The adapter's update is scaled by alpha / rank [default: 16].
+        #[arg(long, requires = "lora_rank")]
+        lora_alpha: Option<f64>,
+        /// Dropout on the adapter's input while training [default: 0].
+        #[arg(long, requires = "lora_rank")]
+        lora_dropout: Option<f64>,
+        /// Projections to adapt, comma-separated, from q_proj, k_proj, v_proj, o_proj,
+        /// gate_proj, up_proj, down_proj [default: all seven].
+        #[arg(long, requires = "lora_rank", value_delimiter = ',')]
+        lora_targets: Option<Vec<String>>,
+        /// Continue the LoRA run saved in this adapter directory (written by an earlier
+        /// --lora-rank run: its settings, matrices and optimizer state), e.g. once per weight
+        /// step with that step's data. --model must be the same base.
+        #[arg(long, conflicts_with = "lora_rank")]
+        resume_adapter: Option<PathBuf>,
+    },
+    /// Fold a LoRA adapter into its base model: writes a full checkpoint (config.json,
+    /// model.safetensors in the base's dtype, generation_config.json, tokenizer files).
+    Merge {
+        /// The base model's checkpoint directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// The PEFT adapter directory.
+        #[arg(long)]
+        adapter: PathBuf,
+        /// Output checkpoint directory.
+        #[arg(short, long)]
+        output: PathBuf,
     },
 }
 
@@ -118,12 +157,12 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             let options = PretrainOptions { force, stop_after, progress: true };
             print_pretrain(&pretrain::pretrain(&config, &pretrain::whale_home(), &options)?)
         }
-        LmCommand::Generate { model, prompt, n, max_tokens, temperature, seed, raw } => {
+        LmCommand::Generate { model, prompt, n, max_tokens, temperature, seed, raw, adapter } => {
             let dir = match model {
                 Some(dir) => dir,
                 None => pretrain::ensure_base_model()?,
             };
-            let settings = GenerateSettings { n, max_tokens, temperature, seed, raw };
+            let settings = GenerateSettings { n, max_tokens, temperature, seed, raw, adapter };
             for (i, completion) in lm::generate(&dir, &prompt, &settings)?.iter().enumerate() {
                 let (tokens, finish) = (completion.completion_tokens, completion.finish_reason.as_str());
                 println!("--- completion {} ({tokens} tokens, {finish}) ---", i + 1);
@@ -158,20 +197,49 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             print!("{}", whale_lm::run_bench(&config, &candle_core::Device::Cpu)?);
             Ok(ExitCode::SUCCESS)
         }
-        LmCommand::Train { model, data, output, epochs, lr, batch, seed } => {
-            let settings = SftSettings { epochs, learning_rate: lr, batch_size: batch, seed };
+        LmCommand::Train {
+            model,
+            data,
+            output,
+            epochs,
+            lr,
+            batch,
+            seed,
+            lora_rank,
+            lora_alpha,
+            lora_dropout,
+            lora_targets,
+            resume_adapter,
+        } => {
+            let lora = lora_rank.map(|rank| {
+                let defaults = LoraConfig::default();
+                LoraConfig {
+                    rank,
+                    alpha: lora_alpha.unwrap_or(defaults.alpha),
+                    dropout: lora_dropout.unwrap_or(defaults.dropout),
+                    target_modules: lora_targets.unwrap_or(defaults.target_modules),
+                }
+            });
+            let settings = SftSettings { epochs, learning_rate: lr, batch_size: batch, seed, lora, resume_adapter };
             let mut on_step = |stats: &whale_lm::StepStats, total: u64| {
                 eprintln!("step {}/{total} loss {:.4} ({} tokens)", stats.step, stats.loss, stats.tokens);
             };
             let report = lm::train_sft(&model, &data, &output, &settings, &mut on_step)?;
             println!(
-                "trained on {} examples for {} steps: loss {:.4} -> {:.4}; wrote {}",
+                "trained {} {} on {} examples, {} steps in all: loss {:.4} -> {:.4}; wrote {}",
+                report.trained_parameters,
+                if report.adapter { "adapter parameters" } else { "parameters" },
                 report.examples,
                 report.steps,
                 report.loss_before,
                 report.loss_after,
                 report.output.display()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        LmCommand::Merge { model, adapter, output } => {
+            let projections = lm::merge_adapter(&model, &adapter, &output)?;
+            println!("merged the adapter into {projections} projections; wrote {}", output.display());
             Ok(ExitCode::SUCCESS)
         }
     }

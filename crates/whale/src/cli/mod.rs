@@ -49,9 +49,9 @@ enum Command {
     ///
     /// Endpoints: POST /v1/chat/completions and /v1/completions (sampling parameters, n,
     /// logprobs, stop, seed, `stream: true`), GET /v1/models, POST /v1/load_lora_adapter
-    /// {lora_name, lora_path} and /v1/unload_lora_adapter {lora_name} (a full checkpoint
-    /// directory served under a new name), POST /update_weights_from_disk {model_path} (new
-    /// weights for the base model). Errors are OpenAI-style JSON with a 4xx or 5xx status.
+    /// {lora_name, lora_path} and /v1/unload_lora_adapter {lora_name} (a PEFT LoRA adapter over
+    /// the base model, or a full checkpoint directory, served under a new name), POST
+    /// /update_weights_from_disk {model_path} (new weights for the base model). Errors are OpenAI-style JSON with a 4xx or 5xx status.
     /// The first line on stdout is `listening on http://HOST:PORT/v1`.
     Serve(serve::ServeArgs),
     /// Score model outputs produced anywhere: a JSONL of task records, each with a `prediction`.

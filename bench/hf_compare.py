@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""whale beside Hugging Face transformers on the same checkpoint and the same inputs.
+
+Checks, on a whale checkpoint loaded as `Qwen3ForCausalLM`:
+  1. the tokenizer and chat template give the same token ids in both (64 GSM8K questions);
+  2. the logits of one sequence agree within 1e-4 (the proof that whale's checkpoints are
+     real Hugging Face checkpoints and that the two implementations compute the same model),
+     and so do they through a LoRA adapter that whale trains here and `peft` loads (the proof
+     that whale's adapters are real PEFT adapters);
+then times, with the same prompts, sampling settings and batch:
+  3. generation of 64 concurrent requests (whale's engine vs `model.generate` at batch 64);
+  4. one training step (completion-only cross-entropy, AdamW, clipping at 1.0).
+
+Usage: python3 bench/hf_compare.py [--model DIR] [--max-tokens N] [--train-examples N]
+The first run creates bench/.venv and installs torch and transformers from PyPI into it
+(set WHALE_HF_VENV to reuse another virtual environment). Without --model it uses the
+default base model, pretraining it first if it is not cached. Exits 1 when a check fails.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENV = Path(os.environ.get("WHALE_HF_VENV", REPO / "bench" / ".venv"))
+PACKAGES = ["torch", "transformers", "safetensors", "peft"]
+LOGITS_TOLERANCE = 1e-4
+INSTRUCTION = "\nGive the final answer after ####."
+
+
+def ensure_venv():
+    """Re-runs this script inside the virtual environment, creating it on first use."""
+    python = VENV / "bin" / "python"
+    if Path(sys.prefix).resolve() == VENV.resolve():
+        return
+    if not python.exists():
+        print(f"creating {VENV} and installing {' '.join(PACKAGES)} from PyPI ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PACKAGES], check=True)
+    os.execv(str(python), [str(python), __file__, *sys.argv[1:]])
+
+
+def shared_data():
+    env = os.environ.get("WHALE_SHARED_DATA")
+    return Path(env) if env else REPO.parent / "shared" / "data"
+
+
+def default_model():
+    home = Path(os.environ.get("WHALE_HOME", Path.home() / ".cache" / "whale"))
+    model = home / "models" / "base-v1-seed0"
+    if not (model / "config.json").exists():
+        print("no cached base model; running `whale lm pretrain` first ...", flush=True)
+        cargo(["run", "--release", "-p", "whale", "--", "lm", "pretrain"])
+    return model
+
+
+def cargo(args):
+    subprocess.run(["cargo", *args], cwd=REPO, check=True)
+
+
+def gsm8k(count, offset=0):
+    path = shared_data() / "math" / "gsm8k" / "test.jsonl"
+    with open(path, encoding="utf-8") as lines:
+        records = [json.loads(line) for line in lines if line.strip()]
+    if len(records) < offset + count:
+        sys.exit(f"{path}: {len(records)} records, need {offset + count}")
+    return records[offset : offset + count]
+
+
+def conversation(record):
+    return [{"role": "user", "content": record["question"] + INSTRUCTION}]
+
+
+def train_adapter(model_dir, records, scratch):
+    """A LoRA adapter trained by `whale lm train` for a few steps on GSM8K solutions."""
+    data = Path(scratch) / "sft.jsonl"
+    with open(data, "w", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps({"messages": conversation(record), "completion": record["answer"]}) + "\n")
+    adapter = Path(scratch) / "adapter"
+    cargo(["run", "--release", "--quiet", "-p", "whale", "--", "lm", "train", "--model", str(model_dir),
+           "--data", str(data), "-o", str(adapter), "--lora-rank", "8", "--lr", "1e-2", "--batch", "8"])
+    return adapter
+
+
+def build_workload(tokenizer, args):
+    records = gsm8k(args.batch)
+    conversations = [conversation(r) for r in records]
+    chat_ids = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations]
+    chat_ids = [list(ids["input_ids"]) if isinstance(ids, dict) or hasattr(ids, "keys") else list(ids) for ids in chat_ids]
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    examples = []
+    for ids, record in zip(chat_ids[: args.train_examples], records):
+        answer = tokenizer.encode(record["answer"], add_special_tokens=False)
+        examples.append({"prompt": ids, "completion": answer[: args.train_completion_tokens] + [im_end]})
+    return {
+        "conversations": conversations,
+        "logits_input": chat_ids[0] + examples[0]["completion"],
+        "generate": {"prompts": chat_ids, "max_tokens": args.max_tokens, "temperature": 1.0, "top_k": 20, "top_p": 1.0},
+        "train": {"examples": examples, "micro_batch": args.micro_batch, "steps": args.train_steps,
+                  "learning_rate": 1e-5},
+    }
+
+
+def run_whale(model_dir, workload, scratch):
+    cargo(["build", "--release", "--quiet", "-p", "whale-lm", "--example", "hf_peer"])
+    peer = REPO / "target" / "release" / "examples" / "hf_peer"
+    work, out = Path(scratch) / "workload.json", Path(scratch) / "out.json"
+    work.write_text(json.dumps(workload))
+    subprocess.run([str(peer), str(model_dir), str(work), str(out)], check=True)
+    return json.loads(out.read_text())
+
+
+def eos_ids(tokenizer, config):
+    ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    eos = config.eos_token_id
+    ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return sorted(ids)
+
+
+def time_generation(torch, model, tokenizer, workload):
+    spec = workload["generate"]
+    prompts = spec["prompts"]
+    eos = eos_ids(tokenizer, model.config)
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    settings = dict(do_sample=True, temperature=spec["temperature"], top_k=spec["top_k"], top_p=spec["top_p"],
+                    eos_token_id=eos, pad_token_id=pad)
+    with torch.no_grad():
+        model.generate(input_ids=input_ids[:2], attention_mask=mask[:2], max_new_tokens=4, **settings)
+        torch.manual_seed(0)
+        start = time.perf_counter()
+        output = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=spec["max_tokens"], **settings)
+        seconds = time.perf_counter() - start
+    tokens = 0
+    for row in output[:, width:].tolist():
+        ends = [i for i, t in enumerate(row) if t in eos]
+        tokens += ends[0] + 1 if ends else len(row)
+    return tokens, seconds
+
+
+def time_training(torch, model, tokenizer, workload):
+    """Micro-batches as whale's trainer forms them: longest first, padded to the longest in each,
+    gradients accumulated over the step, the loss summed over all completion tokens."""
+    spec = workload["train"]
+    examples = sorted(spec["examples"], key=lambda e: -(len(e["prompt"]) + len(e["completion"])))
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    batches = [padded(torch, examples[i : i + spec["micro_batch"]], pad)
+               for i in range(0, len(examples), spec["micro_batch"])]
+    total = sum(len(e["completion"]) for e in examples)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec["learning_rate"], betas=(0.9, 0.999), eps=1e-8,
+                                  weight_decay=0.0)
+
+    def step():
+        optimizer.zero_grad()
+        loss_sum = 0.0
+        for input_ids, labels, mask in batches:
+            logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1]
+            summed = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                       labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+            (summed / total).backward()
+            loss_sum += summed.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss_sum / total
+
+    step()
+    start = time.perf_counter()
+    for _ in range(spec["steps"]):
+        loss = step()
+    seconds = (time.perf_counter() - start) / spec["steps"]
+    positions = sum(len(e["prompt"]) + len(e["completion"]) - 1 for e in examples)
+    return positions, seconds, loss
+
+
+def padded(torch, examples, pad):
+    width = max(len(e["prompt"]) + len(e["completion"]) for e in examples)
+    rows, labels, masks = [], [], []
+    for e in examples:
+        ids = e["prompt"] + e["completion"]
+        rows.append(ids + [pad] * (width - len(ids)))
+        labels.append([-100] * len(e["prompt"]) + e["completion"] + [-100] * (width - len(ids)))
+        masks.append([1] * len(ids) + [0] * (width - len(ids)))
+    return torch.tensor(rows), torch.tensor(labels), torch.tensor(masks)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="a whale / Hugging Face checkpoint directory")
+    parser.add_argument("--batch", type=int, default=64, help="concurrent generation requests")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens each generation request asks for")
+    parser.add_argument("--train-examples", type=int, default=16, help="examples in the training step")
+    parser.add_argument("--micro-batch", type=int, default=8,
+                        help="examples per forward/backward pass in both (whale's default micro-batch)")
+    parser.add_argument("--train-completion-tokens", type=int, default=96)
+    parser.add_argument("--train-steps", type=int, default=2, help="timed training steps (after one warm-up)")
+    args = parser.parse_args()
+    ensure_venv()
+
+    import peft
+    import torch
+    import transformers
+
+    model_dir = args.model or default_model()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.Qwen3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model.eval()
+    workload = build_workload(tokenizer, args)
+    with tempfile.TemporaryDirectory() as scratch:
+        workload["adapter"] = str(train_adapter(model_dir, gsm8k(32, offset=args.batch), scratch))
+        ours = run_whale(model_dir, workload, scratch)
+        base = transformers.Qwen3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        with torch.no_grad():
+            adapted = peft.PeftModel.from_pretrained(base.eval(), workload["adapter"])
+            theirs_adapted = adapted(input_ids=torch.tensor([workload["logits_input"]])).logits[0]
+
+    failures = []
+    same_ids = sum(a == b for a, b in zip(ours["chat_ids"], workload["generate"]["prompts"]))
+    if same_ids != len(workload["conversations"]):
+        failures.append(f"chat template + tokenizer: {same_ids}/{len(workload['conversations'])} prompts identical")
+    with torch.no_grad():
+        theirs = model(input_ids=torch.tensor([workload["logits_input"]])).logits[0]
+    difference = (theirs - torch.tensor(ours["logits"])).abs().max().item()
+    if not difference <= LOGITS_TOLERANCE:
+        failures.append(f"logits differ by {difference:.3g} > {LOGITS_TOLERANCE}")
+    adapter_difference = (theirs_adapted - torch.tensor(ours["adapter_logits"])).abs().max().item()
+    adapter_effect = (theirs_adapted - theirs).abs().max().item()
+    if not adapter_difference <= LOGITS_TOLERANCE:
+        failures.append(f"logits through the LoRA adapter differ by {adapter_difference:.3g} > {LOGITS_TOLERANCE}")
+    if not adapter_effect > 100 * LOGITS_TOLERANCE:
+        failures.append(f"the trained adapter moves the logits by only {adapter_effect:.3g}; the check proves nothing")
+
+    hf_gen_tokens, hf_gen_seconds = time_generation(torch, model, tokenizer, workload)
+    hf_positions, hf_step_seconds, hf_loss = time_training(torch, model, tokenizer, workload)
+
+    params = sum(p.numel() for p in model.parameters())
+    print(f"model: {model_dir} ({params / 1e6:.2f}M parameters), torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, {torch.get_num_threads()} torch threads")
+    print(f"chat template + tokenizer: {same_ids}/{len(workload['conversations'])} GSM8K prompts give identical ids")
+    print(f"logits of a {len(workload['logits_input'])}-token sequence: max |whale - transformers| = {difference:.2e}"
+          f" (tolerance {LOGITS_TOLERANCE:g})")
+    print(f"through whale's LoRA adapter loaded by peft {peft.__version__}: max |whale - transformers| = "
+          f"{adapter_difference:.2e} (the adapter moves the logits by up to {adapter_effect:.2f})")
+    ours_gen = ours["generate_tokens"] / ours["generate_seconds"]
+    hf_gen = hf_gen_tokens / hf_gen_seconds
+    ours_train = ours["train_positions"] / ours["train_seconds_per_step"]
+    hf_train = hf_positions / hf_step_seconds
+    print("| workload | whale (candle) | transformers (torch) | whale / transformers |")
+    print("|---|---:|---:|---:|")
+    print(f"| generate, {args.batch} concurrent, up to {args.max_tokens} new tokens: tokens/s "
+          f"| {ours_gen:.0f} ({ours['generate_tokens']} in {ours['generate_seconds']:.2f} s) "
+          f"| {hf_gen:.0f} ({hf_gen_tokens} in {hf_gen_seconds:.2f} s) | {ours_gen / hf_gen:.2f}x |")
+    print(f"| training step, {args.train_examples} examples in micro-batches of {args.micro_batch}: tokens/s "
+          f"| {ours_train:.0f} ({ours['train_seconds_per_step']:.3f} s/step, loss {ours['train_loss']:.3f}) "
+          f"| {hf_train:.0f} ({hf_step_seconds:.3f} s/step, loss {hf_loss:.3f}) | {ours_train / hf_train:.2f}x |")
+    for failure in failures:
+        print(f"FAILED: {failure}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
