@@ -35,7 +35,7 @@ enum ServeCommand {
         /// Concurrent requests per round.
         #[arg(long, default_value_t = 64)]
         requests: usize,
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 10)]
         rounds: usize,
         /// Completion tokens each request asks for.
         #[arg(long, default_value_t = 64)]
