@@ -13,6 +13,9 @@
 //!   (prompts to prefill in one call, the last sampled tokens in another); it gets the
 //!   next-token logits back, one row per sequence, samples each row with the request's own
 //!   seeded [`sampling::Sampler`], and sends each finished [`policy::Completion`] back.
+//! - Rollouts on a server: [`remote::RemotePolicy`] implements [`policy::Policy`] over any
+//!   OpenAI-compatible `/v1/chat/completions` (vLLM, SGLang, `whale serve`), with a concurrency
+//!   limit and retries; the served model or adapter is the request's `model`.
 //! - Weight phase: the caller renders and tokenizes the accepted rollouts into
 //!   [`train::SftExample`]s (prompt tokens, completion tokens); [`train::SftTrainer::step`] pads
 //!   them into [`train::SftBatch`]es, computes the completion-only loss with
