@@ -35,8 +35,8 @@ use crate::chat_template::{ChatTemplate, ChatTemplateError, RenderOptions, TOKEN
 use crate::checkpoint::{load_model, CheckpointError, GenerationConfig};
 use crate::model::{KvCache, ModelError, Qwen3Model, SeqStep};
 use crate::policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
-use crate::sampling::{Sampler, SamplingParams, StopMatcher};
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::sampling::{SampledToken, Sampler, SamplingParams, StopMatcher};
+use crate::tokenizer::{TextStream, Tokenizer, TokenizerError};
 
 /// File name of the Hugging Face tokenizer in a model directory.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -253,14 +253,43 @@ impl LocalPolicy {
     /// sampled token, the end-of-sequence token and the tokens that completed a stop string
     /// included; `text` is cut before the stop string and leaves the end-of-sequence token out.
     pub fn generate(&self, prompt: Vec<u32>, params: &SamplingParams) -> Result<Completion, PolicyError> {
+        self.submit(prompt, params, None)
+    }
+
+    /// Like [`generate`](Self::generate), and calls `on_token` with each token as the scheduler
+    /// samples it (in this thread, while the request is still generating), so a server can
+    /// stream the reply. The tokens are exactly those of the returned completion's `token_ids`.
+    pub fn generate_streaming(
+        &self,
+        prompt: Vec<u32>,
+        params: &SamplingParams,
+        on_token: &mut dyn FnMut(SampledToken),
+    ) -> Result<Completion, PolicyError> {
+        self.submit(prompt, params, Some(on_token))
+    }
+
+    fn submit(
+        &self,
+        prompt: Vec<u32>,
+        params: &SamplingParams,
+        mut on_token: Option<&mut dyn FnMut(SampledToken)>,
+    ) -> Result<Completion, PolicyError> {
         params.validate()?;
         self.check_prompt(&prompt)?;
         let prompt_tokens = prompt.len();
         let (reply, answer) = mpsc::channel();
-        let job = Job { prompt, params: params.clone(), reply };
+        let job = Job { prompt, params: params.clone(), stream: on_token.is_some(), reply };
         self.commands.send(Command::Generate(job)).map_err(|_| PolicyError::EngineStopped)?;
-        let generated = answer.recv().map_err(|_| PolicyError::EngineStopped)??;
-        self.completion(generated, prompt_tokens, &params.stop)
+        loop {
+            match answer.recv().map_err(|_| PolicyError::EngineStopped)? {
+                Reply::Token(token) => {
+                    if let Some(on_token) = on_token.as_mut() {
+                        on_token(token);
+                    }
+                }
+                Reply::Done(generated) => return self.completion(generated?, prompt_tokens, &params.stop),
+            }
+        }
     }
 
     fn check_prompt(&self, prompt: &[u32]) -> Result<(), PolicyError> {
@@ -371,7 +400,16 @@ enum Command {
 struct Job {
     prompt: Vec<u32>,
     params: SamplingParams,
-    reply: Sender<Result<Generated, PolicyError>>,
+    /// Whether the caller wants each token as it is sampled.
+    stream: bool,
+    reply: Sender<Reply>,
+}
+
+/// What the scheduler sends a caller: each sampled token (streaming requests only), then the
+/// outcome.
+enum Reply {
+    Token(SampledToken),
+    Done(Result<Generated, PolicyError>),
 }
 
 /// The scheduler's answer; the caller decodes the text in its own thread.
@@ -384,7 +422,8 @@ struct Generated {
 /// A request being generated.
 struct Sequence {
     prompt: Vec<u32>,
-    reply: Sender<Result<Generated, PolicyError>>,
+    stream: bool,
+    reply: Sender<Reply>,
     sampler: Sampler,
     stops: Option<StopMatcher>,
     /// Most tokens to sample: `max_tokens`, or fewer where the context window ends first.
@@ -406,6 +445,7 @@ impl Sequence {
             limit: job.params.max_tokens.min(context_window.saturating_sub(job.prompt.len())),
             feed: job.prompt.clone(),
             prompt: job.prompt,
+            stream: job.stream,
             reply: job.reply,
             sampler,
             stops,
@@ -426,6 +466,10 @@ impl Sequence {
                 return;
             }
         };
+        if self.stream {
+            // A caller that went away learns nothing; the outcome send below is ignored too.
+            let _ = self.reply.send(Reply::Token(token));
+        }
         self.generated.push(token.id);
         self.logprobs.push(token.logprob);
         self.feed.clear();
@@ -444,7 +488,7 @@ impl Sequence {
         }
         if let Some(stops) = &self.stops {
             let new_from = self.text.extend(tokenizer, &self.generated)?;
-            if stops.find_since(&self.text.text, new_from).is_some() {
+            if stops.find_since(self.text.text(), new_from).is_some() {
                 return Ok(Some(FinishReason::Stop));
             }
         }
@@ -458,37 +502,7 @@ impl Sequence {
             finish_reason,
         });
         // The caller may have gone away; nobody is left to tell.
-        let _ = self.reply.send(message);
-    }
-}
-
-/// The generated text decoded as tokens arrive, for the stop-string check. Each step decodes
-/// only the tokens since the last settled piece, and text is appended only once its last
-/// character is complete (a byte-level token may end inside a UTF-8 character).
-#[derive(Default)]
-struct TextStream {
-    text: String,
-    /// Start of the window re-decoded each step: the last appended piece.
-    prefix_offset: usize,
-    /// End of the last appended piece.
-    read_offset: usize,
-}
-
-impl TextStream {
-    /// Appends what `tokens` (every generated token, the newest last) add to the text and
-    /// returns the byte offset where the new text starts.
-    fn extend(&mut self, tokenizer: &Tokenizer, tokens: &[u32]) -> Result<usize, TokenizerError> {
-        let start = self.text.len();
-        let settled = tokenizer.decode(&tokens[self.prefix_offset..self.read_offset], false)?;
-        let current = tokenizer.decode(&tokens[self.prefix_offset..], false)?;
-        if let Some(new) = current.get(settled.len()..) {
-            if !new.is_empty() && !new.ends_with(char::REPLACEMENT_CHARACTER) {
-                self.text.push_str(new);
-                self.prefix_offset = self.read_offset;
-                self.read_offset = tokens.len();
-            }
-        }
-        Ok(start)
+        let _ = self.reply.send(Reply::Done(message));
     }
 }
 
@@ -598,7 +612,7 @@ impl Scheduler {
                     self.live.push(Sequence::new(job, sampler, cache, self.context_window));
                 }
                 Err(error) => {
-                    let _ = job.reply.send(Err(error.into()));
+                    let _ = job.reply.send(Reply::Done(Err(error.into())));
                     self.stats().requests_done += 1;
                 }
             }
@@ -701,29 +715,5 @@ impl Scheduler {
 
     fn stats(&self) -> std::sync::MutexGuard<'_, EngineStats> {
         self.stats.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tokenizer::MIN_VOCAB_SIZE;
-
-    #[test]
-    fn the_text_stream_holds_back_split_characters_and_ends_with_the_full_text() {
-        let text = "naïve café 🐳 — ∫x dx, then plain ascii text.";
-        let tokenizer = Tokenizer::train_bpe([text, text], MIN_VOCAB_SIZE + 8).expect("bpe");
-        let ids = tokenizer.encode(text).expect("encode");
-        let mut stream = TextStream::default();
-        let mut held_back = 0;
-        for end in 1..=ids.len() {
-            let before = stream.text.len();
-            let new_from = stream.extend(&tokenizer, &ids[..end]).expect("decode");
-            assert_eq!(new_from, before);
-            assert!(text.starts_with(&stream.text), "{:?} is not a prefix", stream.text);
-            held_back += usize::from(stream.text.len() == before);
-        }
-        assert_eq!(stream.text, text);
-        assert!(held_back > 0, "no token ended inside a character, so nothing was tested");
     }
 }

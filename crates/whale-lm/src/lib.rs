@@ -13,6 +13,9 @@
 //!   (prompts to prefill in one call, the last sampled tokens in another); it gets the
 //!   next-token logits back, one row per sequence, samples each row with the request's own
 //!   seeded [`sampling::Sampler`], and sends each finished [`policy::Completion`] back.
+//! - Rollouts on a server: [`remote::RemotePolicy`] implements [`policy::Policy`] over any
+//!   OpenAI-compatible `/v1/chat/completions` (vLLM, SGLang, `whale serve`), with a concurrency
+//!   limit and retries; the served model or adapter is the request's `model`.
 //! - Weight phase: the caller renders and tokenizes the accepted rollouts into
 //!   [`train::SftExample`]s (prompt tokens, completion tokens); [`train::SftTrainer::step`] pads
 //!   them into [`train::SftBatch`]es, computes the completion-only loss with
@@ -41,6 +44,7 @@ mod kernels;
 pub mod lora;
 pub mod model;
 pub mod policy;
+pub mod remote;
 pub mod runtime;
 pub mod sampling;
 pub mod tokenizer;
@@ -54,6 +58,7 @@ pub use engine::{EngineConfig, EngineError, EngineStats, LocalPolicy};
 pub use lora::{LoraAdapter, LoraConfig, LoraError, LoraTarget};
 pub use model::{KvCache, ModelError, Qwen3Model, SeqStep};
 pub use policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
-pub use sampling::{Sampler, SamplingParams};
-pub use tokenizer::{SpecialTokens, Tokenizer, TokenizerError};
+pub use remote::{RemoteConfig, RemoteError, RemotePolicy};
+pub use sampling::{SampledToken, Sampler, SamplingParams};
+pub use tokenizer::{SpecialTokens, TextStream, Tokenizer, TokenizerError};
 pub use train::{LrSchedule, SftBatch, SftExample, SftTrainer, StepStats, TrainError, TrainerConfig, TrainerState};

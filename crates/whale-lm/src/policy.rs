@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use whale_core::{ChatMessage, ModelCall};
 
 use crate::chat_template::ChatTemplateError;
+use crate::remote::RemoteError;
 use crate::sampling::{SamplingError, SamplingParams};
 use crate::tokenizer::TokenizerError;
 
@@ -81,8 +82,9 @@ pub enum PolicyError {
     /// with it gets this error.
     #[error("the model failed: {0}")]
     Model(String),
-    #[error("remote policy{}: {message}", status.map(|s| format!(" (HTTP {s})")).unwrap_or_default())]
-    Remote { status: Option<u16>, message: String },
+    /// The OpenAI-compatible server failed the request (see [`crate::remote`]).
+    #[error("remote policy: {0}")]
+    Remote(#[from] RemoteError),
     #[error(transparent)]
     Sampling(#[from] SamplingError),
     #[error(transparent)]

@@ -139,3 +139,61 @@ fn resolve_specials(inner: &tokenizers::Tokenizer) -> Result<SpecialTokens, &'st
     let id = |token: &'static str| inner.token_to_id(token).ok_or(token);
     Ok(SpecialTokens { endoftext: id(ENDOFTEXT)?, im_start: id(IM_START)?, im_end: id(IM_END)? })
 }
+
+/// Generated text decoded as tokens arrive, for stop-string checks and streaming. Each step
+/// decodes only the tokens since the last settled piece, and text is appended only once its
+/// last character is complete (a byte-level token may end inside a UTF-8 character).
+#[derive(Debug, Clone, Default)]
+pub struct TextStream {
+    text: String,
+    /// Start of the window re-decoded each step: the last appended piece.
+    prefix_offset: usize,
+    /// End of the last appended piece.
+    read_offset: usize,
+}
+
+impl TextStream {
+    /// Appends what `tokens` (every generated token, the newest last) add to the text and
+    /// returns the byte offset where the new text starts.
+    pub fn extend(&mut self, tokenizer: &Tokenizer, tokens: &[u32]) -> Result<usize, TokenizerError> {
+        let start = self.text.len();
+        let settled = tokenizer.decode(&tokens[self.prefix_offset..self.read_offset], false)?;
+        let current = tokenizer.decode(&tokens[self.prefix_offset..], false)?;
+        if let Some(new) = current.get(settled.len()..) {
+            if !new.is_empty() && !new.ends_with(char::REPLACEMENT_CHARACTER) {
+                self.text.push_str(new);
+                self.prefix_offset = self.read_offset;
+                self.read_offset = tokens.len();
+            }
+        }
+        Ok(start)
+    }
+
+    /// The text of the complete characters so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_stream_holds_back_split_characters_and_ends_with_the_full_text() {
+        let text = "naïve café 🐳 — ∫x dx, then plain ascii text.";
+        let tokenizer = Tokenizer::train_bpe([text, text], MIN_VOCAB_SIZE + 8).expect("bpe");
+        let ids = tokenizer.encode(text).expect("encode");
+        let mut stream = TextStream::default();
+        let mut held_back = 0;
+        for end in 1..=ids.len() {
+            let before = stream.text().len();
+            let new_from = stream.extend(&tokenizer, &ids[..end]).expect("decode");
+            assert_eq!(new_from, before);
+            assert!(text.starts_with(stream.text()), "{:?} is not a prefix", stream.text());
+            held_back += usize::from(stream.text().len() == before);
+        }
+        assert_eq!(stream.text(), text);
+        assert!(held_back > 0, "no token ended inside a character, so nothing was tested");
+    }
+}

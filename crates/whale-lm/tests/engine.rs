@@ -409,3 +409,16 @@ fn a_model_directory_loads_with_its_tokenizer_template_and_end_tokens() {
     let error = LocalPolicy::load(dir.path(), DType::F32, &Device::Cpu, EngineConfig::default()).err().expect("error");
     assert!(matches!(error, EngineError::Tokenizer(_)), "{error}");
 }
+
+#[test]
+fn streaming_hands_over_every_token_of_the_completion_as_it_is_sampled() {
+    let policy = engine(tiny_model(9), EngineConfig::default());
+    let prompt = prompt_of(&ask(0));
+    let mut streamed = Vec::new();
+    let completion = policy
+        .generate_streaming(prompt.clone(), &sampled(4, 24), &mut |token| streamed.push(token))
+        .expect("a completion");
+    assert_eq!(streamed.iter().map(|token| token.id).collect::<Vec<_>>(), completion.token_ids);
+    assert_eq!(streamed.iter().map(|token| token.logprob).collect::<Vec<_>>(), completion.logprobs);
+    assert_eq!(completion, policy.generate(prompt, &sampled(4, 24)).expect("the same request unstreamed"));
+}

@@ -24,6 +24,7 @@ pub mod report;
 pub mod run_dir;
 pub mod scheduler;
 pub mod search_phase;
+pub mod serve_bench;
 pub mod server;
 pub mod trainer_command;
 pub mod weight_phase;

@@ -5,6 +5,7 @@ mod data;
 mod harness;
 mod lm;
 mod run;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -44,6 +45,15 @@ enum Command {
     /// Harness programs: list the stock ones, check a file, run one over tasks, benchmark.
     #[command(subcommand)]
     Harness(harness::HarnessCommand),
+    /// Serve a model over an OpenAI-compatible HTTP API, or benchmark serving (`whale serve bench`).
+    ///
+    /// Endpoints: POST /v1/chat/completions and /v1/completions (sampling parameters, n,
+    /// logprobs, stop, seed, `stream: true`), GET /v1/models, POST /v1/load_lora_adapter
+    /// {lora_name, lora_path} and /v1/unload_lora_adapter {lora_name} (a PEFT LoRA adapter over
+    /// the base model, or a full checkpoint directory, served under a new name), POST
+    /// /update_weights_from_disk {model_path} (new weights for the base model). Errors are OpenAI-style JSON with a 4xx or 5xx status.
+    /// The first line on stdout is `listening on http://HOST:PORT/v1`.
+    Serve(serve::ServeArgs),
     /// Score model outputs produced anywhere: a JSONL of task records, each with a `prediction`.
     ///
     /// Each line is a record in any form the domain's loader accepts plus `prediction`
@@ -81,5 +91,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Score { domain, file } => data::score(domain, &file),
         Command::Lm(command) => lm::run(command),
         Command::Harness(command) => harness::run(command),
+        Command::Serve(args) => serve::run(args),
     }
 }

@@ -1,0 +1,591 @@
+//! A [`Policy`] behind any OpenAI-compatible `/v1/chat/completions` server: vLLM, SGLang, a
+//! hosted API or `whale serve`.
+//!
+//! Why retries live here: a WHALE step launches hundreds of rollouts against one server, and a
+//! rollout lost to a transient fault (a restart, an overloaded queue, a dropped connection)
+//! would bias the step towards the prompts that happened to get through. So every request is
+//! retried on 408, 429, 5xx, connection failures and timeouts, with exponential backoff and full
+//! jitter (a uniform draw in `[0, min(max, initial * 2^attempt)]`, so that clients that failed
+//! together do not come back together), honouring a `Retry-After` header up to the cap. Other
+//! 4xx statuses are the request's own fault: they are reported at once, with the server's
+//! message. At most `max_concurrency` requests are in flight, which is how a rollout pool of
+//! any size is kept within what the server batches well.
+//!
+//! The adapter or served model is the `model` of each request: [`RemotePolicy::set_model`]
+//! routes later requests to another one (a LoRA adapter just loaded, a new checkpoint) and bumps
+//! [`Policy::weights_version`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+
+/// Where the server is and how to talk to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RemoteConfig {
+    /// The API root, e.g. `http://127.0.0.1:8000/v1`; requests go to
+    /// `<base_url>/chat/completions`.
+    pub base_url: String,
+    /// The served model or adapter name, sent as each request's `model`.
+    pub model: String,
+    /// Sent as a bearer token; when unset, the environment variable `api_key_env` is read.
+    pub api_key: Option<String>,
+    /// Default `OPENAI_API_KEY`; empty reads nothing. A local server needs no key.
+    pub api_key_env: String,
+    /// Most requests in flight at once (default 64); more callers wait for a free slot.
+    pub max_concurrency: usize,
+    /// Seconds one attempt may take, from connecting to the last byte of the reply (default 600).
+    pub request_timeout_s: f64,
+    /// Seconds to establish a connection (default 10).
+    pub connect_timeout_s: f64,
+    /// Retries after the first attempt of a request on transient faults (default 8).
+    pub max_retries: u32,
+    /// Cap of the first backoff draw, doubled per retry up to `backoff_max_ms` (defaults 500 and
+    /// 30,000).
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+    /// Send the vLLM / SGLang sampling extensions `top_k` and `return_token_ids` (default true).
+    /// APIs that reject unknown fields (OpenAI's own) need false, and requests with `top_k` 0.
+    pub extensions: bool,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        Self {
+            base_url: "http://127.0.0.1:8000/v1".to_string(),
+            model: String::new(),
+            api_key: None,
+            api_key_env: "OPENAI_API_KEY".to_string(),
+            max_concurrency: 64,
+            request_timeout_s: 600.0,
+            connect_timeout_s: 10.0,
+            max_retries: 8,
+            backoff_initial_ms: 500,
+            backoff_max_ms: 30_000,
+            extensions: true,
+        }
+    }
+}
+
+impl RemoteConfig {
+    fn validate(&self) -> Result<(), RemoteError> {
+        let config = |key: &'static str, reason: &str| Err(RemoteError::Config { key, reason: reason.to_string() });
+        if !(self.base_url.starts_with("http://") || self.base_url.starts_with("https://")) {
+            return config("base_url", "must start with http:// or https://");
+        }
+        if self.model.is_empty() {
+            return config("model", "must name the served model or adapter");
+        }
+        if self.max_concurrency == 0 {
+            return config("max_concurrency", "must be positive");
+        }
+        for (key, seconds) in
+            [("request_timeout_s", self.request_timeout_s), ("connect_timeout_s", self.connect_timeout_s)]
+        {
+            if !(seconds.is_finite() && seconds > 0.0) {
+                return config(key, "must be a positive number of seconds");
+            }
+        }
+        if self.backoff_max_ms < self.backoff_initial_ms {
+            return config("backoff_max_ms", "must be at least backoff_initial_ms");
+        }
+        Ok(())
+    }
+
+    /// `api_key`, else the non-empty value of the variable `api_key_env`.
+    fn resolved_api_key(&self) -> Option<String> {
+        self.api_key.clone().or_else(|| {
+            (!self.api_key_env.is_empty())
+                .then(|| std::env::var(&self.api_key_env).ok().filter(|key| !key.is_empty()))
+                .flatten()
+        })
+    }
+}
+
+/// How a transport-level attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportFault {
+    /// No connection could be made (refused, unreachable, connect timeout).
+    Connect,
+    /// The attempt ran past `request_timeout_s`.
+    Timeout,
+    /// The connection broke while sending or reading (reset, closed early).
+    Connection,
+}
+
+impl std::fmt::Display for TransportFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportFault::Connect => "cannot connect",
+            TransportFault::Timeout => "timed out",
+            TransportFault::Connection => "connection failed",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("remote config `{key}`: {reason}")]
+    Config { key: &'static str, reason: String },
+    /// The server answered with an error status; its own message when it gave one.
+    #[error("{url}: HTTP {status}: {message}")]
+    Status { url: String, status: u16, message: String, retry_after: Option<Duration> },
+    #[error("{url}: {fault}: {message}")]
+    Transport { url: String, fault: TransportFault, message: String },
+    /// A success status whose body is not the chat completion asked for.
+    #[error("{url}: the reply is not a valid chat completion: {reason}")]
+    Reply { url: String, reason: String },
+    #[error("gave up after {attempts} attempt(s); the last one failed: {last}")]
+    GaveUp { attempts: u32, last: Box<RemoteError> },
+}
+
+impl RemoteError {
+    /// Whether another attempt may succeed: 408, 429, 5xx and transport faults.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RemoteError::Status { status, .. } => matches!(status, 408 | 429) || *status >= 500,
+            RemoteError::Transport { .. } => true,
+            RemoteError::Config { .. } | RemoteError::Reply { .. } | RemoteError::GaveUp { .. } => false,
+        }
+    }
+
+    /// The HTTP status of the (last) failed attempt, if the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            RemoteError::Status { status, .. } => Some(*status),
+            RemoteError::GaveUp { last, .. } => last.status(),
+            _ => None,
+        }
+    }
+}
+
+/// Counters since the policy was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemoteStats {
+    /// Calls answered with completions.
+    pub succeeded: u64,
+    /// Calls that ended in an error (permanent, or retries exhausted).
+    pub failed: u64,
+    /// Attempts repeated after a transient fault.
+    pub retries: u64,
+}
+
+/// A policy served over HTTP; see the module documentation.
+pub struct RemotePolicy {
+    http: reqwest::blocking::Client,
+    chat_url: String,
+    api_key: Option<String>,
+    config: RemoteConfig,
+    model: RwLock<String>,
+    weights_version: AtomicU64,
+    slots: Slots,
+    stats: Mutex<RemoteStats>,
+}
+
+impl RemotePolicy {
+    pub fn new(config: RemoteConfig) -> Result<Self, RemoteError> {
+        config.validate()?;
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs_f64(config.request_timeout_s))
+            .connect_timeout(Duration::from_secs_f64(config.connect_timeout_s))
+            .build()
+            .map_err(|e| RemoteError::Config {
+                key: "base_url",
+                reason: format!("cannot build the HTTP client: {e}"),
+            })?;
+        Ok(Self {
+            http,
+            chat_url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
+            api_key: config.resolved_api_key(),
+            model: RwLock::new(config.model.clone()),
+            weights_version: AtomicU64::new(0),
+            slots: Slots::new(config.max_concurrency),
+            stats: Mutex::new(RemoteStats::default()),
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &RemoteConfig {
+        &self.config
+    }
+
+    /// The served model or adapter requests go to now.
+    pub fn model(&self) -> String {
+        self.model.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Routes requests from now on to the served model or adapter `name` and returns the new
+    /// weights version (the previous one plus one). Requests in flight finish where they went.
+    pub fn set_model(&self, name: impl Into<String>) -> u64 {
+        *self.model.write().unwrap_or_else(PoisonError::into_inner) = name.into();
+        self.weights_version.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    pub fn stats(&self) -> RemoteStats {
+        *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `n` completions of one request in a single HTTP call (the server's `n`). How the
+    /// choices are seeded is the server's: vLLM draws them in turn from the request's seed,
+    /// `whale serve` gives choice `i` the seed `seed + i`.
+    pub fn chat_n(&self, request: &ChatRequest, n: usize) -> Result<Vec<Completion>, PolicyError> {
+        let outcome = self.request_body(request, n).and_then(|body| self.post_with_retries(&body)).and_then(|text| {
+            parse_completions(&text, n).map_err(|reason| RemoteError::Reply { url: self.chat_url.clone(), reason })
+        });
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        match &outcome {
+            Ok(_) => stats.succeeded += 1,
+            Err(_) => stats.failed += 1,
+        }
+        Ok(outcome?)
+    }
+
+    fn request_body(&self, request: &ChatRequest, n: usize) -> Result<Value, RemoteError> {
+        if n == 0 {
+            return Err(RemoteError::Config { key: "n", reason: "at least one completion must be asked for".into() });
+        }
+        let params = &request.params;
+        let mut body = json!({
+            "model": self.model(),
+            "messages": request.messages,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+            "seed": params.seed,
+            "n": n,
+            "logprobs": true,
+            "top_logprobs": 0,
+            "stream": false,
+        });
+        if !params.stop.is_empty() {
+            body["stop"] = json!(params.stop);
+        }
+        if self.config.extensions {
+            // vLLM and SGLang spell "no top-k" as -1.
+            body["top_k"] = if params.top_k == 0 { json!(-1) } else { json!(params.top_k) };
+            body["return_token_ids"] = json!(true);
+        } else if params.top_k != 0 {
+            return Err(RemoteError::Config {
+                key: "extensions",
+                reason: format!("top_k {} cannot be sent without the extensions; use top_k 0", params.top_k),
+            });
+        }
+        Ok(body)
+    }
+
+    /// The body of the first successful attempt, retrying transient faults.
+    fn post_with_retries(&self, body: &Value) -> Result<String, RemoteError> {
+        let mut attempt = 0;
+        loop {
+            let error = match self.attempt(body) {
+                Ok(text) => return Ok(text),
+                Err(error) if !error.is_transient() => return Err(error),
+                Err(error) => error,
+            };
+            if attempt == self.config.max_retries {
+                return Err(RemoteError::GaveUp { attempts: attempt + 1, last: Box::new(error) });
+            }
+            let retry_after = match &error {
+                RemoteError::Status { retry_after, .. } => *retry_after,
+                _ => None,
+            };
+            std::thread::sleep(self.backoff(attempt, retry_after));
+            attempt += 1;
+            self.stats.lock().unwrap_or_else(PoisonError::into_inner).retries += 1;
+        }
+    }
+
+    /// One HTTP exchange, holding a concurrency slot.
+    fn attempt(&self, body: &Value) -> Result<String, RemoteError> {
+        let _slot = self.slots.acquire();
+        let mut request = self.http.post(&self.chat_url).json(body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().map_err(|e| self.transport_error(&e))?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let text = response.text().map_err(|e| self.transport_error(&e))?;
+        if (200..300).contains(&status) {
+            return Ok(text);
+        }
+        Err(RemoteError::Status { url: self.chat_url.clone(), status, message: server_message(&text), retry_after })
+    }
+
+    fn transport_error(&self, error: &reqwest::Error) -> RemoteError {
+        let fault = if error.is_timeout() {
+            TransportFault::Timeout
+        } else if error.is_connect() {
+            TransportFault::Connect
+        } else {
+            TransportFault::Connection
+        };
+        let message = match fault {
+            TransportFault::Timeout => format!("no complete reply within {} s", self.config.request_timeout_s),
+            _ => error_chain(error),
+        };
+        RemoteError::Transport { url: self.chat_url.clone(), fault, message }
+    }
+
+    /// Full jitter: a uniform draw up to `min(max, initial * 2^attempt)`, but at least what the
+    /// server asked for in `Retry-After` (itself capped at the maximum).
+    fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        let max = Duration::from_millis(self.config.backoff_max_ms);
+        let ceiling = Duration::from_millis(self.config.backoff_initial_ms.saturating_mul(1 << attempt.min(32)));
+        let ceiling = ceiling.min(max);
+        let drawn = ceiling.mul_f64(rand::thread_rng().gen::<f64>());
+        drawn.max(retry_after.unwrap_or_default().min(max))
+    }
+}
+
+impl Policy for RemotePolicy {
+    fn chat(&self, request: ChatRequest) -> Result<Completion, PolicyError> {
+        let mut completions = self.chat_n(&request, 1)?;
+        completions.pop().ok_or(PolicyError::Remote(RemoteError::Reply {
+            url: self.chat_url.clone(),
+            reason: "no choice".to_string(),
+        }))
+    }
+
+    fn name(&self) -> String {
+        self.model()
+    }
+
+    fn weights_version(&self) -> u64 {
+        self.weights_version.load(Ordering::SeqCst)
+    }
+}
+
+/// A counting semaphore: at most `capacity` holders at once.
+struct Slots {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+struct Slot<'a>(&'a Slots);
+
+impl Slots {
+    fn new(capacity: usize) -> Self {
+        Self { free: Mutex::new(capacity), freed: Condvar::new() }
+    }
+
+    fn acquire(&self) -> Slot<'_> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(PoisonError::into_inner);
+        }
+        *free -= 1;
+        Slot(self)
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// An error and its causes, `: `-separated (reqwest's own message names only the URL).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// The message of an error reply: OpenAI's `error.message`, FastAPI's `detail`, a plain
+/// `message`, or the start of the body.
+fn server_message(body: &str) -> String {
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let field = |pointer: &str| {
+        parsed.as_ref().and_then(|v| v.pointer(pointer)).map(|v| v.as_str().map_or_else(|| v.to_string(), String::from))
+    };
+    field("/error/message")
+        .or_else(|| field("/detail"))
+        .or_else(|| field("/message"))
+        .unwrap_or_else(|| body.chars().take(500).collect())
+}
+
+#[derive(Deserialize)]
+struct WireReply {
+    choices: Vec<WireChoice>,
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct WireChoice {
+    index: Option<usize>,
+    message: WireMessage,
+    finish_reason: Option<String>,
+    logprobs: Option<WireLogprobs>,
+    /// vLLM's `return_token_ids`, and `whale serve`.
+    token_ids: Option<Vec<u32>>,
+}
+
+#[derive(Deserialize)]
+struct WireMessage {
+    content: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireLogprobs {
+    content: Option<Vec<WireTokenLogprob>>,
+}
+
+#[derive(Deserialize)]
+struct WireTokenLogprob {
+    /// `null` where the server could not write an infinite value in JSON.
+    logprob: Option<f32>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+}
+
+/// The `n` completions of a chat-completion reply, in choice order.
+fn parse_completions(text: &str, n: usize) -> Result<Vec<Completion>, String> {
+    let mut reply: WireReply = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if reply.choices.len() != n {
+        return Err(format!("{} choices for n = {n}", reply.choices.len()));
+    }
+    reply.choices.sort_by_key(|choice| choice.index);
+    let (prompt_tokens, total_completion_tokens) =
+        reply.usage.map_or((0, None), |usage| (usage.prompt_tokens, Some(usage.completion_tokens)));
+    reply
+        .choices
+        .into_iter()
+        .map(|choice| {
+            let finish_reason = match choice.finish_reason.as_deref() {
+                Some("stop" | "eos" | "tool_calls" | "function_call") => FinishReason::Stop,
+                Some("length") => FinishReason::Length,
+                other => return Err(format!("unsupported finish_reason {other:?}")),
+            };
+            let logprobs: Vec<f32> = choice
+                .logprobs
+                .and_then(|logprobs| logprobs.content)
+                .unwrap_or_default()
+                .iter()
+                .map(|token| token.logprob.unwrap_or(f32::NEG_INFINITY))
+                .collect();
+            let token_ids = choice.token_ids.unwrap_or_default();
+            // Per-choice counts where the server says them; the usage total otherwise (exact
+            // for n = 1, an even share for more).
+            let completion_tokens = match (token_ids.len(), logprobs.len(), total_completion_tokens) {
+                (0, 0, Some(total)) => total / n,
+                (0, counted, _) => counted,
+                (counted, _, _) => counted,
+            };
+            Ok(Completion {
+                text: choice.message.content.unwrap_or_default(),
+                token_ids,
+                logprobs,
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use whale_core::ChatMessage;
+
+    fn policy(config: RemoteConfig) -> RemotePolicy {
+        RemotePolicy::new(RemoteConfig { model: "m".into(), ..config }).expect("valid config")
+    }
+
+    #[test]
+    fn a_reply_becomes_completions_with_ids_logprobs_and_usage() {
+        let reply = json!({"id": "x", "choices": [
+            {"index": 1, "message": {"role": "assistant", "content": "b"}, "finish_reason": "length",
+             "logprobs": {"content": [{"token": "b", "logprob": -0.5}, {"token": "c", "logprob": null}]}},
+            {"index": 0, "message": {"role": "assistant", "content": "a"}, "finish_reason": "stop",
+             "token_ids": [5, 2], "logprobs": null}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}});
+        let completions = parse_completions(&reply.to_string(), 2).expect("valid");
+        assert_eq!(completions[0].text, "a");
+        assert_eq!(completions[0].token_ids, [5, 2]);
+        assert_eq!((completions[0].completion_tokens, completions[0].finish_reason), (2, FinishReason::Stop));
+        assert_eq!(completions[1].logprobs, [-0.5, f32::NEG_INFINITY]);
+        assert_eq!((completions[1].completion_tokens, completions[1].prompt_tokens), (2, 9));
+        assert!(parse_completions(&reply.to_string(), 1).unwrap_err().contains("2 choices"));
+        let odd = json!({"choices": [{"message": {"content": "a"}, "finish_reason": "abort"}]});
+        assert!(parse_completions(&odd.to_string(), 1).unwrap_err().contains("abort"));
+    }
+
+    #[test]
+    fn the_request_carries_every_sampling_parameter() {
+        let remote = policy(RemoteConfig::default());
+        let mut request = ChatRequest { messages: vec![ChatMessage::new("user", "hi")], params: Default::default() };
+        request.params.stop = vec!["\n".into()];
+        request.params.top_k = 0;
+        let body = remote.request_body(&request, 3).expect("body");
+        assert_eq!(body["model"], "m");
+        assert_eq!(body["messages"][0]["content"], "hi");
+        assert_eq!(
+            (body["n"].clone(), body["top_k"].clone(), body["stop"][0].clone()),
+            (json!(3), json!(-1), json!("\n"))
+        );
+        assert_eq!((body["logprobs"].clone(), body["return_token_ids"].clone()), (json!(true), json!(true)));
+        let plain = policy(RemoteConfig { extensions: false, ..RemoteConfig::default() });
+        assert!(plain.request_body(&request, 1).expect("top_k 0").get("top_k").is_none());
+        request.params.top_k = 20;
+        assert!(matches!(plain.request_body(&request, 1), Err(RemoteError::Config { key: "extensions", .. })));
+    }
+
+    #[test]
+    fn backoff_draws_stay_under_the_doubling_cap_and_respect_retry_after() {
+        let remote = policy(RemoteConfig { backoff_initial_ms: 100, backoff_max_ms: 1000, ..RemoteConfig::default() });
+        for attempt in 0..40 {
+            let cap = Duration::from_millis((100u64 << attempt.min(20)).min(1000));
+            let draws: Vec<Duration> = (0..50).map(|_| remote.backoff(attempt, None)).collect();
+            assert!(draws.iter().all(|draw| *draw <= cap), "attempt {attempt}: {draws:?}");
+            assert!(draws.iter().any(|draw| *draw != draws[0]), "no jitter at attempt {attempt}");
+        }
+        assert_eq!(remote.backoff(0, Some(Duration::from_secs(60))), Duration::from_millis(1000));
+        assert!(remote.backoff(0, Some(Duration::from_millis(700))) >= Duration::from_millis(700));
+    }
+
+    #[test]
+    fn errors_are_sorted_into_transient_and_permanent_and_configs_checked() {
+        let status = |status| RemoteError::Status { url: "u".into(), status, message: "m".into(), retry_after: None };
+        assert!([408, 429, 500, 502, 503].iter().all(|&s| status(s).is_transient()));
+        assert!([400, 401, 404, 422].iter().all(|&s| !status(s).is_transient()));
+        assert_eq!(server_message(r#"{"error": {"message": "no such model"}}"#), "no such model");
+        assert_eq!(server_message(r#"{"detail": "bad"}"#), "bad");
+        assert_eq!(server_message("plain"), "plain");
+        let bad = RemoteConfig { base_url: "localhost:8000".into(), model: "m".into(), ..RemoteConfig::default() };
+        assert!(matches!(RemotePolicy::new(bad), Err(RemoteError::Config { key: "base_url", .. })));
+        assert!(matches!(RemotePolicy::new(RemoteConfig::default()), Err(RemoteError::Config { key: "model", .. })));
+    }
+
+    #[test]
+    fn set_model_routes_later_requests_and_bumps_the_version() {
+        let remote = policy(RemoteConfig::default());
+        assert_eq!((remote.model(), remote.weights_version()), ("m".to_string(), 0));
+        assert_eq!(remote.set_model("adapter-1"), 1);
+        let request = ChatRequest { messages: vec![ChatMessage::new("user", "hi")], params: Default::default() };
+        assert_eq!(remote.request_body(&request, 1).expect("body")["model"], "adapter-1");
+        assert_eq!((remote.name(), remote.weights_version()), ("adapter-1".to_string(), 1));
+    }
+}

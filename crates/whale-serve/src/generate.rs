@@ -1,0 +1,247 @@
+//! Generation requests run against a served [`LocalPolicy`]: all choices at once (the engine
+//! batches them), answered whole or streamed as server-sent events while the engine samples.
+//!
+//! Streaming sends each token's text as soon as its characters are complete, except that the
+//! last `longest stop string - 1` bytes are held back (they may turn out to begin a stop
+//! string) and nothing from a completed stop string on is sent: text after the cut must never
+//! reach the client. The streamed pieces therefore always add up to the final completion's text.
+
+use std::sync::mpsc;
+
+use hyper::body::Bytes;
+
+use serde_json::Value;
+use whale_lm::sampling::StopMatcher;
+use whale_lm::{Completion, LocalPolicy, PolicyError, SampledToken, TextStream, Tokenizer};
+
+use crate::error::ApiError;
+use crate::request::{Endpoint, GenerationRequest, Prompt};
+use crate::response::{ChunkUpdate, ReplyHeader};
+
+/// The prompt's token ids: messages through the model's chat template, text through its
+/// tokenizer, ids as given.
+pub fn prompt_ids(policy: &LocalPolicy, request: &GenerationRequest) -> Result<Vec<u32>, ApiError> {
+    let field = request.endpoint.prompt_field();
+    match &request.prompt {
+        Prompt::Messages(messages) => policy.prompt_ids(messages),
+        Prompt::Text(text) => policy.tokenizer().encode(text).map_err(PolicyError::from),
+        Prompt::Ids(ids) => Ok(ids.clone()),
+    }
+    .map_err(|error| ApiError::from_policy(error, field))
+}
+
+/// Every choice of `request`, generated concurrently.
+pub fn complete(
+    policy: &LocalPolicy,
+    request: &GenerationRequest,
+    prompt: &[u32],
+) -> Result<Vec<Completion>, ApiError> {
+    let field = request.endpoint.prompt_field();
+    let generate = |index: usize| {
+        policy.generate(prompt.to_vec(), &request.choice_params(index)).map_err(|e| ApiError::from_policy(e, field))
+    };
+    if request.n == 1 {
+        return Ok(vec![generate(0)?]);
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..request.n).map(|index| scope.spawn(move || generate(index))).collect();
+        handles
+            .into_iter()
+            .map(|handle| handle.join().unwrap_or_else(|_| Err(ApiError::internal("a generation thread panicked"))))
+            .collect()
+    })
+}
+
+/// What a choice's generation thread tells the writer.
+enum Event {
+    Token { index: usize, token: SampledToken },
+    Done { index: usize, outcome: Result<Completion, ApiError> },
+}
+
+/// Streams every choice of `request` to `sink` as the engine samples them, then the usage
+/// (when asked for) and `[DONE]`. A client that goes away stops the writing, not the
+/// generation (the engine finishes the request).
+pub fn stream(
+    policy: &LocalPolicy,
+    request: &GenerationRequest,
+    prompt: &[u32],
+    header: &ReplyHeader,
+    mut sink: EventSink,
+) {
+    let tokenizer = policy.tokenizer();
+    for index in 0..request.n {
+        let first = ChunkUpdate { first: true, ..ChunkUpdate::default() };
+        if request.endpoint == Endpoint::Chat {
+            sink.send(&header.chunk(index, first, tokenizer, request.logprobs));
+        }
+    }
+    let (events, inbox) = mpsc::channel();
+    let mut completions: Vec<Option<Completion>> = vec![None; request.n];
+    let mut failure = None;
+    std::thread::scope(|scope| {
+        for index in 0..request.n {
+            let events = events.clone();
+            scope.spawn(move || {
+                let mut on_token = |token| {
+                    // The writer outlives every generation thread; a send cannot fail.
+                    let _ = events.send(Event::Token { index, token });
+                };
+                let outcome = policy
+                    .generate_streaming(prompt.to_vec(), &request.choice_params(index), &mut on_token)
+                    .map_err(|e| ApiError::from_policy(e, request.endpoint.prompt_field()));
+                let _ = events.send(Event::Done { index, outcome });
+            });
+        }
+        drop(events);
+        let mut texts: Vec<ChoiceText> =
+            (0..request.n).map(|_| ChoiceText::new(tokenizer, policy.eos_token_ids(), &request.params.stop)).collect();
+        for event in inbox {
+            match event {
+                Event::Token { index, token } => {
+                    let text = texts[index].push(token.id);
+                    let update = ChunkUpdate {
+                        text: &text,
+                        token_ids: &[token.id],
+                        logprobs: &[token.logprob],
+                        ..ChunkUpdate::default()
+                    };
+                    sink.send(&header.chunk(index, update, tokenizer, request.logprobs));
+                }
+                Event::Done { index, outcome: Ok(completion) } => {
+                    let rest = texts[index].rest(&completion.text);
+                    let update = ChunkUpdate {
+                        text: rest,
+                        finish_reason: Some(completion.finish_reason.as_str()),
+                        ..ChunkUpdate::default()
+                    };
+                    sink.send(&header.chunk(index, update, tokenizer, request.logprobs));
+                    completions[index] = Some(completion);
+                }
+                Event::Done { outcome: Err(error), .. } => failure = Some(error),
+            }
+        }
+    });
+    if let Some(error) = failure {
+        sink.send(&error.body());
+    } else if request.include_usage {
+        let completions: Vec<Completion> = completions.into_iter().flatten().collect();
+        sink.send(&header.usage_chunk(&completions));
+    }
+    sink.done();
+}
+
+/// One choice's streamed text so far.
+struct ChoiceText<'a> {
+    tokenizer: &'a Tokenizer,
+    eos: &'a [u32],
+    stops: StopMatcher,
+    /// Bytes at the end of the text not sent yet because a stop string may start there.
+    holdback: usize,
+    /// The sampled tokens but an end-of-sequence one.
+    tokens: Vec<u32>,
+    decoded: TextStream,
+    sent: usize,
+}
+
+impl<'a> ChoiceText<'a> {
+    fn new(tokenizer: &'a Tokenizer, eos: &'a [u32], stops: &[String]) -> Self {
+        let holdback = stops.iter().map(String::len).max().unwrap_or(0).saturating_sub(1);
+        let stops = StopMatcher::new(stops);
+        Self { tokenizer, eos, stops, holdback, tokens: Vec::new(), decoded: TextStream::default(), sent: 0 }
+    }
+
+    /// The text that `token` makes safe to send.
+    fn push(&mut self, token: u32) -> String {
+        if self.eos.contains(&token) {
+            return String::new();
+        }
+        self.tokens.push(token);
+        // A decoding failure leaves the text for the final completion to carry.
+        let new_from = self.decoded.extend(self.tokenizer, &self.tokens).unwrap_or(self.sent);
+        let text = self.decoded.text();
+        let mut safe = match self.stops.find_since(text, new_from) {
+            Some(found) => found.start,
+            None => text.len().saturating_sub(self.holdback),
+        };
+        while !text.is_char_boundary(safe) {
+            safe -= 1;
+        }
+        if safe <= self.sent {
+            return String::new();
+        }
+        let piece = text[self.sent..safe].to_string();
+        self.sent = safe;
+        piece
+    }
+
+    /// What the final text has beyond what was sent.
+    fn rest<'t>(&self, final_text: &'t str) -> &'t str {
+        final_text.get(self.sent..).unwrap_or_default()
+    }
+}
+
+/// Server-sent events into a streamed response body: each event is one frame, handed to the
+/// HTTP layer as soon as it is written (a slow client makes this wait; a client that went away
+/// makes it drop the rest).
+pub struct EventSink {
+    frames: tokio::sync::mpsc::Sender<Bytes>,
+    broken: bool,
+}
+
+impl EventSink {
+    pub fn new(frames: tokio::sync::mpsc::Sender<Bytes>) -> Self {
+        Self { frames, broken: false }
+    }
+
+    pub fn send(&mut self, event: &Value) {
+        self.frame(format!("data: {event}\n\n"));
+    }
+
+    /// The `[DONE]` event, which ends the body.
+    pub fn done(mut self) {
+        self.frame("data: [DONE]\n\n".to_string());
+    }
+
+    fn frame(&mut self, text: String) {
+        if !self.broken {
+            self.broken = self.frames.blocking_send(Bytes::from(text)).is_err();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use whale_lm::tokenizer::MIN_VOCAB_SIZE;
+
+    #[test]
+    fn streamed_pieces_hold_back_what_may_start_a_stop_string() {
+        // Generation ends with the token that completes the stop string, as the engine does.
+        let text = "the answer is 42. STOP";
+        let tokenizer = Tokenizer::train_bpe([text, text], MIN_VOCAB_SIZE + 4).expect("bpe");
+        let eos = [tokenizer.specials().im_end];
+        let mut choice = ChoiceText::new(&tokenizer, &eos, &["STOP".to_string(), "!".to_string()]);
+        let mut sent = String::new();
+        for id in tokenizer.encode(text).expect("ids") {
+            sent.push_str(&choice.push(id));
+            assert!(!sent.contains('S'), "{sent:?} reaches into the stop string");
+        }
+        assert_eq!(choice.push(eos[0]), "");
+        let final_text = "the answer is 42. ";
+        assert!(final_text.starts_with(&sent), "{sent:?}");
+        assert_eq!(format!("{sent}{}", choice.rest(final_text)), final_text);
+    }
+
+    #[test]
+    fn events_are_data_lines_and_end_with_done() {
+        let (frames, mut received) = tokio::sync::mpsc::channel(8);
+        let mut sink = EventSink::new(frames);
+        sink.send(&serde_json::json!({"a": 1}));
+        sink.done();
+        let mut body = Vec::new();
+        while let Ok(frame) = received.try_recv() {
+            body.extend_from_slice(&frame);
+        }
+        assert_eq!(String::from_utf8(body).expect("utf-8"), "data: {\"a\":1}\n\ndata: [DONE]\n\n");
+    }
+}

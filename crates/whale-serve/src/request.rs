@@ -1,0 +1,362 @@
+//! The request bodies the server accepts, parsed strictly: a field the server does not
+//! implement is refused with a 400 naming it rather than ignored, because a client that sends
+//! `tools` or `presence_penalty` and silently gets a plain completion learns something false.
+//! Sampling fields map onto [`SamplingParams`]; a missing one takes whale's default
+//! (temperature 1, top_p 1, top_k 20, max_tokens 1024), a missing seed a random one.
+
+use serde::Deserialize;
+use serde_json::Value;
+use whale_core::ChatMessage;
+use whale_lm::SamplingParams;
+
+use crate::error::ApiError;
+
+/// Most choices one request may ask for.
+pub const MAX_CHOICES: usize = 128;
+
+/// Which endpoint a generation request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`: messages through the chat template.
+    Chat,
+    /// `/v1/completions`: raw text continued without a template.
+    Text,
+}
+
+impl Endpoint {
+    /// The request field holding the prompt.
+    pub fn prompt_field(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "messages",
+            Endpoint::Text => "prompt",
+        }
+    }
+}
+
+/// The body of `/v1/chat/completions` and `/v1/completions` as sent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireGeneration {
+    model: String,
+    messages: Option<Vec<WireMessage>>,
+    prompt: Option<WirePrompt>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    max_tokens: Option<usize>,
+    max_completion_tokens: Option<usize>,
+    stop: Option<WireStop>,
+    seed: Option<u64>,
+    n: Option<usize>,
+    /// A boolean for chat; for text completions the legacy number of alternatives (only 0).
+    logprobs: Option<Value>,
+    top_logprobs: Option<u32>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    echo: Option<bool>,
+    /// vLLM's switch for `token_ids` in the reply; whale always returns them.
+    #[serde(rename = "return_token_ids")]
+    _return_token_ids: Option<bool>,
+    /// An end-user id for abuse tracking; accepted and not used.
+    #[serde(rename = "user")]
+    _user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireMessage {
+    role: String,
+    content: WireContent,
+    #[serde(rename = "name")]
+    _name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum WireContent {
+    Text(String),
+    Parts(Vec<WirePart>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WirePart {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum WirePrompt {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum WireStop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// What to generate from, once the endpoint's rules are checked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Messages(Vec<ChatMessage>),
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// A valid generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    pub endpoint: Endpoint,
+    pub model: String,
+    pub prompt: Prompt,
+    /// The parameters of choice 0; choice `i` uses seed `seed + i`.
+    pub params: SamplingParams,
+    pub n: usize,
+    pub logprobs: bool,
+    pub stream: bool,
+    /// Send a last chunk with the usage before `[DONE]`.
+    pub include_usage: bool,
+}
+
+impl GenerationRequest {
+    /// Parses and checks a body sent to `endpoint`; every problem is a 400 naming the field.
+    pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Self, ApiError> {
+        let wire: WireGeneration =
+            serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+        let prompt = prompt(&wire, endpoint)?;
+        let logprobs = logprobs(wire.logprobs.as_ref(), endpoint)?;
+        for (field, value) in
+            [("presence_penalty", wire.presence_penalty), ("frequency_penalty", wire.frequency_penalty)]
+        {
+            if value.is_some_and(|v| v != 0.0) {
+                return Err(unsupported(field, "penalties are not implemented; send 0 or leave it out"));
+            }
+        }
+        if wire.top_logprobs.is_some_and(|k| k > 0) {
+            return Err(unsupported("top_logprobs", "only the sampled token's logprob is returned; send 0"));
+        }
+        if wire.echo == Some(true) {
+            return Err(unsupported("echo", "echoing the prompt is not implemented"));
+        }
+        let n = wire.n.unwrap_or(1);
+        if !(1..=MAX_CHOICES).contains(&n) {
+            return Err(invalid("n", format!("must be between 1 and {MAX_CHOICES}, got {n}")));
+        }
+        Ok(Self {
+            endpoint,
+            model: wire.model.clone(),
+            prompt,
+            params: sampling_params(&wire)?,
+            n,
+            logprobs,
+            stream: wire.stream.unwrap_or(false),
+            include_usage: wire.stream_options.and_then(|options| options.include_usage).unwrap_or(false),
+        })
+    }
+
+    /// The parameters of choice `index`.
+    pub fn choice_params(&self, index: usize) -> SamplingParams {
+        SamplingParams { seed: self.params.seed.wrapping_add(index as u64), ..self.params.clone() }
+    }
+}
+
+fn invalid(param: &str, message: impl std::fmt::Display) -> ApiError {
+    ApiError::bad_request(format!("`{param}` {message}")).with_param(param)
+}
+
+fn unsupported(param: &str, reason: &str) -> ApiError {
+    ApiError::bad_request(format!("`{param}` is not supported: {reason}")).with_param(param)
+}
+
+fn prompt(wire: &WireGeneration, endpoint: Endpoint) -> Result<Prompt, ApiError> {
+    match (endpoint, &wire.messages, &wire.prompt) {
+        (Endpoint::Chat, Some(messages), None) => {
+            if messages.is_empty() {
+                return Err(invalid("messages", "must hold at least one message"));
+            }
+            messages.iter().map(chat_message).collect::<Result<_, _>>().map(Prompt::Messages)
+        }
+        (Endpoint::Chat, _, Some(_)) => Err(unsupported("prompt", "chat completions take `messages`")),
+        (Endpoint::Chat, None, None) => Err(invalid("messages", "is required")),
+        (Endpoint::Text, None, Some(prompt)) => match prompt {
+            WirePrompt::Text(text) => Ok(Prompt::Text(text.clone())),
+            WirePrompt::Texts(texts) if texts.len() == 1 => Ok(Prompt::Text(texts[0].clone())),
+            WirePrompt::Texts(texts) => Err(invalid("prompt", format!("must be one prompt, got {}", texts.len()))),
+            WirePrompt::Ids(ids) => Ok(Prompt::Ids(ids.clone())),
+        },
+        (Endpoint::Text, Some(_), _) => Err(unsupported("messages", "text completions take `prompt`")),
+        (Endpoint::Text, None, None) => Err(invalid("prompt", "is required")),
+    }
+}
+
+fn chat_message(message: &WireMessage) -> Result<ChatMessage, ApiError> {
+    let content = match &message.content {
+        WireContent::Text(text) => text.clone(),
+        WireContent::Parts(parts) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.kind.as_str(), &part.text) {
+                    ("text", Some(piece)) => text.push_str(piece),
+                    (kind, _) => {
+                        return Err(unsupported("messages", &format!("content parts of type `{kind}` without text")))
+                    }
+                }
+            }
+            text
+        }
+    };
+    Ok(ChatMessage::new(message.role.clone(), content))
+}
+
+fn logprobs(value: Option<&Value>, endpoint: Endpoint) -> Result<bool, ApiError> {
+    match (endpoint, value) {
+        (_, None | Some(Value::Null)) => Ok(false),
+        (Endpoint::Chat, Some(Value::Bool(wanted))) => Ok(*wanted),
+        (Endpoint::Chat, Some(other)) => Err(invalid("logprobs", format!("must be a boolean, got {other}"))),
+        (Endpoint::Text, Some(Value::Number(k))) if k.as_u64() == Some(0) => Ok(true),
+        (Endpoint::Text, Some(other)) => {
+            Err(invalid("logprobs", format!("must be 0 (the sampled tokens' logprobs, no alternatives), got {other}")))
+        }
+    }
+}
+
+fn sampling_params(wire: &WireGeneration) -> Result<SamplingParams, ApiError> {
+    let defaults = SamplingParams::default();
+    let top_k = match wire.top_k {
+        None => defaults.top_k,
+        Some(-1 | 0) => 0,
+        Some(k) if k > 0 => usize::try_from(k).map_err(|_| invalid("top_k", "is too large"))?,
+        Some(k) => return Err(invalid("top_k", format!("must be -1, 0 (no limit) or positive, got {k}"))),
+    };
+    let stop = match &wire.stop {
+        None => Vec::new(),
+        Some(WireStop::One(stop)) => vec![stop.clone()],
+        Some(WireStop::Many(stops)) => stops.clone(),
+    };
+    let params = SamplingParams {
+        temperature: wire.temperature.unwrap_or(defaults.temperature),
+        top_p: wire.top_p.unwrap_or(defaults.top_p),
+        top_k,
+        max_tokens: wire.max_completion_tokens.or(wire.max_tokens).unwrap_or(defaults.max_tokens),
+        stop,
+        seed: wire.seed.unwrap_or_else(rand::random),
+    };
+    params.validate().map_err(|e| {
+        let param = match e {
+            whale_lm::sampling::SamplingError::Temperature(_) => "temperature",
+            whale_lm::sampling::SamplingError::TopP(_) => "top_p",
+            _ => "max_tokens",
+        };
+        ApiError::bad_request(e.to_string()).with_param(param)
+    })?;
+    Ok(params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> Result<GenerationRequest, ApiError> {
+        GenerationRequest::parse(body.as_bytes(), Endpoint::Chat)
+    }
+
+    #[test]
+    fn a_full_chat_request_maps_onto_sampling_params() {
+        let request = chat(
+            r#"{"model": "m", "messages": [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}]}],
+                "temperature": 0, "top_p": 0.5, "top_k": -1, "max_completion_tokens": 7, "stop": "\n",
+                "seed": 3, "n": 2, "logprobs": true, "top_logprobs": 0, "stream": true,
+                "stream_options": {"include_usage": true}, "user": "u", "return_token_ids": true}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            request.prompt,
+            Prompt::Messages(vec![ChatMessage::new("system", "be brief"), ChatMessage::new("user", "2+2?")])
+        );
+        let expected =
+            SamplingParams { temperature: 0.0, top_p: 0.5, top_k: 0, max_tokens: 7, stop: vec!["\n".into()], seed: 3 };
+        assert_eq!(request.params, expected);
+        assert_eq!(request.choice_params(1).seed, 4);
+        assert!(request.logprobs && request.stream && request.include_usage);
+        assert_eq!(request.n, 2);
+    }
+
+    #[test]
+    fn defaults_are_whales_and_text_prompts_take_strings_or_ids() {
+        let request = GenerationRequest::parse(br#"{"model": "m", "prompt": [5, 6]}"#, Endpoint::Text).expect("ids");
+        assert_eq!(request.prompt, Prompt::Ids(vec![5, 6]));
+        let defaults = SamplingParams::default();
+        assert_eq!((request.params.top_k, request.params.max_tokens), (defaults.top_k, defaults.max_tokens));
+        assert!(!request.logprobs && !request.stream);
+        let request = GenerationRequest::parse(br#"{"model": "m", "prompt": ["a"], "logprobs": 0}"#, Endpoint::Text)
+            .expect("one");
+        assert_eq!((request.prompt, request.logprobs), (Prompt::Text("a".into()), true));
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_the_field_named() {
+        let refused = |body: &str, endpoint, needle: &str| {
+            let error = GenerationRequest::parse(body.as_bytes(), endpoint).expect_err(body);
+            assert_eq!(error.status, 400, "{body}");
+            assert!(error.message.contains(needle), "{body}: {}", error.message);
+        };
+        let chat = Endpoint::Chat;
+        refused("{", chat, "invalid request body");
+        refused(r#"{"model": "m"}"#, chat, "`messages` is required");
+        refused(r#"{"model": 3, "messages": []}"#, chat, "invalid type");
+        refused(r#"{"model": "m", "messages": []}"#, chat, "at least one");
+        refused(
+            r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": []}"#,
+            chat,
+            "unknown field `tools`",
+        );
+        refused(
+            r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}"#,
+            chat,
+            "temperature",
+        );
+        refused(r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 0}"#, chat, "top_p");
+        refused(
+            r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#,
+            chat,
+            "max_tokens",
+        );
+        refused(r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}"#, chat, "`n`");
+        refused(r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_k": -2}"#, chat, "top_k");
+        refused(r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 1}"#, chat, "boolean");
+        refused(
+            r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#,
+            chat,
+            "top_logprobs",
+        );
+        refused(
+            r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 1}"#,
+            chat,
+            "penalties",
+        );
+        refused(
+            r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#,
+            chat,
+            "image_url",
+        );
+        refused(r#"{"model": "m", "prompt": "x"}"#, chat, "take `messages`");
+        refused(r#"{"model": "m", "prompt": ["a", "b"]}"#, Endpoint::Text, "one prompt");
+        refused(r#"{"model": "m", "prompt": "a", "logprobs": 3}"#, Endpoint::Text, "must be 0");
+        refused(r#"{"model": "m", "prompt": "a", "echo": true}"#, Endpoint::Text, "echo");
+    }
+}

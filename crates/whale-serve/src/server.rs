@@ -1,0 +1,423 @@
+//! The HTTP server: hyper on a small tokio runtime parses requests and streams replies; each
+//! request's work (parsing, generation, model loading) runs on tokio's blocking pool, where it
+//! may wait on the engine as long as it takes. The engine batches across those threads, so the
+//! pool is sized for concurrency (default 256 requests at once), not for CPU.
+//!
+//! Why not a simpler blocking server: tiny_http, tried first, hands connections to a pool that
+//! keeps 4 threads and queues a burst of new keep-alive connections behind them, so 60 of 64
+//! concurrent clients waited until others hung up. hyper and tokio are in the build already
+//! (reqwest is made of them).
+//!
+//! Routes (OpenAI's, plus vLLM's and SGLang's model management):
+//! - `POST /v1/chat/completions`, `POST /v1/completions` (both may stream)
+//! - `GET /v1/models`, `GET /health`
+//! - `POST /v1/load_lora_adapter {lora_name, lora_path}`, `POST /v1/unload_lora_adapter
+//!   {lora_name}` (also without `/v1`, SGLang's paths)
+//! - `POST /update_weights_from_disk {model_path}`: new weights for the base model
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::{Body, Bytes, Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use whale_lm::LocalPolicy;
+
+use crate::error::ApiError;
+use crate::fault::FaultInjector;
+use crate::generate::{self, EventSink};
+use crate::registry::{ModelInfo, ModelRegistry, RegistryError};
+use crate::request::{Endpoint, GenerationRequest};
+use crate::response::ReplyHeader;
+
+/// Where and how to serve.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeConfig {
+    pub host: String,
+    /// 0 picks a free port; [`Server::addr`] tells which.
+    pub port: u16,
+    /// Requests worked on at once (each waits on the engine in its own thread); more wait.
+    pub workers: usize,
+    /// Larger request bodies get a 413.
+    pub max_body_bytes: usize,
+    /// Fraction of generation requests answered 503 without generating (fault injection).
+    pub fail_rate: f64,
+    pub fail_seed: u64,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".to_string(),
+            port: 8000,
+            workers: 256,
+            max_body_bytes: 8 << 20,
+            fail_rate: 0.0,
+            fail_seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {address}: {reason}")]
+    Bind { address: String, reason: String },
+    #[error("serve config `{key}`: {reason}")]
+    Config { key: &'static str, reason: String },
+    #[error("cannot start the server's runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Counters since the server started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Requests received, on every route.
+    pub requests: u64,
+    /// Generation requests answered 503 by the fault injector.
+    pub injected_faults: u64,
+}
+
+/// What the request handlers share.
+struct State {
+    registry: ModelRegistry,
+    faults: FaultInjector,
+    max_body_bytes: usize,
+    requests: AtomicU64,
+}
+
+/// A running server; dropping it stops it.
+pub struct Server {
+    runtime: Option<tokio::runtime::Runtime>,
+    state: Arc<State>,
+    addr: SocketAddr,
+}
+
+/// How long [`Server::shutdown`] lets requests in flight finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+impl Server {
+    /// Binds `host:port` and starts serving.
+    pub fn start(config: &ServeConfig, registry: ModelRegistry) -> Result<Self, ServeError> {
+        if config.workers == 0 {
+            return Err(ServeError::Config { key: "workers", reason: "must be positive".to_string() });
+        }
+        if !(0.0..=1.0).contains(&config.fail_rate) {
+            return Err(ServeError::Config {
+                key: "fail_rate",
+                reason: format!("{} is not in [0, 1]", config.fail_rate),
+            });
+        }
+        let address = format!("{}:{}", config.host, config.port);
+        let bind_error = |e: std::io::Error| ServeError::Bind { address: address.clone(), reason: e.to_string() };
+        let listener = std::net::TcpListener::bind(&address).map_err(bind_error)?;
+        listener.set_nonblocking(true).map_err(bind_error)?;
+        let addr = listener.local_addr().map_err(bind_error)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(config.workers)
+            .thread_name("whale-serve")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(ServeError::Runtime)?;
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::TcpListener::from_std(listener).map_err(bind_error)?
+        };
+        let state = Arc::new(State {
+            registry,
+            faults: FaultInjector::new(config.fail_rate, config.fail_seed),
+            max_body_bytes: config.max_body_bytes,
+            requests: AtomicU64::new(0),
+        });
+        runtime.spawn(accept(listener, Arc::clone(&state)));
+        Ok(Self { runtime: Some(runtime), state, addr })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The OpenAI base URL clients take, `http://host:port/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn registry(&self) -> &ModelRegistry {
+        &self.state.registry
+    }
+
+    pub fn stats(&self) -> ServerStats {
+        ServerStats {
+            requests: self.state.requests.load(Ordering::Relaxed),
+            injected_faults: self.state.faults.injected(),
+        }
+    }
+
+    /// Blocks the calling thread for as long as the process runs; the server works meanwhile.
+    pub fn wait(self) -> ! {
+        loop {
+            std::thread::park();
+        }
+    }
+
+    /// Stops accepting, gives the requests in flight a few seconds, and stops.
+    pub fn shutdown(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(SHUTDOWN_GRACE);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn accept(listener: tokio::net::TcpListener, state: Arc<State>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Out of file descriptors or a connection reset before it was accepted: wait
+                // a moment rather than spin.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| handle(Arc::clone(&state), request));
+            // A connection that breaks concerns only its own client.
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+type ReplyBody = BoxBody<Bytes, Infallible>;
+
+/// What a request asks for, known from its method and path alone.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Health,
+    Models,
+    Generate(Endpoint),
+    Load,
+    Unload,
+    ReloadBase,
+}
+
+/// How a request is answered.
+enum Reply {
+    Json(u16, Value),
+    /// A valid generation request that streams.
+    Stream(Box<GenerationRequest>, Arc<LocalPolicy>, Vec<u32>),
+}
+
+async fn handle(state: Arc<State>, request: hyper::Request<Incoming>) -> Result<Response<ReplyBody>, Infallible> {
+    state.requests.fetch_add(1, Ordering::Relaxed);
+    let (parts, body) = request.into_parts();
+    let reply = match route(&parts.method, parts.uri.path()) {
+        Err(error) => Err(error),
+        Ok(route) => match read_body(&parts.headers, body, state.max_body_bytes).await {
+            Err(error) => Err(error),
+            Ok(body) => {
+                let worker_state = Arc::clone(&state);
+                tokio::task::spawn_blocking(move || answer(&worker_state, route, &body))
+                    .await
+                    .unwrap_or_else(|_| Err(ApiError::internal("the request handler panicked")))
+            }
+        },
+    };
+    Ok(match reply {
+        Ok(Reply::Json(status, body)) => json_response(status, &body),
+        Ok(Reply::Stream(generation, policy, prompt)) => stream_response(*generation, policy, prompt),
+        Err(error) => json_response(error.status, &error.body()),
+    })
+}
+
+fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
+    let (route, allowed) = match path {
+        "/health" => (Route::Health, Method::GET),
+        "/v1/models" => (Route::Models, Method::GET),
+        "/v1/chat/completions" => (Route::Generate(Endpoint::Chat), Method::POST),
+        "/v1/completions" => (Route::Generate(Endpoint::Text), Method::POST),
+        "/v1/load_lora_adapter" | "/load_lora_adapter" => (Route::Load, Method::POST),
+        "/v1/unload_lora_adapter" | "/unload_lora_adapter" => (Route::Unload, Method::POST),
+        "/update_weights_from_disk" => (Route::ReloadBase, Method::POST),
+        _ => return Err(ApiError::no_route(method.as_str(), path)),
+    };
+    if *method != allowed {
+        return Err(ApiError::method_not_allowed(method.as_str(), path, allowed.as_str()));
+    }
+    Ok(route)
+}
+
+/// The whole body, refused with a 413 past `limit` bytes (before reading when the client
+/// says its length).
+async fn read_body(headers: &HeaderMap, body: Incoming, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = headers.get(CONTENT_LENGTH).and_then(|value| value.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(ApiError::too_large(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
+        Err(error) => Err(ApiError::bad_request(format!("cannot read the request body: {error}"))),
+    }
+}
+
+/// The blocking part of a request: everything after the body is read.
+fn answer(state: &State, route: Route, body: &[u8]) -> Result<Reply, ApiError> {
+    match route {
+        Route::Health => Ok(Reply::Json(200, json!({}))),
+        Route::Models => Ok(Reply::Json(200, models(&state.registry.list()))),
+        Route::Generate(endpoint) => generation(state, body, endpoint),
+        Route::Load => load(state, body),
+        Route::Unload => unload(state, body),
+        Route::ReloadBase => reload_base(state, body),
+    }
+}
+
+fn generation(state: &State, body: &[u8], endpoint: Endpoint) -> Result<Reply, ApiError> {
+    if state.faults.should_fail() {
+        return Err(ApiError::unavailable(format!("injected fault (fail rate {})", state.faults.rate()))
+            .with_code("injected_fault"));
+    }
+    let parsed = GenerationRequest::parse(body, endpoint)?;
+    let policy = state.registry.get(&parsed.model).ok_or_else(|| ApiError::model_not_found(&parsed.model))?;
+    let prompt = generate::prompt_ids(&policy, &parsed)?;
+    if parsed.stream {
+        return Ok(Reply::Stream(Box::new(parsed), policy, prompt));
+    }
+    let completions = generate::complete(&policy, &parsed, &prompt)?;
+    let header = ReplyHeader::new(endpoint, &parsed.model);
+    Ok(Reply::Json(200, header.completion(&completions, policy.tokenizer(), parsed.logprobs)))
+}
+
+/// Events waiting to be written per streamed reply; a slower client holds the generation's
+/// writer back, not the engine.
+const STREAM_BUFFER: usize = 64;
+
+/// A `text/event-stream` reply whose events are written by a blocking thread as the engine
+/// samples.
+fn stream_response(generation: GenerationRequest, policy: Arc<LocalPolicy>, prompt: Vec<u32>) -> Response<ReplyBody> {
+    let (frames, receiver) = tokio::sync::mpsc::channel(STREAM_BUFFER);
+    tokio::task::spawn_blocking(move || {
+        let header = ReplyHeader::new(generation.endpoint, &generation.model);
+        generate::stream(&policy, &generation, &prompt, &header, EventSink::new(frames));
+    });
+    let mut response = Response::new(EventBody(receiver).boxed());
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    response.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// A response body fed by a channel; it ends when the writer drops its sender.
+struct EventBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl Body for EventBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|frame| frame.map(|bytes| Ok(Frame::data(bytes))))
+    }
+}
+
+fn json_response(status: u16, body: &Value) -> Response<ReplyBody> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn models(entries: &[ModelInfo]) -> Value {
+    let data: Vec<Value> = entries
+        .iter()
+        .map(|entry| {
+            json!({
+                "id": entry.name,
+                "object": "model",
+                "created": entry.created,
+                "owned_by": "whale",
+                "root": entry.root.display().to_string(),
+                "parent": entry.parent,
+            })
+        })
+        .collect();
+    json!({"object": "list", "data": data})
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoadAdapter {
+    lora_name: String,
+    lora_path: PathBuf,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnloadAdapter {
+    lora_name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdateWeights {
+    model_path: PathBuf,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
+
+fn load(state: &State, body: &[u8]) -> Result<Reply, ApiError> {
+    let LoadAdapter { lora_name, lora_path } = parse(body)?;
+    if lora_name.is_empty() {
+        return Err(ApiError::bad_request("`lora_name` must not be empty").with_param("lora_name"));
+    }
+    let info = state.registry.load(&lora_name, &lora_path).map_err(|e| registry_error(e, "lora_path"))?;
+    let message = format!("loaded `{}` from {}", info.name, info.root.display());
+    Ok(Reply::Json(200, json!({"success": true, "message": message})))
+}
+
+fn unload(state: &State, body: &[u8]) -> Result<Reply, ApiError> {
+    let UnloadAdapter { lora_name } = parse(body)?;
+    state.registry.unload(&lora_name).map_err(|e| registry_error(e, "lora_name"))?;
+    Ok(Reply::Json(200, json!({"success": true, "message": format!("unloaded `{lora_name}`")})))
+}
+
+fn reload_base(state: &State, body: &[u8]) -> Result<Reply, ApiError> {
+    let UpdateWeights { model_path } = parse(body)?;
+    let version = state.registry.reload_base(&model_path).map_err(|e| registry_error(e, "model_path"))?;
+    let message =
+        format!("`{}` now serves {} (weights version {version})", state.registry.base_name(), model_path.display());
+    Ok(Reply::Json(200, json!({"success": true, "message": message, "weights_version": version})))
+}
+
+fn registry_error(error: RegistryError, param: &str) -> ApiError {
+    let message = error.to_string();
+    match error {
+        RegistryError::Unknown(_) => ApiError::not_found(message).with_param(param),
+        RegistryError::Duplicate(_)
+        | RegistryError::Base(_)
+        | RegistryError::NotAModel(_)
+        | RegistryError::Adapter(_)
+        | RegistryError::AdapterMismatch(_)
+        | RegistryError::Engine(_)
+        | RegistryError::Checkpoint(_) => ApiError::bad_request(message).with_param(param),
+    }
+}

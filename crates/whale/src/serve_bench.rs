@@ -1,0 +1,316 @@
+//! `whale serve bench`: what serving over HTTP costs against calling the engine in-process.
+//!
+//! The server runs as a child process (`whale serve` on a free loopback port), so the client's
+//! threads, JSON and sockets compete for the machine as a real second process would. Each round
+//! fires the same `requests` concurrent chat requests at both paths, HTTP first and then the
+//! in-process [`LocalPolicy`] on the same model directory; rounds alternate between the two so
+//! that a moment of contention on a shared machine hits both. Tokens/s is the completion tokens
+//! of all rounds over their wall time; latencies are per request, p50 and p99 by nearest rank.
+
+use std::fmt;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use candle_core::{DType, Device};
+use whale_core::ChatMessage;
+use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
+use whale_lm::engine::TOKENIZER_FILE;
+use whale_lm::{
+    save_model, ChatRequest, Completion, EngineConfig, GenerationConfig, LocalPolicy, ModelSize, Policy, PolicyError,
+    Qwen3Config, Qwen3Model, RemoteConfig, RemotePolicy, SamplingParams, Tokenizer,
+};
+
+/// The line `whale serve` prints first on stdout, followed by the API's base URL.
+pub const LISTENING: &str = "listening on ";
+
+/// The model name the bench's server serves.
+const SERVED_NAME: &str = "bench";
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeBenchSettings {
+    /// A model directory; `None` writes a random [`ModelSize::BASE`] model to a temporary one.
+    pub model_dir: Option<PathBuf>,
+    /// Concurrent requests per round.
+    pub requests: usize,
+    pub rounds: usize,
+    /// Completion tokens each request asks for (fewer when it samples an end token).
+    pub max_tokens: usize,
+    /// The `whale` executable to start the server with.
+    pub whale: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeBenchError {
+    #[error("bench setting `{0}` must be positive")]
+    Setting(&'static str),
+    #[error("cannot prepare the random model: {0}")]
+    Model(String),
+    #[error("the server process: {0}")]
+    Server(String),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error("a request thread panicked")]
+    ThreadPanicked,
+}
+
+/// One path's measurements over every round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathRow {
+    pub path: &'static str,
+    pub requests: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// The result of [`run`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeBenchTable {
+    pub model: String,
+    pub requests: usize,
+    pub rounds: usize,
+    pub max_tokens: usize,
+    pub http: PathRow,
+    pub in_process: PathRow,
+}
+
+impl ServeBenchTable {
+    /// HTTP tokens/s over in-process tokens/s.
+    pub fn ratio(&self) -> f64 {
+        self.http.tokens_per_second / self.in_process.tokens_per_second
+    }
+}
+
+impl fmt::Display for ServeBenchTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "model: {}; {} rounds of {} concurrent chat requests, up to {} tokens each",
+            self.model, self.rounds, self.requests, self.max_tokens
+        )?;
+        writeln!(f, "| path | requests | tokens | seconds | tokens/s | p50 latency (ms) | p99 latency (ms) |")?;
+        writeln!(f, "|---|---:|---:|---:|---:|---:|---:|")?;
+        for row in [&self.http, &self.in_process] {
+            writeln!(
+                f,
+                "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} |",
+                row.path, row.requests, row.tokens, row.seconds, row.tokens_per_second, row.p50_ms, row.p99_ms
+            )?;
+        }
+        writeln!(f, "HTTP keeps {:.1}% of the in-process tokens/s.", 100.0 * self.ratio())
+    }
+}
+
+/// Starts the server, runs the rounds on both paths and stops the server.
+pub fn run(settings: &ServeBenchSettings) -> Result<ServeBenchTable, ServeBenchError> {
+    for (name, value) in
+        [("requests", settings.requests), ("rounds", settings.rounds), ("max_tokens", settings.max_tokens)]
+    {
+        if value == 0 {
+            return Err(ServeBenchError::Setting(name));
+        }
+    }
+    let scratch = tempfile::tempdir().map_err(|e| ServeBenchError::Model(e.to_string()))?;
+    let (dir, model) = match &settings.model_dir {
+        Some(dir) => (dir.clone(), dir.display().to_string()),
+        None => {
+            let description = write_random_model(scratch.path())?;
+            (scratch.path().to_path_buf(), description)
+        }
+    };
+    let server = ServerProcess::start(&settings.whale, &dir, settings.requests)?;
+    let remote = RemotePolicy::new(RemoteConfig {
+        base_url: server.base_url.clone(),
+        model: SERVED_NAME.to_string(),
+        max_concurrency: settings.requests,
+        max_retries: 0,
+        ..RemoteConfig::default()
+    })
+    .map_err(PolicyError::from)?;
+    let engine = EngineConfig { max_batch_size: settings.requests, ..EngineConfig::default() };
+    let local =
+        LocalPolicy::load(&dir, DType::F32, &Device::Cpu, engine).map_err(|e| ServeBenchError::Model(e.to_string()))?;
+    let warm_up = requests(1, 0, settings.max_tokens.min(4));
+    for policy in [&remote as &dyn Policy, &local] {
+        round(policy, &warm_up)?;
+    }
+    let (mut http, mut in_process) = (Samples::default(), Samples::default());
+    for index in 0..settings.rounds {
+        let batch = requests(settings.requests, index * settings.requests, settings.max_tokens);
+        http.add(round(&remote, &batch)?);
+        in_process.add(round(&local, &batch)?);
+    }
+    drop(server);
+    Ok(ServeBenchTable {
+        model,
+        requests: settings.requests,
+        rounds: settings.rounds,
+        max_tokens: settings.max_tokens,
+        http: http.row("HTTP: `whale serve` in a second process"),
+        in_process: in_process.row("in-process `LocalPolicy`"),
+    })
+}
+
+/// Writes a random BASE-shape model with a BPE trained on the synthetic corpus (as
+/// `whale lm bench --random` serves) and returns its description.
+fn write_random_model(dir: &Path) -> Result<String, ServeBenchError> {
+    let model_error = |e: &dyn std::fmt::Display| ServeBenchError::Model(e.to_string());
+    let corpus = whale_lm::bench::synthetic_corpus(20_000, 7);
+    let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), 8192).map_err(|e| model_error(&e))?;
+    let config = Qwen3Config::with_size(tokenizer.vocab_size(), ModelSize::BASE);
+    let model = Qwen3Model::new_random(&config, 7, DType::F32, &Device::Cpu).map_err(|e| model_error(&e))?;
+    save_model(&model, &GenerationConfig::for_model(&config), dir).map_err(|e| model_error(&e))?;
+    tokenizer.save(dir.join(TOKENIZER_FILE)).map_err(|e| model_error(&e))?;
+    write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), config.max_position_embeddings)
+        .map_err(|e| model_error(&e))?;
+    Ok(format!("random ModelSize::BASE, vocabulary {}", tokenizer.vocab_size()))
+}
+
+/// `count` chat requests with distinct questions and seeds from `first`.
+fn requests(count: usize, first: usize, max_tokens: usize) -> Vec<ChatRequest> {
+    let lines = whale_lm::bench::synthetic_corpus(first + count, 13);
+    lines[first..]
+        .iter()
+        .enumerate()
+        .map(|(index, line)| {
+            let question = line.split_inclusive('?').next().unwrap_or(line);
+            ChatRequest {
+                messages: vec![ChatMessage::new("user", question)],
+                params: SamplingParams { max_tokens, seed: (first + index) as u64, ..SamplingParams::default() },
+            }
+        })
+        .collect()
+}
+
+/// One round's outcome.
+struct RoundResult {
+    seconds: f64,
+    completions: Vec<(Completion, f64)>,
+}
+
+/// Sends every request at once, each from its own thread; returns the wall time and each
+/// completion with its latency in milliseconds.
+fn round(policy: &dyn Policy, batch: &[ChatRequest]) -> Result<RoundResult, ServeBenchError> {
+    let start = Instant::now();
+    let completions = std::thread::scope(|scope| {
+        let handles: Vec<_> = batch
+            .iter()
+            .map(|request| {
+                scope.spawn(move || {
+                    let sent = Instant::now();
+                    policy.chat(request.clone()).map(|completion| (completion, sent.elapsed().as_secs_f64() * 1e3))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| handle.join().map_err(|_| ServeBenchError::ThreadPanicked)?.map_err(ServeBenchError::from))
+            .collect::<Result<Vec<_>, _>>()
+    })?;
+    Ok(RoundResult { seconds: start.elapsed().as_secs_f64(), completions })
+}
+
+#[derive(Default)]
+struct Samples {
+    seconds: f64,
+    tokens: usize,
+    latencies_ms: Vec<f64>,
+}
+
+impl Samples {
+    fn add(&mut self, round: RoundResult) {
+        self.seconds += round.seconds;
+        for (completion, latency) in round.completions {
+            self.tokens += completion.completion_tokens;
+            self.latencies_ms.push(latency);
+        }
+    }
+
+    fn row(mut self, path: &'static str) -> PathRow {
+        self.latencies_ms.sort_by(f64::total_cmp);
+        PathRow {
+            path,
+            requests: self.latencies_ms.len(),
+            tokens: self.tokens,
+            seconds: self.seconds,
+            tokens_per_second: self.tokens as f64 / self.seconds,
+            p50_ms: nearest_rank(&self.latencies_ms, 0.50),
+            p99_ms: nearest_rank(&self.latencies_ms, 0.99),
+        }
+    }
+}
+
+/// The `q` quantile of sorted values by nearest rank (0 when there are none).
+fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.saturating_sub(1)).copied().unwrap_or(0.0)
+}
+
+/// `whale serve` as a child process, killed when dropped.
+struct ServerProcess {
+    child: Child,
+    base_url: String,
+}
+
+impl ServerProcess {
+    fn start(whale: &Path, dir: &Path, max_batch_size: usize) -> Result<Self, ServeBenchError> {
+        let mut child = Command::new(whale)
+            .arg("serve")
+            .arg("--model")
+            .arg(dir)
+            .args(["--port", "0", "--served-model-name", SERVED_NAME])
+            .args(["--max-batch-size", &max_batch_size.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| ServeBenchError::Server(format!("cannot start {}: {e}", whale.display())))?;
+        let mut line = String::new();
+        let read = child.stdout.take().map(|stdout| BufReader::new(stdout).read_line(&mut line));
+        let base_url = line.trim().strip_prefix(LISTENING).map(str::to_string);
+        match (read, base_url) {
+            (Some(Ok(_)), Some(base_url)) => Ok(Self { child, base_url }),
+            _ => {
+                let _ = child.kill();
+                let status = child.wait().map(|status| status.to_string()).unwrap_or_default();
+                Err(ServeBenchError::Server(format!(
+                    "it did not report its address ({status}); its first line: {line:?}"
+                )))
+            }
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        // It may have exited already; then there is nothing to stop.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_take_the_nearest_rank() {
+        let values: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!((nearest_rank(&values, 0.5), nearest_rank(&values, 0.99)), (50.0, 99.0));
+        assert_eq!(nearest_rank(&[7.0], 0.99), 7.0);
+        assert_eq!(nearest_rank(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn bench_requests_differ_and_are_reproducible() {
+        let batch = requests(4, 8, 16);
+        assert_eq!(batch, requests(4, 8, 16));
+        assert_eq!(batch.iter().map(|r| r.params.seed).collect::<Vec<_>>(), [8, 9, 10, 11]);
+        assert!(batch.iter().all(|r| r.messages[0].content.ends_with('?') && r.params.max_tokens == 16));
+        assert_ne!(batch[0].messages, batch[1].messages);
+    }
+}
