@@ -19,6 +19,7 @@ use crate::external_weights::{
 use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE};
 use crate::scheduler::{Outcome, Phase, Scheduler, Spent};
 use crate::search_phase::{iteration_row, open_search, ranking, SearchPhaseError, SearchRollouts};
+use crate::server::{ServedPolicy, ServerAdmin, ServerConfig};
 use crate::weight_phase::{self, StepJournal, StepReport, WeightPhase, WeightPhaseError};
 use candle_core::{DType, Device};
 use serde_json::{json, Value};
@@ -125,6 +126,66 @@ fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
     }
 }
 
+/// The policy of a run and how its weights change.
+struct Model {
+    /// What every rollout talks to.
+    policy: Arc<dyn Policy>,
+    weights: Weights,
+    /// The base model as a trainer names it (the base of a LoRA adapter).
+    base_model: PathBuf,
+}
+
+/// The in-process engine over `model.path` (or the default base model).
+fn local_model(config: &RunConfig) -> Result<Model, ExperimentError> {
+    let model_dir = model_dir(config)?;
+    let engine = EngineConfig {
+        max_batch_size: config.model.max_batch_size,
+        max_context: config.model.max_context,
+        max_prefill_tokens: config.model.max_prefill_tokens,
+        ..EngineConfig::default()
+    };
+    let policy = LocalPolicy::load(&model_dir, DType::F32, &device(config)?, engine)
+        .map_err(|e| ExperimentError::Model(format!("{}: {e}", model_dir.display())))?;
+    let engine = Arc::new(policy);
+    let (policy, weights): (Arc<dyn Policy>, Weights) = match &config.weights.trainer {
+        Some(trainer) => {
+            let external = ExternalTrainer {
+                config: trainer.clone(),
+                base: trainer.base.clone().unwrap_or_else(|| model_dir.display().to_string()),
+                name_prefix: format!("{}-{}", config.name, config.condition),
+                target: WeightsTarget::Local { policy: engine.clone(), base: engine.model() },
+            };
+            (engine, Weights::External(Box::new(external)))
+        }
+        None => (engine.clone(), Weights::InProcess { engine, trainer: None }),
+    };
+    Ok(Model { policy, weights, base_model: model_dir })
+}
+
+/// The model behind `[server]`: no weights are loaded here.
+fn served_model(config: &RunConfig, server: &ServerConfig) -> Result<Model, ExperimentError> {
+    let served = |e: &dyn std::fmt::Display| ExperimentError::Model(format!("[server] {}: {e}", server.base_url));
+    let policy = Arc::new(ServedPolicy::new(server).map_err(|e| served(&e))?);
+    let weights = match &config.weights.trainer {
+        Some(trainer) => {
+            let base = trainer.base.clone().or_else(|| config.model.path.as_ref().map(|p| p.display().to_string()));
+            let external = ExternalTrainer {
+                config: trainer.clone(),
+                base: base.unwrap_or_else(|| server.model.clone()),
+                name_prefix: format!("{}-{}", config.name, config.condition),
+                target: WeightsTarget::Server {
+                    admin: ServerAdmin::new(server).map_err(|e| served(&e))?,
+                    policy: policy.clone(),
+                    base_model: server.model.clone(),
+                },
+            };
+            Weights::External(Box::new(external))
+        }
+        None => Weights::Fixed,
+    };
+    Ok(Model { policy, weights, base_model: PathBuf::from(&server.model) })
+}
+
 /// How weight steps change the policy.
 enum Weights {
     /// The in-process trainer on the in-process engine's model (none before it is restored,
@@ -132,6 +193,8 @@ enum Weights {
     InProcess { engine: Arc<LocalPolicy>, trainer: Option<Box<SftTrainer>> },
     /// The `[weights.trainer]` command.
     External(Box<ExternalTrainer>),
+    /// Never: the served weights of a harness-only run on a `[server]` without a trainer.
+    Fixed,
 }
 
 /// The phase's settings, from the parts of an experiment it borrows.
@@ -246,28 +309,9 @@ impl Experiment {
         let splits = task_splits(&config)?;
         let all: Vec<Task> = [&splits.train[..], &splits.search[..], &splits.test[..]].concat();
         let environment = environment(config.tasks.domain, &all, config.tasks.corpus.as_deref(), None)?;
-        let model_dir = model_dir(&config)?;
-        let engine = EngineConfig {
-            max_batch_size: config.model.max_batch_size,
-            max_context: config.model.max_context,
-            max_prefill_tokens: config.model.max_prefill_tokens,
-            ..EngineConfig::default()
-        };
-        let device = device(&config)?;
-        let policy = LocalPolicy::load(&model_dir, DType::F32, &device, engine)
-            .map_err(|e| ExperimentError::Model(format!("{}: {e}", model_dir.display())))?;
-        let engine = Arc::new(policy);
-        let (policy, weights): (Arc<dyn Policy>, Weights) = match &config.weights.trainer {
-            Some(trainer) => {
-                let external = ExternalTrainer {
-                    config: trainer.clone(),
-                    base: trainer.base.clone().unwrap_or_else(|| model_dir.display().to_string()),
-                    name_prefix: format!("{}-{}", config.name, config.condition),
-                    target: WeightsTarget::Local { policy: engine.clone(), base: engine.model() },
-                };
-                (engine, Weights::External(Box::new(external)))
-            }
-            None => (engine.clone(), Weights::InProcess { engine, trainer: None }),
+        let Model { policy, weights, base_model } = match &config.server {
+            Some(server) => served_model(&config, server)?,
+            None => local_model(&config)?,
         };
         let search = open_search(&config, &dir, &splits, initial_harness(&config)?)?;
         let condition = config.condition;
@@ -279,20 +323,9 @@ impl Experiment {
             adaptive: config.schedule.adaptive.clone(),
             search_stale_limit: config.schedule.search_stale_limit,
         };
-        let mut experiment = Self {
-            dir,
-            config,
-            state,
-            splits,
-            environment,
-            base_model: model_dir,
-            policy,
-            weights,
-            search,
-            scheduler,
-            verbosity,
-        };
-        experiment.restore_weights(&device)?;
+        let mut experiment =
+            Self { dir, config, state, splits, environment, base_model, policy, weights, search, scheduler, verbosity };
+        experiment.restore_weights()?;
         experiment.restore_examples()?;
         Ok(experiment)
     }
@@ -300,7 +333,7 @@ impl Experiment {
     /// Restores the weights of the last committed step: in-process, the newest checkpoint plus
     /// the journal of the steps after it; with an external trainer, its last update installed
     /// again.
-    fn restore_weights(&mut self, device: &Device) -> Result<(), ExperimentError> {
+    fn restore_weights(&mut self) -> Result<(), ExperimentError> {
         if self.state.condition == Condition::HarnessOnly {
             return Ok(());
         }
@@ -312,12 +345,14 @@ impl Experiment {
                 }
                 return Ok(());
             }
+            Weights::Fixed => return Ok(()),
         };
+        let device = device(&self.config)?;
         let model_error = |e: &dyn std::fmt::Display| ExperimentError::Model(e.to_string());
         let weights = &self.config.weights;
         let mut trainer = if self.state.checkpoint_step > 0 {
             let path = self.dir.checkpoint_path(self.state.checkpoint_step);
-            weight_phase::resume_trainer(weights, &engine, &path, device)
+            weight_phase::resume_trainer(weights, &engine, &path, &device)
         } else {
             weight_phase::new_trainer(weights, &engine, self.config.seed)
         }
@@ -465,6 +500,9 @@ impl Experiment {
                 (report, examples, None)
             }
             Weights::External(_) => self.external_step(step)?,
+            Weights::Fixed => {
+                return Err(ExperimentError::Model("a weight step needs [weights.trainer] on a [server]".to_string()))
+            }
         };
         let lines: Vec<String> = examples.iter().map(Trajectory::to_json_line).collect();
         self.dir.write_examples(&lines)?;

@@ -21,6 +21,7 @@
 //! last committed update are installed again (the server may have restarted meanwhile).
 
 use crate::run_dir::{read_json, write_atomic, write_json, RunDirError, ServedWeights};
+use crate::server::{ServedPolicy, ServerAdmin, ServerError};
 use crate::trainer_command::{Placeholders, TrainerCommandConfig, TrainerCommandError, TrainerOutput, TrainerRun};
 use crate::weight_phase::StepReport;
 use serde::{Deserialize, Serialize};
@@ -118,10 +119,15 @@ pub enum ExternalWeightsError {
     RunDir(#[from] RunDirError),
     #[error("weight step {step}: cannot load {} into the engine: {reason}", path.display())]
     Load { step: u64, path: PathBuf, reason: String },
+    #[error("weight step {step}: the server did not take the new weights: {source}")]
+    Server { step: u64, source: ServerError },
 }
 
 /// Where new weights go.
 pub enum WeightsTarget {
+    /// Hot-loaded into the inference server (adapters by name; checkpoints replace the weights
+    /// of `base_model`, the served model's name), and rollouts routed to them.
+    Server { admin: ServerAdmin, policy: Arc<ServedPolicy>, base_model: String },
     /// The in-process engine (no `[server]`); adapters apply to `base`, the model it started
     /// with, and checkpoints load in its dtype and onto its device.
     Local { policy: Arc<LocalPolicy>, base: Qwen3Model },
@@ -172,6 +178,13 @@ impl ExternalTrainer {
             path: output,
         };
         self.install(&weights, update.version)?;
+        if let (WeightsTarget::Server { admin, .. }, Some(previous)) = (&self.target, update.previous) {
+            if self.config.output == TrainerOutput::Adapter {
+                admin
+                    .unload_adapter(&previous.name)
+                    .map_err(|source| ExternalWeightsError::Server { step: update.step, source })?;
+            }
+        }
         Ok((weights, seconds))
     }
 
@@ -180,6 +193,15 @@ impl ExternalTrainer {
         let failed =
             |reason: String| ExternalWeightsError::Load { step: weights.step, path: weights.path.clone(), reason };
         match &self.target {
+            WeightsTarget::Server { admin, policy, base_model } => {
+                let served = match self.config.output {
+                    TrainerOutput::Adapter => admin.load_adapter(&weights.name, &weights.path).map(|()| &weights.name),
+                    TrainerOutput::Checkpoint => admin.load_checkpoint(&weights.path).map(|()| base_model),
+                };
+                let served = served.map_err(|source| ExternalWeightsError::Server { step: weights.step, source })?;
+                policy.route(served, version);
+                Ok(())
+            }
             WeightsTarget::Local { policy, base } => {
                 let model = match self.config.output {
                     TrainerOutput::Checkpoint => {

@@ -22,7 +22,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use whale_lm::{ChatRequest, Completion, Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
 
 /// How the server hot-loads new weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,6 +151,62 @@ impl ServerConfig {
             return None;
         }
         std::env::var(&self.api_key_env).ok().filter(|key| !key.is_empty())
+    }
+
+    /// The chat client's settings.
+    pub fn remote_config(&self) -> RemoteConfig {
+        RemoteConfig {
+            base_url: self.base_url.clone(),
+            model: self.model.clone(),
+            api_key: self.api_key(),
+            api_key_env: String::new(),
+            max_concurrency: self.max_concurrency,
+            request_timeout_s: self.request_timeout_s,
+            connect_timeout_s: self.connect_timeout_s,
+            max_retries: self.max_retries,
+            backoff_initial_ms: self.backoff_initial_ms,
+            backoff_max_ms: self.backoff_max_ms,
+            extensions: self.extensions,
+        }
+    }
+}
+
+/// The policy of a run on a server: the chat client, routed to the weights installed last, and
+/// the run's weights version (kept across a resume, where the client's own count starts afresh).
+pub struct ServedPolicy {
+    remote: RemotePolicy,
+    version: AtomicU64,
+}
+
+impl ServedPolicy {
+    /// The served base model, as weights version 0.
+    pub fn new(config: &ServerConfig) -> Result<Self, RemoteError> {
+        Ok(Self { remote: RemotePolicy::new(config.remote_config())?, version: AtomicU64::new(0) })
+    }
+
+    /// Sends requests from now on to the served model or adapter `model`, as weights `version`.
+    pub fn route(&self, model: &str, version: u64) {
+        self.remote.set_model(model);
+        self.version.store(version, Ordering::SeqCst);
+    }
+
+    /// The served model or adapter requests go to.
+    pub fn model(&self) -> String {
+        self.remote.model()
+    }
+}
+
+impl Policy for ServedPolicy {
+    fn chat(&self, request: ChatRequest) -> Result<Completion, PolicyError> {
+        self.remote.chat(request)
+    }
+
+    fn name(&self) -> String {
+        self.remote.name()
+    }
+
+    fn weights_version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
     }
 }
 

@@ -3,6 +3,8 @@
 //! and samples of the shared real data.
 #![allow(dead_code)]
 
+pub mod parity;
+
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use whale_core::{Domain, Task, Trajectory};

@@ -1,0 +1,104 @@
+//! The whole scale-out loop over HTTP: `whale serve` (the binary) serves a tiny model on
+//! 127.0.0.1, and a tiny WHALE run sends every rollout (weight steps, search, test evaluation)
+//! to it through `[server]`, trains with `whale lm train` as its `[weights.trainer]`, and
+//! hot-loads each step's adapter (`/v1/load_lora_adapter`, the previous one unloaded). It must
+//! record what the same run trained in-process with `[weights.lora]` records.
+//!
+//! Why the equality is exact, completions included, although the server batches requests
+//! differently (one engine per loaded adapter, requests arriving over HTTP in their own order):
+//! whale's engine computes each sequence's logits without reference to the others in its batch
+//! (matrix products whose every output row is reduced in the same order whatever the batch's
+//! size, attention over the sequence's own cache), every request samples from its own seeded
+//! generator (the seed travels in the request), the adapter crosses the filesystem as f32 bit for
+//! bit, and the trainer reproduces whale's own update exactly (see `trainer_parity.rs`). A GPU
+//! server (vLLM, SGLang) makes no such promise about batch composition, so runs there agree in
+//! distribution, not bit for bit.
+
+mod common;
+
+use common::parity::{
+    assert_same_run, config, in_process_lora, read, run, start, trainer_table, whale_lm_train, whale_lm_train_command,
+};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use whale::experiment::{Experiment, ExperimentError, Verbosity};
+
+/// `whale serve` in a child process, stopped when dropped.
+struct Serve {
+    child: Child,
+    base_url: String,
+}
+
+impl Serve {
+    fn start(model: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_whale"))
+            .args(["serve", "--host", "127.0.0.1", "--port", "0", "--served-model-name", "base", "--model"])
+            .arg(model)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("whale serve starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("its first line");
+        let base_url = line.trim().strip_prefix("listening on ").expect("the address").to_string();
+        Self { child, base_url }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        // The test is over either way; a server that already exited needs nothing more.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_run_on_whale_serve_with_hot_loaded_adapters_ends_where_the_in_process_one_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = dir.path().join("model");
+    std::fs::create_dir_all(&model).expect("model dir");
+    common::write_tiny_model(&model);
+    let serve = Serve::start(&model);
+    let server = format!("[server]\nbase_url = \"{}\"\nmodel = \"base\"\nkind = \"whale\"\n", serve.base_url);
+    let served = run(dir.path(), "served", &config(&model, &format!("{server}{}", whale_lm_train("0.002"))));
+    let state = read(&served.join("state.json"));
+    let last = format!("p-whale-step-{}", state["weight_steps"]);
+    assert_eq!(state["served"]["name"], last.as_str(), "{state}");
+    let models: Value = reqwest::blocking::get(format!("{}/models", serve.base_url))
+        .and_then(|reply| reply.json())
+        .expect("GET /v1/models");
+    let names: Vec<&str> = models["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(names, ["base", last.as_str()], "the last adapter is loaded, every earlier one unloaded");
+    let own = run(dir.path(), "own", &config(&model, &in_process_lora()));
+    assert_same_run(&own, &served);
+
+    // The same run again, its trainer failing once at step 3: the run stops there, and resumed it
+    // loads step 2's adapter into the server again (replacing the copy still loaded) and ends
+    // exactly as the others did. Its adapter names are those of the first served run, so its
+    // last load also replaces a stale adapter the server still holds.
+    let failing_once = [
+        "sh",
+        "-c",
+        r#"if [ "$1" = 3 ] && [ -f "$2/fail-once" ]; then rm "$2/fail-once"; echo "scripted failure" >&2; exit 1; fi
+shift 2; exec "$@""#,
+        "trainer",
+        "{step}",
+        "{run_dir}",
+    ];
+    let mut command: Vec<String> = failing_once.iter().map(|a| a.to_string()).collect();
+    command.extend(whale_lm_train_command("0.002"));
+    let resumed = dir.path().join("runs/resumed");
+    std::fs::create_dir_all(&resumed).expect("run dir");
+    std::fs::write(resumed.join("fail-once"), "").expect("marker");
+    let error = start(dir.path(), "resumed", &config(&model, &format!("{server}{}", trainer_table(&command))))
+        .expect_err("the trainer fails at step 3");
+    assert!(matches!(error, ExperimentError::Trainer { .. }), "{error}");
+    assert!(error.to_string().contains("weight step 3"), "{error}");
+    let log = std::fs::read_to_string(resumed.join("weights/step-000003/train.log")).expect("train.log");
+    assert!(log.contains("scripted failure"), "{log}");
+    Experiment::resume(&resumed, Verbosity::default()).and_then(|mut e| e.run()).expect("the resumed run ends");
+    assert_same_run(&own, &resumed);
+}
