@@ -130,7 +130,7 @@ pub enum WeightsTarget {
     Server { admin: ServerAdmin, policy: Arc<ServedPolicy>, base_model: String },
     /// The in-process engine (no `[server]`); adapters apply to `base`, the model it started
     /// with, and checkpoints load in its dtype and onto its device.
-    Local { policy: Arc<LocalPolicy>, base: Qwen3Model },
+    Local { policy: Arc<LocalPolicy>, base: Box<Qwen3Model> },
 }
 
 /// The weight phase's external trainer and where its output is installed.
