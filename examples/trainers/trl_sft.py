@@ -195,7 +195,8 @@ def main(argv=None):
         trainer.save_model(str(args.output))
     if trainer.is_world_process_zero():
         what = "checkpoint" if args.merge else "adapter"
-        print(f"trained on {len(samples)} samples, loss {result.training_loss:.4f}; {what} in {args.output}")
+        start = args.previous or "a fresh adapter"
+        print(f"trained on {len(samples)} samples from {start}, loss {result.training_loss:.4f}; {what} in {args.output}")
 
 
 def save_merged(trainer, tokenizer, output):

@@ -514,7 +514,7 @@ impl RunConfig {
                     "weights.trainer.output",
                     format!(
                         "a {:?} server hot-loads LoRA adapters only: write output = \"adapter\", or serve with \
-                         SGLang (kind = \"sglang\") to load full checkpoints",
+                         SGLang or whale serve (kind = \"sglang\" or \"whale\") to load full checkpoints",
                         server.kind
                     ),
                 ))
@@ -579,6 +579,32 @@ mod tests {
         assert!(error.to_string().contains("`qproj`"), "{error}");
         let error = parse("[weights.lora]\nranks = 4\n").expect_err("unknown key");
         assert!(error.to_string().contains("ranks"), "{error}");
+    }
+
+    #[test]
+    fn a_server_and_an_external_trainer_go_together() {
+        let server = "[server]\nmodel = \"Qwen/Qwen3-8B\"\n";
+        let trainer = "[weights.trainer]\ncommand = [\"train\", \"{data}\", \"{output}\"]\n";
+        let key = |text: &str| match parse(text) {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key(server), "weights.trainer", "a weight phase on a server needs a trainer");
+        let config = parse(&format!("condition = \"harness-only\"\n{server}")).expect("search only");
+        assert_eq!(config.server.expect("a server").admin_root(), "http://127.0.0.1:8000");
+        let config = parse(&format!("{server}{trainer}")).expect("server and trainer");
+        let trainer_config = config.weights.trainer.expect("a trainer");
+        assert_eq!(trainer_config.output, TrainerOutput::Adapter);
+        assert_eq!(trainer_config.workdir.as_deref(), Some(Path::new("/base")), "it runs beside the file");
+        let checkpoint = format!("{server}{trainer}output = \"checkpoint\"\n");
+        assert_eq!(key(&checkpoint), "weights.trainer.output", "vLLM loads adapters only");
+        parse(&checkpoint.replace("[server]\n", "[server]\nkind = \"sglang\"\n")).expect("SGLang loads checkpoints");
+        assert_eq!(key(&format!("{trainer}[weights.lora]\nrank = 4\n")), "weights.lora");
+        assert_eq!(key("[server]\nmodel = \" \"\n"), "server.model");
+        let error = parse("[server]\nmodel = \"m\"\nbase_ur = \"http://h/v1\"\n").expect_err("misspelt");
+        assert!(error.to_string().starts_with("x.toml:3:1:") && error.to_string().contains("base_ur"), "{error}");
+        let error = parse(&format!("{trainer}timeout_s = -1.0\n")).expect_err("negative");
+        assert!(error.to_string().contains("weights.trainer.timeout_s"), "{error}");
     }
 
     #[test]

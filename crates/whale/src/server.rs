@@ -12,7 +12,7 @@
 //! |----------|----------------------------------|------------------------------------|--------------------------------|
 //! | `vllm`   | `POST /v1/load_lora_adapter`     | `POST /v1/unload_lora_adapter`     | —                              |
 //! | `sglang` | `POST /load_lora_adapter`        | `POST /unload_lora_adapter`        | `POST /update_weights_from_disk` |
-//! | `whale`  | as vLLM                          | as vLLM                            | —                              |
+//! | `whale`  | as vLLM                          | as vLLM                            | as SGLang                      |
 //!
 //! with the JSON bodies `{"lora_name", "lora_path"}`, `{"lora_name"}` and `{"model_path"}`.
 //! vLLM accepts them only when started with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` and
@@ -38,7 +38,7 @@ pub enum ServerKind {
 impl ServerKind {
     /// Whether the server can replace its base weights by a checkpoint directory.
     pub fn loads_checkpoints(self) -> bool {
-        self == ServerKind::Sglang
+        matches!(self, ServerKind::Sglang | ServerKind::Whale)
     }
 
     fn adapter_endpoint(self, action: &str) -> String {
@@ -298,7 +298,7 @@ impl ServerAdmin {
         }
     }
 
-    /// Replaces the served base weights by the checkpoint in `path` (SGLang only).
+    /// Replaces the served base weights by the checkpoint in `path` (SGLang, whale serve).
     pub fn load_checkpoint(&self, path: &Path) -> Result<(), ServerError> {
         if !self.kind.loads_checkpoints() {
             return Err(ServerError::CheckpointUnsupported { kind: self.kind });
