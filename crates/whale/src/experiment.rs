@@ -7,14 +7,17 @@
 //! due. Each unit is deterministic given the state before it (seeds derive from the run seed
 //! and the unit's number, weights come from the last checkpoint plus the journal), so a run
 //! resumed after a kill takes the same decisions and reaches the same result as one that was
-//! never interrupted.
+//! never interrupted. With `[server]` the rollouts go to an inference server, and with
+//! `[weights.trainer]` the weights change by an external command ([`crate::external_weights`]):
+//! its last committed update is installed again on resume, and a step it did not finish is
+//! retried from its recorded rollouts.
 
 use crate::condition::Condition;
 use crate::config::RunConfig;
 use crate::evaluate::{environment, EvaluateError};
 use crate::evaluation::{EvalReason, EvalRecord, EvalSchedule, TestSet};
 use crate::external_weights::{
-    samples, ExternalTrainer, ExternalWeightsError, RolloutRecord, StepFiles, Update, WeightsTarget,
+    ExternalTrainer, ExternalWeightsError, RolloutRecord, Sample, StepFiles, Update, WeightsTarget,
 };
 use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE};
 use crate::scheduler::{Outcome, Phase, Scheduler, Spent};
@@ -611,7 +614,7 @@ impl Experiment {
         let kept = weight_phase::kept(&trajectories, self.config.weights.reward_threshold);
         let calls: Vec<_> = weight_phase::trained_calls(&kept, self.config.weights.skip_truncated).collect();
         let trained_tokens = calls.iter().map(|call| call.completion_tokens).sum();
-        let samples = phase.training_order(step, samples(calls.into_iter()));
+        let samples = phase.training_order(step, calls.into_iter().map(Sample::from_call).collect());
         let report = StepReport {
             trained_tokens,
             ..weight_phase::rollout_report(step, &trajectories, kept.len(), samples.len(), rollout_seconds)

@@ -229,11 +229,6 @@ impl ExternalTrainer {
     }
 }
 
-/// The samples of a step's trained model calls.
-pub fn samples<'a>(calls: impl Iterator<Item = &'a ModelCall>) -> Vec<Sample> {
-    calls.map(Sample::from_call).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

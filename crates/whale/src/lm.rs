@@ -452,6 +452,18 @@ mod tests {
     }
 
     #[test]
+    fn lora_settings_given_beside_a_resumed_adapter_must_be_its_own() {
+        let stored = LoraConfig { rank: 4, ..LoraConfig::default() };
+        let mut reordered = stored.clone();
+        reordered.target_modules.reverse();
+        assert!(check_same_lora(&reordered, &stored, Path::new("a")).is_ok(), "the order of targets does not matter");
+        let other = LoraConfig { rank: 8, ..stored.clone() };
+        let error = check_same_lora(&other, &stored, Path::new("runs/x/adapter")).expect_err("another rank");
+        let text = error.to_string();
+        assert!(text.contains("rank 8") && text.contains("rank 4") && text.contains("runs/x/adapter"), "{text}");
+    }
+
+    #[test]
     fn weight_step_samples_train_their_last_trainable_turn() {
         let dir = tempfile::tempdir().expect("tempdir");
         let sample = |trainable: &str, finish: &str| {

@@ -189,11 +189,6 @@ impl ServedPolicy {
         self.remote.set_model(model);
         self.version.store(version, Ordering::SeqCst);
     }
-
-    /// The served model or adapter requests go to.
-    pub fn model(&self) -> String {
-        self.remote.model()
-    }
 }
 
 impl Policy for ServedPolicy {
