@@ -248,6 +248,8 @@ impl TrainerRun<'_> {
         let errors =
             log.try_clone().map_err(|source| TrainerCommandError::Io { step, path: self.log.to_path_buf(), source })?;
         command.stdin(Stdio::null()).stdout(log).stderr(errors);
+        #[cfg(target_os = "linux")]
+        stop_with_parent(&mut command);
         Ok(command)
     }
 
@@ -314,6 +316,24 @@ impl TrainerRun<'_> {
             })?;
         }
         Ok(())
+    }
+}
+
+/// Has the command asked to stop (SIGTERM) when whale dies, even by SIGKILL, so that a resumed
+/// run's new attempt at the step does not race an orphan writing into the same `{output}`. The
+/// signal comes when the thread that started the command ends: whale starts it from the thread
+/// that runs the experiment and waits for it there.
+#[cfg(target_os = "linux")]
+fn stop_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let ask_to_stop = || {
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+            .map_err(std::io::Error::from)
+    };
+    // SAFETY: the closure runs in the child between fork and exec; it makes one system call
+    // (prctl), which is async-signal-safe, and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(ask_to_stop);
     }
 }
 

@@ -1,0 +1,81 @@
+//! Kill-and-resume with an external trainer: `whale run` on a tiny WHALE config whose weight
+//! steps run `whale lm train` (deterministic) is killed with SIGKILL at seeded random moments —
+//! during rollouts, during the trainer command, between installing an adapter and committing the
+//! step — and resumed each time; it must end with the same ledger, metrics rows and state as a run
+//! that was never interrupted.
+
+mod common;
+
+use common::parity::{config, untimed, whale_lm_train};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn whale(args: &[&str], path: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
+    command.args(args).arg(path).stdout(Stdio::null()).stderr(Stdio::null());
+    command
+}
+
+fn read(path: &Path) -> Value {
+    let mut value = common::parity::read(path);
+    if let Some(served) = value.get_mut("served") {
+        served["path"] = Value::Null;
+    }
+    untimed(value)
+}
+
+#[test]
+fn a_run_with_an_external_trainer_killed_at_random_moments_ends_as_if_never_interrupted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = dir.path().join("model");
+    std::fs::create_dir_all(&model).expect("model dir");
+    common::write_tiny_model(&model);
+    let file = dir.path().join("p.toml");
+    std::fs::write(&file, config(&model, &whale_lm_train("0.002"))).expect("config");
+
+    let straight_runs = dir.path().join("straight");
+    let started = Instant::now();
+    let status = whale(&["run", "--quiet", "--runs"], &straight_runs).arg(&file).status().expect("whale runs");
+    assert!(status.success(), "the uninterrupted run failed");
+    let typical = started.elapsed();
+
+    let killed_runs = dir.path().join("killed");
+    let run = killed_runs.join("p");
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut landed = 0;
+    for attempt in 0..=4 {
+        let mut command = if attempt == 0 {
+            let mut command = whale(&["run", "--quiet", "--runs"], &killed_runs);
+            command.arg(&file);
+            command
+        } else {
+            whale(&["run", "--quiet", "--resume"], &run)
+        };
+        let mut child = command.spawn().expect("whale starts");
+        if attempt == 4 {
+            assert!(child.wait().expect("whale ends").success(), "the final resume failed");
+            break;
+        }
+        let deadline = Instant::now() + typical.mul_f64(rng.gen_range(0.1..0.4));
+        while Instant::now() < deadline && child.try_wait().expect("poll").is_none() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if child.try_wait().expect("poll").is_none() {
+            child.kill().expect("SIGKILL");
+            landed += 1;
+        }
+        child.wait().expect("reaped");
+    }
+    assert!(landed >= 2, "only {landed} kills landed before the run ended");
+    let straight = straight_runs.join("p");
+    for file in ["ledger.json", "metrics.jsonl", "state.json"] {
+        assert_eq!(read(&straight.join(file)), read(&run.join(file)), "{file} differs after kills");
+    }
+    let state = read(&run.join("state.json"));
+    assert_eq!(state["finished"], true);
+    assert!(state["weights_version"].as_u64().unwrap_or(0) >= 2, "{state}");
+}
