@@ -39,6 +39,10 @@ For a server that loads full checkpoints (SGLang's /update_weights_from_disk, ou
 "checkpoint"), --merge writes the adapter folded into the weights instead, and --previous is
 then the previous step's checkpoint, on which a fresh adapter is trained.
 
+Every option (learning rate, epochs, LoRA rank / alpha / dropout / target modules, batch size,
+gradient accumulation, maximum length, warm-up, weight decay, clipping, seed, precision,
+gradient checkpointing): `python trl_sft.py --help`.
+
 Notes:
 - --previous is the last update's adapter (whale passes an empty string before the first
   update): its weights are trained further. The optimizer starts afresh each step (whale's own
