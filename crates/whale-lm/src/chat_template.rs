@@ -27,6 +27,9 @@ pub const CHATML_TEMPLATE: &str = r#"{%- for message in messages %}
 /// File name of the Hugging Face tokenizer configuration.
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 
+/// The stand-alone chat template that transformers (4.43 and later) saves beside the config.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
 /// Name under which a list-form `chat_template` keeps the template used for plain chat.
 const DEFAULT_TEMPLATE_NAME: &str = "default";
 
@@ -96,16 +99,32 @@ impl ChatTemplate {
     /// taken), `bos_token` and `eos_token` from a `tokenizer_config.json`.
     pub fn from_tokenizer_config(path: impl AsRef<Path>) -> Result<Self, ChatTemplateError> {
         let file = path.as_ref();
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| ChatTemplateError::Read { file: file.to_path_buf(), reason: e.to_string() })?;
-        let config: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| ChatTemplateError::Json { file: file.to_path_buf(), reason: e.to_string() })?;
+        let config = read_json(file)?;
         let config_error = |reason: String| ChatTemplateError::Config { file: file.to_path_buf(), reason };
         let (label, source) = template_source(&config).map_err(config_error)?;
-        let bos = token_string(&config, "bos_token").map_err(config_error)?;
-        let eos = token_string(&config, "eos_token").map_err(config_error)?;
         let name = format!("{}#{label}", file.display());
-        Ok(Self::new(&name, source)?.with_special_tokens(bos, eos))
+        Self::new(&name, source)?.with_config_tokens(&config, file)
+    }
+
+    /// The chat template of a Hugging Face model directory: `chat_template.jinja` when present
+    /// (transformers prefers it, and recent versions save the template only there), otherwise
+    /// `chat_template` in `tokenizer_config.json`, which gives `bos_token` and `eos_token` either way.
+    pub fn from_model_dir(dir: &Path) -> Result<Self, ChatTemplateError> {
+        let config_file = dir.join(TOKENIZER_CONFIG_FILE);
+        let jinja = dir.join(CHAT_TEMPLATE_FILE);
+        if !jinja.is_file() {
+            return Self::from_tokenizer_config(&config_file);
+        }
+        let source = std::fs::read_to_string(&jinja)
+            .map_err(|e| ChatTemplateError::Read { file: jinja.clone(), reason: e.to_string() })?;
+        Self::new(&jinja.display().to_string(), &source)?.with_config_tokens(&read_json(&config_file)?, &config_file)
+    }
+
+    fn with_config_tokens(self, config: &serde_json::Value, file: &Path) -> Result<Self, ChatTemplateError> {
+        let config_error = |reason: String| ChatTemplateError::Config { file: file.to_path_buf(), reason };
+        let bos = token_string(config, "bos_token").map_err(config_error)?;
+        let eos = token_string(config, "eos_token").map_err(config_error)?;
+        Ok(self.with_special_tokens(bos, eos))
     }
 
     /// The name errors are reported under.
@@ -128,6 +147,12 @@ impl ChatTemplate {
         let template = self.env.get_template(&self.name).map_err(|e| failure(&self.name, &e, false))?;
         template.render(context).map_err(|e| failure(&self.name, &e, false))
     }
+}
+
+fn read_json(file: &Path) -> Result<serde_json::Value, ChatTemplateError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| ChatTemplateError::Read { file: file.to_path_buf(), reason: e.to_string() })?;
+    serde_json::from_str(&text).map_err(|e| ChatTemplateError::Json { file: file.to_path_buf(), reason: e.to_string() })
 }
 
 /// Writes `dir/tokenizer_config.json` for a ChatML tokenizer with `chat_template` (checked to

@@ -31,7 +31,7 @@ use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 use whale_core::ChatMessage;
 
-use crate::chat_template::{ChatTemplate, ChatTemplateError, RenderOptions, TOKENIZER_CONFIG_FILE};
+use crate::chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
 use crate::checkpoint::{load_model, CheckpointError, GenerationConfig};
 use crate::model::{KvCache, ModelError, Qwen3Model, SeqStep};
 use crate::policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
@@ -192,7 +192,7 @@ impl LocalPolicy {
     pub fn load(dir: &Path, dtype: DType, device: &Device, mut config: EngineConfig) -> Result<Self, EngineError> {
         let model = load_model(dir, dtype, device)?;
         let tokenizer = Tokenizer::from_file(dir.join(TOKENIZER_FILE))?;
-        let template = ChatTemplate::from_tokenizer_config(dir.join(TOKENIZER_CONFIG_FILE))?;
+        let template = ChatTemplate::from_model_dir(dir)?;
         if let Some(generation) = GenerationConfig::load(dir)? {
             config.eos_token_ids.extend(generation.eos_token_id);
         }

@@ -1,7 +1,8 @@
 use serde_json::json;
 use whale_core::ChatMessage;
 use whale_lm::chat_template::{
-    write_tokenizer_config, ChatTemplate, ChatTemplateError, RenderOptions, CHATML_TEMPLATE, TOKENIZER_CONFIG_FILE,
+    write_tokenizer_config, ChatTemplate, ChatTemplateError, RenderOptions, CHATML_TEMPLATE, CHAT_TEMPLATE_FILE,
+    TOKENIZER_CONFIG_FILE,
 };
 use whale_lm::tokenizer::SpecialTokens;
 
@@ -314,4 +315,26 @@ fn config_errors_name_the_file() {
     std::fs::write(&no_template, "{\"eos_token\": \"</s>\"}").expect("write");
     let err = ChatTemplate::from_tokenizer_config(&no_template).expect_err("no template");
     assert!(matches!(err, ChatTemplateError::Config { .. }) && err.to_string().contains("plain.json"), "{err}");
+}
+
+#[test]
+fn a_model_directory_prefers_chat_template_jinja_and_takes_its_tokens_from_the_config() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = json!({"bos_token": "<s>", "eos_token": {"content": "</s>", "special": true}});
+    std::fs::write(dir.path().join(TOKENIZER_CONFIG_FILE), config.to_string()).expect("write");
+    let no_template = ChatTemplate::from_model_dir(dir.path()).expect_err("no template anywhere");
+    assert!(no_template.to_string().contains(TOKENIZER_CONFIG_FILE), "{no_template}");
+
+    let jinja = "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}";
+    std::fs::write(dir.path().join(CHAT_TEMPLATE_FILE), jinja).expect("write");
+    let template = ChatTemplate::from_model_dir(dir.path()).expect("load");
+    assert!(template.name().ends_with(CHAT_TEMPLATE_FILE), "{}", template.name());
+    assert_eq!(
+        template.render(&system_and_user(), &RenderOptions::default()).expect("render"),
+        "<s><system>You are a careful solver.</s><user>What is 6*7?</s>"
+    );
+
+    std::fs::write(dir.path().join(CHAT_TEMPLATE_FILE), "{% for m in messages %}").expect("write");
+    let broken = ChatTemplate::from_model_dir(dir.path()).expect_err("unclosed block");
+    assert!(matches!(broken, ChatTemplateError::Syntax { .. }) && broken.to_string().contains(CHAT_TEMPLATE_FILE));
 }

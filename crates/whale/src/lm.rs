@@ -73,7 +73,7 @@ impl ChatCodec {
     pub fn load(dir: &Path) -> Result<Self, LmError> {
         Ok(Self {
             tokenizer: whale_lm::Tokenizer::from_file(dir.join(TOKENIZER_FILE))?,
-            template: ChatTemplate::from_tokenizer_config(dir.join(TOKENIZER_CONFIG_FILE))?,
+            template: ChatTemplate::from_model_dir(dir)?,
         })
     }
 
