@@ -8,7 +8,8 @@ Checks, on a whale checkpoint loaded as `Qwen3ForCausalLM`:
      and so do they through a LoRA adapter that whale trains here and `peft` loads (the proof
      that whale's adapters are real PEFT adapters);
 then times, with the same prompts, sampling settings and batch:
-  3. generation of 64 concurrent requests (whale's engine vs `model.generate` at batch 64);
+  3. generation of 64 concurrent requests (whale's engine vs `model.generate` at batch 64; the
+     median of 3 runs);
   4. one training step (completion-only cross-entropy, AdamW, clipping at 1.0).
 
 Usage: python3 bench/hf_compare.py [--model DIR] [--max-tokens N] [--train-examples N]
@@ -101,7 +102,8 @@ def build_workload(tokenizer, args):
     return {
         "conversations": conversations,
         "logits_input": chat_ids[0] + examples[0]["completion"],
-        "generate": {"prompts": chat_ids, "max_tokens": args.max_tokens, "temperature": 1.0, "top_k": 20, "top_p": 1.0},
+        "generate": {"prompts": chat_ids, "max_tokens": args.max_tokens, "temperature": 1.0, "top_k": 20, "top_p": 1.0,
+                     "repeats": args.repeats},
         "train": {"examples": examples, "micro_batch": args.micro_batch, "steps": args.train_steps,
                   "learning_rate": 1e-5},
     }
@@ -135,10 +137,14 @@ def time_generation(torch, model, tokenizer, workload):
                     eos_token_id=eos, pad_token_id=pad)
     with torch.no_grad():
         model.generate(input_ids=input_ids[:2], attention_mask=mask[:2], max_new_tokens=4, **settings)
-        torch.manual_seed(0)
-        start = time.perf_counter()
-        output = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=spec["max_tokens"], **settings)
-        seconds = time.perf_counter() - start
+        times = []
+        for _ in range(max(1, spec["repeats"])):
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            output = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=spec["max_tokens"],
+                                    **settings)
+            times.append(time.perf_counter() - start)
+        seconds = sorted(times)[len(times) // 2]
     tokens = 0
     for row in output[:, width:].tolist():
         ends = [i for i, t in enumerate(row) if t in eos]
@@ -201,7 +207,8 @@ def main():
     parser.add_argument("--micro-batch", type=int, default=8,
                         help="examples per forward/backward pass in both (whale's default micro-batch)")
     parser.add_argument("--train-completion-tokens", type=int, default=96)
-    parser.add_argument("--train-steps", type=int, default=2, help="timed training steps (after one warm-up)")
+    parser.add_argument("--train-steps", type=int, default=3, help="timed training steps (after one warm-up)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed generation runs; the median counts")
     args = parser.parse_args()
     ensure_venv()
 

@@ -36,6 +36,8 @@ struct GenerateWorkload {
     temperature: f32,
     top_k: usize,
     top_p: f32,
+    /// Timed repetitions; the median counts.
+    repeats: usize,
 }
 
 #[derive(Deserialize)]
@@ -111,7 +113,8 @@ fn sequence_logits(model: &Qwen3Model, ids: &[u32]) -> Result<Vec<Vec<f32>>, Box
     Ok(model.forward_train(&input, &mask)?.squeeze(0)?.to_vec2()?)
 }
 
-/// All prompts generated at once by concurrent callers, after a short warm-up request.
+/// All prompts generated at once by concurrent callers, after a short warm-up request; the
+/// median time of `repeats` runs (each samples the same tokens, the seeds being the same).
 fn time_generation(policy: &LocalPolicy, work: &GenerateWorkload) -> Result<(usize, f64), BoxError> {
     let params = |seed: u64| SamplingParams {
         temperature: work.temperature,
@@ -124,22 +127,27 @@ fn time_generation(policy: &LocalPolicy, work: &GenerateWorkload) -> Result<(usi
     if let Some(first) = work.prompts.first() {
         policy.generate(first.clone(), &SamplingParams { max_tokens: 4, ..params(0) })?;
     }
-    let start = Instant::now();
-    let completions = std::thread::scope(|scope| {
-        let handles: Vec<_> = work
-            .prompts
-            .iter()
-            .enumerate()
-            .map(|(seed, prompt)| scope.spawn(move || policy.generate(prompt.clone(), &params(seed as u64))))
-            .collect();
-        handles.into_iter().map(|handle| handle.join()).collect::<Vec<_>>()
-    });
-    let seconds = start.elapsed().as_secs_f64();
+    let mut times = Vec::with_capacity(work.repeats);
     let mut tokens = 0;
-    for completion in completions {
-        tokens += completion.map_err(|_| "a generation thread panicked")??.completion_tokens;
+    for _ in 0..work.repeats.max(1) {
+        let start = Instant::now();
+        let completions = std::thread::scope(|scope| {
+            let handles: Vec<_> = work
+                .prompts
+                .iter()
+                .enumerate()
+                .map(|(seed, prompt)| scope.spawn(move || policy.generate(prompt.clone(), &params(seed as u64))))
+                .collect();
+            handles.into_iter().map(|handle| handle.join()).collect::<Vec<_>>()
+        });
+        times.push(start.elapsed().as_secs_f64());
+        tokens = 0;
+        for completion in completions {
+            tokens += completion.map_err(|_| "a generation thread panicked")??.completion_tokens;
+        }
     }
-    Ok((tokens, seconds))
+    times.sort_by(f64::total_cmp);
+    Ok((tokens, times[times.len() / 2]))
 }
 
 /// Seconds per SFT step over the whole batch, after one warm-up step.
