@@ -13,8 +13,8 @@ then times, with the same prompts, sampling settings and batch:
   4. one training step (completion-only cross-entropy, AdamW, clipping at 1.0).
 
 Usage: python3 bench/hf_compare.py [--model DIR] [--max-tokens N] [--train-examples N]
-The first run creates bench/.venv and installs torch and transformers from PyPI into it
-(set WHALE_HF_VENV to reuse another virtual environment). Without --model it uses the
+The first run creates bench/.venv and installs torch, transformers, safetensors and peft from
+PyPI into it (set WHALE_HF_VENV to reuse another virtual environment). Without --model it uses the
 default base model, pretraining it first if it is not cached. Exits 1 when a check fails.
 """
 
@@ -39,10 +39,12 @@ def ensure_venv():
     python = VENV / "bin" / "python"
     if Path(sys.prefix).resolve() == VENV.resolve():
         return
-    if not python.exists():
+    installed = VENV / ".whale-installed"
+    if not installed.exists():
         print(f"creating {VENV} and installing {' '.join(PACKAGES)} from PyPI ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PACKAGES], check=True)
+        installed.touch()
     os.execv(str(python), [str(python), __file__, *sys.argv[1:]])
 
 

@@ -281,11 +281,6 @@ impl LoraAdapter {
         &self.device
     }
 
-    /// The adapter's variables, keyed by PEFT names.
-    pub fn varmap(&self) -> &VarMap {
-        &self.varmap
-    }
-
     /// Every matrix with its PEFT name, sorted by name.
     pub fn named_parameters(&self) -> Vec<(String, Var)> {
         let data = self.varmap.data().lock().unwrap_or_else(PoisonError::into_inner);

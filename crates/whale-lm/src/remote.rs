@@ -25,6 +25,9 @@ use serde_json::{json, Value};
 
 use crate::policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 
+/// The longest timeout a config may set (a year), so that no deadline overflows.
+const MAX_TIMEOUT_S: f64 = 365.0 * 86_400.0;
+
 /// Where the server is and how to talk to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -88,8 +91,8 @@ impl RemoteConfig {
         for (key, seconds) in
             [("request_timeout_s", self.request_timeout_s), ("connect_timeout_s", self.connect_timeout_s)]
         {
-            if !(seconds.is_finite() && seconds > 0.0) {
-                return config(key, "must be a positive number of seconds");
+            if !(seconds.is_finite() && seconds > 0.0 && seconds <= MAX_TIMEOUT_S) {
+                return config(key, "must be a positive number of seconds, at most a year");
             }
         }
         if self.backoff_max_ms < self.backoff_initial_ms {
@@ -467,6 +470,9 @@ fn parse_completions(text: &str, n: usize) -> Result<Vec<Completion>, String> {
         return Err(format!("{} choices for n = {n}", reply.choices.len()));
     }
     reply.choices.sort_by_key(|choice| choice.index);
+    if reply.choices.iter().enumerate().any(|(position, choice)| choice.index.is_some_and(|i| i != position)) {
+        return Err(format!("choice indices are not 0..{n}"));
+    }
     let (prompt_tokens, total_completion_tokens) =
         reply.usage.map_or((0, None), |usage| (usage.prompt_tokens, Some(usage.completion_tokens)));
     reply
@@ -531,6 +537,11 @@ mod tests {
         assert!(parse_completions(&reply.to_string(), 1).unwrap_err().contains("2 choices"));
         let odd = json!({"choices": [{"message": {"content": "a"}, "finish_reason": "abort"}]});
         assert!(parse_completions(&odd.to_string(), 1).unwrap_err().contains("abort"));
+        let choice = |index: usize| json!({"index": index, "message": {"content": "a"}, "finish_reason": "stop"});
+        let twice = json!({"choices": [choice(0), choice(0)]});
+        assert!(parse_completions(&twice.to_string(), 2).unwrap_err().contains("indices"));
+        let bad_timeout = RemoteConfig { model: "m".into(), request_timeout_s: 1e20, ..RemoteConfig::default() };
+        assert!(matches!(RemotePolicy::new(bad_timeout), Err(RemoteError::Config { key: "request_timeout_s", .. })));
     }
 
     #[test]

@@ -343,9 +343,11 @@ impl Experiment {
         let engine = match &self.weights {
             Weights::InProcess { engine, .. } => engine.clone(),
             Weights::External(trainer) => {
-                if let Some(served) = &self.state.served {
-                    trainer.install(served, self.state.weights_version).map_err(trainer_failed(self.dir.root()))?;
-                }
+                let restored = match &self.state.served {
+                    Some(served) => trainer.install(served, self.state.weights_version),
+                    None => trainer.install_base(self.state.weights_version),
+                };
+                restored.map_err(trainer_failed(self.dir.root()))?;
                 return Ok(());
             }
             Weights::Fixed => return Ok(()),

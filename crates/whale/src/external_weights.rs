@@ -218,6 +218,22 @@ impl ExternalTrainer {
         }
     }
 
+    /// Puts the base weights back where full checkpoints replace them in place (a server's
+    /// served model), so a run that has made no update yet starts from `{base}`, not from
+    /// what an earlier run (another condition of a `whale compare`) left there. Adapters need
+    /// nothing: the base model is never changed by them.
+    pub fn install_base(&self, version: u64) -> Result<(), ExternalWeightsError> {
+        let WeightsTarget::Server { admin, policy, base_model } = &self.target else { return Ok(()) };
+        if self.config.output == TrainerOutput::Adapter {
+            return Ok(());
+        }
+        admin
+            .load_checkpoint(Path::new(&self.base))
+            .map_err(|source| ExternalWeightsError::Server { step: 0, source })?;
+        policy.route(base_model, version);
+        Ok(())
+    }
+
     /// Releases the weights an update replaced: a checkpoint directory is removed (adapters,
     /// small, stay for inspection). Called once the update is committed.
     pub fn retire(&self, replaced: &ServedWeights) -> Result<(), ExternalWeightsError> {

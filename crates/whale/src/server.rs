@@ -124,8 +124,8 @@ impl ServerConfig {
             ("server.connect_timeout_s", self.connect_timeout_s),
             ("server.load_timeout_s", self.load_timeout_s),
         ] {
-            if !(seconds.is_finite() && seconds > 0.0) {
-                return Err((key, "must be a positive number of seconds".to_string()));
+            if !(seconds.is_finite() && seconds > 0.0 && seconds <= crate::trainer_command::MAX_SECONDS) {
+                return Err((key, "must be a positive number of seconds, at most a year".to_string()));
             }
         }
         if self.backoff_max_ms < self.backoff_initial_ms {
@@ -231,9 +231,19 @@ impl ServerError {
         }
     }
 
-    /// The server answered the request as invalid (for an unload: the adapter is not there).
+    /// The server answered the request as invalid.
     fn is_client_error(&self) -> bool {
         matches!(self, ServerError::Status { status, .. } if (400..500).contains(status))
+    }
+
+    /// The server does not hold what the request names: a 404, or a 400 saying so (older vLLM
+    /// answers an unknown adapter that way). Authorization and other refusals are not this.
+    fn is_not_found(&self) -> bool {
+        let ServerError::Status { status, message, .. } = self else { return false };
+        let text = message.to_lowercase();
+        *status == 404
+            || (*status == 400
+                && ["not found", "cannot be found", "does not exist", "not loaded"].iter().any(|w| text.contains(w)))
     }
 }
 
@@ -266,10 +276,6 @@ impl ServerAdmin {
         })
     }
 
-    pub fn kind(&self) -> ServerKind {
-        self.kind
-    }
-
     /// Loads the PEFT adapter in `path` under `name`. A server that already holds an adapter
     /// of that name (left by an interrupted attempt of the same step) refuses the load with a
     /// 4xx; the stale one is then unloaded and the load repeated once.
@@ -285,10 +291,10 @@ impl ServerAdmin {
         }
     }
 
-    /// Unloads the adapter `name`; one the server does not hold (a 4xx answer) is already gone.
+    /// Unloads the adapter `name`; one the server says it does not hold is already gone.
     pub fn unload_adapter(&self, name: &str) -> Result<(), ServerError> {
         match self.post(&self.kind.adapter_endpoint("unload"), &json!({"lora_name": name})) {
-            Err(error) if error.is_client_error() => Ok(()),
+            Err(error) if error.is_not_found() => Ok(()),
             other => other,
         }
     }
@@ -369,6 +375,27 @@ mod tests {
         assert_eq!(bad_url.validate().map_err(|(key, _)| key), Err("server.base_url"));
         let bad_timeout = ServerConfig { load_timeout_s: 0.0, ..valid };
         assert_eq!(bad_timeout.validate().map_err(|(key, _)| key), Err("server.load_timeout_s"));
+    }
+
+    #[test]
+    fn only_a_not_found_answer_means_an_adapter_is_gone() {
+        let status = |status: u16, message: &str| ServerError::Status {
+            url: "http://h/v1/unload_lora_adapter".to_string(),
+            status,
+            message: message.to_string(),
+        };
+        assert!(status(404, "The lora adapter 'a' cannot be found.").is_not_found());
+        assert!(status(400, "The lora adapter 'a' cannot be found.").is_not_found());
+        assert!(!status(401, "Unauthorized").is_not_found());
+        assert!(!status(403, "Forbidden").is_not_found());
+        assert!(!status(400, "lora_name is required").is_not_found());
+        assert!(!status(500, "not found").is_not_found());
+    }
+
+    #[test]
+    fn timeouts_beyond_a_year_are_refused() {
+        let config = ServerConfig { model: "m".to_string(), load_timeout_s: 1e20, ..ServerConfig::default() };
+        assert_eq!(config.validate().map_err(|(key, _)| key), Err("server.load_timeout_s"));
     }
 
     #[test]

@@ -52,7 +52,9 @@ pub struct TrainerCommandConfig {
     /// filesystem may show files late).
     pub output_wait_s: f64,
     /// What `{base}` expands to: the base model as the trainer loads it (a directory or a hub
-    /// id); absent: `model.path` (the default base model when that is absent too).
+    /// id); absent: `server.model` under `[server]`, else `model.path` (the default base model
+    /// when that is absent too). With `output = "checkpoint"` on a server, a run's first
+    /// weights are reloaded from it.
     pub base: Option<String>,
     /// Extra environment variables of the command (placeholders allowed in the values).
     pub env: BTreeMap<String, String>,
@@ -100,8 +102,8 @@ impl TrainerCommandConfig {
         for (key, seconds) in
             [("weights.trainer.timeout_s", self.timeout_s), ("weights.trainer.output_wait_s", self.output_wait_s)]
         {
-            if !(seconds.is_finite() && seconds >= 0.0) {
-                return Err((key, "must be a non-negative number of seconds".to_string()));
+            if !(seconds.is_finite() && (0.0..=MAX_SECONDS).contains(&seconds)) {
+                return Err((key, format!("must be a number of seconds from 0 to {MAX_SECONDS}")));
             }
         }
         if self.timeout_s == 0.0 {
@@ -110,6 +112,9 @@ impl TrainerCommandConfig {
         Ok(())
     }
 }
+
+/// The longest wait a setting may ask for (a year), so that no deadline overflows.
+pub const MAX_SECONDS: f64 = 365.0 * 86_400.0;
 
 /// The values of the placeholders for one run of the command.
 #[derive(Debug, Clone, PartialEq)]
@@ -248,6 +253,9 @@ impl TrainerRun<'_> {
         let errors =
             log.try_clone().map_err(|source| TrainerCommandError::Io { step, path: self.log.to_path_buf(), source })?;
         command.stdin(Stdio::null()).stdout(log).stderr(errors);
+        // Its own process group, so that stopping it reaches the workers a launcher
+        // (torchrun, accelerate) starts too.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         #[cfg(target_os = "linux")]
         stop_with_parent(&mut command);
         Ok(command)
@@ -337,10 +345,11 @@ fn stop_with_parent(command: &mut Command) {
     }
 }
 
-/// Asks the command to stop, then kills it if it has not within the grace period.
+/// Asks the command's process group (the command and any workers it started) to stop, then
+/// kills the group if the command has not exited within the grace period.
 fn stop(child: &mut Child) {
-    let pid = rustix::process::Pid::from_child(child);
-    if rustix::process::kill_process(pid, rustix::process::Signal::TERM).is_ok() {
+    let group = rustix::process::Pid::from_child(child);
+    if rustix::process::kill_process_group(group, rustix::process::Signal::TERM).is_ok() {
         let deadline = Instant::now() + STOP_GRACE;
         while Instant::now() < deadline {
             if matches!(child.try_wait(), Ok(Some(_))) {
@@ -350,6 +359,7 @@ fn stop(child: &mut Child) {
         }
     }
     // The command may have exited in the meantime; either way it is gone after this.
+    let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
     let _ = child.kill();
     let _ = child.wait();
 }
@@ -391,11 +401,32 @@ pub fn output_files(dir: &Path, kind: TrainerOutput) -> Result<Vec<PathBuf>, Vec
     if files.is_empty() {
         missing.push(weights.unwrap_or("*.safetensors").to_string());
     }
+    if kind == TrainerOutput::Checkpoint {
+        missing.extend(missing_shards(dir));
+    }
     if missing.is_empty() {
         Ok(files)
     } else {
         Err(missing)
     }
+}
+
+/// The index of a sharded checkpoint, naming the file of every tensor.
+const SHARD_INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// The shards a sharded checkpoint's index names that are not (yet) in `dir`; an unreadable
+/// index counts as missing, since the writer may still be at it.
+fn missing_shards(dir: &Path) -> Vec<String> {
+    let index = dir.join(SHARD_INDEX_FILE);
+    if !index.is_file() {
+        return Vec::new();
+    }
+    let parsed: Option<serde_json::Value> = fs::read(&index).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    let Some(map) = parsed.as_ref().and_then(|index| index["weight_map"].as_object()) else {
+        return vec![SHARD_INDEX_FILE.to_string()];
+    };
+    let shards: std::collections::BTreeSet<&str> = map.values().filter_map(serde_json::Value::as_str).collect();
+    shards.into_iter().filter(|shard| !dir.join(shard).is_file()).map(str::to_string).collect()
 }
 
 /// Checks that a safetensors file is whole: its JSON header parses and the file is exactly as
@@ -420,8 +451,9 @@ pub fn check_safetensors(path: &Path) -> Result<(), String> {
             tensor["data_offsets"][1].as_u64().ok_or_else(|| format!("tensor `{name}` has no data_offsets"))
         })
         .try_fold(0u64, |end, offset| offset.map(|o| end.max(o)))?;
-    let expected = 8 + header_len + data_end;
-    if expected != length {
+    let expected = data_end.checked_add(8).and_then(|end| end.checked_add(header_len));
+    if expected != Some(length) {
+        let expected = expected.map_or_else(|| "more than 2^64".to_string(), |e| e.to_string());
         return Err(format!("{length} bytes where its header describes {expected}"));
     }
     Ok(())
@@ -478,6 +510,8 @@ mod tests {
         let mut timeout = config(&["t", "{data}", "{output}"]);
         timeout.timeout_s = 0.0;
         assert_eq!(timeout.validate().map_err(|(k, _)| k), Err("weights.trainer.timeout_s"));
+        timeout.timeout_s = 1e20;
+        assert_eq!(timeout.validate().map_err(|(k, _)| k), Err("weights.trainer.timeout_s"));
     }
 
     fn safetensors(path: &Path, data: &[u8], claimed: usize) {
@@ -498,6 +532,8 @@ mod tests {
         assert!(check_safetensors(&path).expect_err("cut").contains("header describes"));
         fs::write(&path, b"abc").expect("write");
         assert!(check_safetensors(&path).is_err());
+        safetensors(&path, &[0u8; 16], usize::MAX);
+        assert!(check_safetensors(&path).expect_err("overflowing offsets").contains("more than 2^64"));
     }
 
     #[test]
@@ -511,5 +547,14 @@ mod tests {
         assert_eq!(output_files(dir.path(), TrainerOutput::Checkpoint), Err(vec!["*.safetensors".to_string()]));
         fs::write(dir.path().join("model-00001-of-00002.safetensors"), "").expect("write");
         assert_eq!(output_files(dir.path(), TrainerOutput::Checkpoint).map(|f| f.len()), Ok(1));
+        let index =
+            r#"{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}"#;
+        fs::write(dir.path().join(SHARD_INDEX_FILE), index).expect("write");
+        assert_eq!(
+            output_files(dir.path(), TrainerOutput::Checkpoint),
+            Err(vec!["model-00002-of-00002.safetensors".to_string()])
+        );
+        fs::write(dir.path().join("model-00002-of-00002.safetensors"), "").expect("write");
+        assert_eq!(output_files(dir.path(), TrainerOutput::Checkpoint).map(|f| f.len()), Ok(2));
     }
 }
