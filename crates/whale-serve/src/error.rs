@@ -18,11 +18,13 @@ pub struct ApiError {
     pub param: Option<String>,
     /// A machine-readable code, e.g. `context_length_exceeded`, `model_not_found`.
     pub code: Option<&'static str>,
+    /// The methods the path accepts, sent as the `Allow` header of a 405.
+    pub allow: Option<&'static str>,
 }
 
 impl ApiError {
     fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
-        Self { status, message: message.into(), kind, param: None, code: None }
+        Self { status, message: message.into(), kind, param: None, code: None, allow: None }
     }
 
     /// 400: the request is not a valid request (JSON, types, values, unsupported fields).
@@ -48,8 +50,9 @@ impl ApiError {
     }
 
     /// 405: a known path asked with the wrong method.
-    pub fn method_not_allowed(method: &str, path: &str, allowed: &str) -> Self {
-        Self::new(405, "invalid_request_error", format!("{path} accepts {allowed}, not {method}"))
+    pub fn method_not_allowed(method: &str, path: &str, allowed: &'static str) -> Self {
+        let error = Self::new(405, "invalid_request_error", format!("{path} accepts {allowed}, not {method}"));
+        Self { allow: Some(allowed), ..error }
     }
 
     /// 413: the body is over the server's limit.

@@ -27,7 +27,7 @@ use std::time::Duration;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Bytes, Frame, Incoming};
-use hyper::header::{HeaderMap, HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
@@ -244,23 +244,29 @@ async fn handle(state: Arc<State>, request: hyper::Request<Incoming>) -> Result<
     Ok(match reply {
         Ok(Reply::Json(status, body)) => json_response(status, &body),
         Ok(Reply::Stream(generation, policy, prompt)) => stream_response(*generation, policy, prompt),
-        Err(error) => json_response(error.status, &error.body()),
+        Err(error) => {
+            let mut response = json_response(error.status, &error.body());
+            if let Some(allow) = error.allow {
+                response.headers_mut().insert(ALLOW, HeaderValue::from_static(allow));
+            }
+            response
+        }
     })
 }
 
 fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
     let (route, allowed) = match path {
-        "/health" => (Route::Health, Method::GET),
-        "/v1/models" => (Route::Models, Method::GET),
-        "/v1/chat/completions" => (Route::Generate(Endpoint::Chat), Method::POST),
-        "/v1/completions" => (Route::Generate(Endpoint::Text), Method::POST),
-        "/v1/load_lora_adapter" | "/load_lora_adapter" => (Route::Load, Method::POST),
-        "/v1/unload_lora_adapter" | "/unload_lora_adapter" => (Route::Unload, Method::POST),
-        "/update_weights_from_disk" => (Route::ReloadBase, Method::POST),
+        "/health" => (Route::Health, "GET"),
+        "/v1/models" => (Route::Models, "GET"),
+        "/v1/chat/completions" => (Route::Generate(Endpoint::Chat), "POST"),
+        "/v1/completions" => (Route::Generate(Endpoint::Text), "POST"),
+        "/v1/load_lora_adapter" | "/load_lora_adapter" => (Route::Load, "POST"),
+        "/v1/unload_lora_adapter" | "/unload_lora_adapter" => (Route::Unload, "POST"),
+        "/update_weights_from_disk" => (Route::ReloadBase, "POST"),
         _ => return Err(ApiError::no_route(method.as_str(), path)),
     };
-    if *method != allowed {
-        return Err(ApiError::method_not_allowed(method.as_str(), path, allowed.as_str()));
+    if method.as_str() != allowed {
+        return Err(ApiError::method_not_allowed(method.as_str(), path, allowed));
     }
     Ok(route)
 }

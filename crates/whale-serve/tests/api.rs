@@ -52,6 +52,8 @@ fn malformed_requests_get_openai_errors_and_the_server_keeps_serving() {
         "vocabulary",
     );
     assert_error(get(&server, chat), 405, "POST");
+    let refused = common::http().get(format!("http://{}{chat}", server.addr())).send().expect("GET");
+    assert_eq!(refused.headers().get("allow").and_then(|v| v.to_str().ok()), Some("POST"));
     assert_error(post(&server, "/v1/embeddings", "{}"), 404, "no route");
     assert_error(post(&server, "/v1/load_lora_adapter", r#"{"lora_name": "x"}"#), 400, "lora_path");
 
