@@ -10,8 +10,8 @@
 use std::fmt;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
 use whale_core::ChatMessage;
@@ -269,12 +269,10 @@ impl ServerProcess {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| ServeBenchError::Server(format!("cannot start {}: {e}", whale.display())))?;
-        let mut line = String::new();
-        let read = child.stdout.take().map(|stdout| BufReader::new(stdout).read_line(&mut line));
-        let base_url = line.trim().strip_prefix(LISTENING).map(str::to_string);
-        match (read, base_url) {
-            (Some(Ok(_)), Some(base_url)) => Ok(Self { child, base_url }),
-            _ => {
+        let line = child.stdout.take().map_or_else(String::new, first_line_within);
+        match line.trim().strip_prefix(LISTENING).map(str::to_string) {
+            Some(base_url) => Ok(Self { child, base_url }),
+            None => {
                 let _ = child.kill();
                 let status = child.wait().map(|status| status.to_string()).unwrap_or_default();
                 Err(ServeBenchError::Server(format!(
@@ -283,6 +281,21 @@ impl ServerProcess {
             }
         }
     }
+}
+
+/// How long the child may take to load its model and report its address.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The first line the child prints, or what has arrived of it when it has not finished the
+/// line within [`STARTUP_TIMEOUT`] (a server hung while loading does not hang the bench).
+fn first_line_within(stdout: ChildStdout) -> String {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = sender.send(line);
+    });
+    receiver.recv_timeout(STARTUP_TIMEOUT).unwrap_or_default()
 }
 
 impl Drop for ServerProcess {
