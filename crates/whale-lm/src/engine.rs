@@ -263,7 +263,7 @@ impl LocalPolicy {
         &self,
         prompt: Vec<u32>,
         params: &SamplingParams,
-        on_token: &mut dyn FnMut(SampledToken),
+        on_token: &mut dyn FnMut(SampledToken) -> bool,
     ) -> Result<Completion, PolicyError> {
         self.submit(prompt, params, Some(on_token))
     }
@@ -272,7 +272,7 @@ impl LocalPolicy {
         &self,
         prompt: Vec<u32>,
         params: &SamplingParams,
-        mut on_token: Option<&mut dyn FnMut(SampledToken)>,
+        mut on_token: Option<&mut dyn FnMut(SampledToken) -> bool>,
     ) -> Result<Completion, PolicyError> {
         params.validate()?;
         self.check_prompt(&prompt)?;
@@ -283,8 +283,10 @@ impl LocalPolicy {
         loop {
             match answer.recv().map_err(|_| PolicyError::EngineStopped)? {
                 Reply::Token(token) => {
-                    if let Some(on_token) = on_token.as_mut() {
-                        on_token(token);
+                    // Returning drops `answer`; the scheduler then retires the sequence at its
+                    // next token instead of generating on for nobody.
+                    if on_token.as_mut().is_some_and(|on_token| !on_token(token)) {
+                        return Err(PolicyError::Cancelled);
                     }
                 }
                 Reply::Done(generated) => return self.completion(generated?, prompt_tokens, &params.stop),
@@ -466,9 +468,10 @@ impl Sequence {
                 return;
             }
         };
-        if self.stream {
-            // A caller that went away learns nothing; the outcome send below is ignored too.
-            let _ = self.reply.send(Reply::Token(token));
+        if self.stream && self.reply.send(Reply::Token(token)).is_err() {
+            // The caller went away (it cancelled): nobody waits for the rest.
+            self.outcome = Some(Err(PolicyError::Cancelled));
+            return;
         }
         self.generated.push(token.id);
         self.logprobs.push(token.logprob);

@@ -75,6 +75,9 @@ pub enum PolicyError {
     PromptTooLong { prompt_tokens: usize, context_window: usize },
     #[error("the generation engine has stopped")]
     EngineStopped,
+    /// The caller of a streamed generation asked to stop (its client went away).
+    #[error("the generation was cancelled by its caller")]
+    Cancelled,
     /// The prompt cannot be fed to the model (empty, or ids outside its vocabulary).
     #[error("invalid prompt: {0}")]
     InvalidPrompt(String),

@@ -416,9 +416,32 @@ fn streaming_hands_over_every_token_of_the_completion_as_it_is_sampled() {
     let prompt = prompt_of(&ask(0));
     let mut streamed = Vec::new();
     let completion = policy
-        .generate_streaming(prompt.clone(), &sampled(4, 24), &mut |token| streamed.push(token))
+        .generate_streaming(prompt.clone(), &sampled(4, 24), &mut |token| {
+            streamed.push(token);
+            true
+        })
         .expect("a completion");
     assert_eq!(streamed.iter().map(|token| token.id).collect::<Vec<_>>(), completion.token_ids);
     assert_eq!(streamed.iter().map(|token| token.logprob).collect::<Vec<_>>(), completion.logprobs);
     assert_eq!(completion, policy.generate(prompt, &sampled(4, 24)).expect("the same request unstreamed"));
+}
+
+#[test]
+fn a_cancelled_stream_stops_generating_at_its_next_token() {
+    let policy = engine(model_without_eos(5), EngineConfig::default());
+    let mut received = 0;
+    let outcome = policy.generate_streaming(prompt_of(&ask(0)), &sampled(3, 400), &mut |_| {
+        received += 1;
+        received < 3
+    });
+    assert!(matches!(outcome, Err(PolicyError::Cancelled)), "{outcome:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while policy.stats().requests_done == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let stats = policy.stats();
+    assert_eq!(stats.requests_done, 1, "the engine never retired the cancelled request");
+    assert!(stats.tokens_generated <= 4, "generated {} tokens for a caller that left after 3", stats.tokens_generated);
+    let after = policy.generate(prompt_of(&ask(1)), &sampled(3, 8)).expect("the engine still serves");
+    assert_eq!(after.completion_tokens, 8);
 }

@@ -101,6 +101,8 @@ impl ApiError {
                 Self::unprocessable(error.to_string()).with_param(prompt_field)
             }
             PolicyError::EngineStopped => Self::unavailable(error.to_string()),
+            // Only a client that has gone away cancels, so nobody reads this reply.
+            PolicyError::Cancelled => Self::bad_request(error.to_string()),
             PolicyError::Model(_) | PolicyError::Remote(_) => Self::internal(error.to_string()),
         }
     }

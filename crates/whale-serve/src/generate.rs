@@ -6,6 +6,7 @@
 //! string) and nothing from a completed stop string on is sent: text after the cut must never
 //! reach the client. The streamed pieces therefore always add up to the final completion's text.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
 use hyper::body::Bytes;
@@ -59,8 +60,8 @@ enum Event {
 }
 
 /// Streams every choice of `request` to `sink` as the engine samples them, then the usage
-/// (when asked for) and `[DONE]`. A client that goes away stops the writing, not the
-/// generation (the engine finishes the request).
+/// (when asked for) and `[DONE]`. A client that goes away stops the writing and, at each
+/// choice's next token, its generation.
 pub fn stream(
     policy: &LocalPolicy,
     request: &GenerationRequest,
@@ -78,13 +79,16 @@ pub fn stream(
     let (events, inbox) = mpsc::channel();
     let mut completions: Vec<Option<Completion>> = vec![None; request.n];
     let mut failure = None;
+    let client_gone = AtomicBool::new(false);
     std::thread::scope(|scope| {
         for index in 0..request.n {
             let events = events.clone();
+            let client_gone = &client_gone;
             scope.spawn(move || {
                 let mut on_token = |token| {
                     // The writer outlives every generation thread; a send cannot fail.
                     let _ = events.send(Event::Token { index, token });
+                    !client_gone.load(Ordering::Relaxed)
                 };
                 let outcome = policy
                     .generate_streaming(prompt.to_vec(), &request.choice_params(index), &mut on_token)
@@ -106,6 +110,9 @@ pub fn stream(
                         ..ChunkUpdate::default()
                     };
                     sink.send(&header.chunk(index, update, tokenizer, request.logprobs));
+                    if sink.broken {
+                        client_gone.store(true, Ordering::Relaxed);
+                    }
                 }
                 Event::Done { index, outcome: Ok(completion) } => {
                     let rest = texts[index].rest(&completion.text);
