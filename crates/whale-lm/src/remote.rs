@@ -413,8 +413,9 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 }
 
 /// The message of an error reply: OpenAI's `error.message`, FastAPI's `detail`, a plain
-/// `message`, or the start of the body.
-fn server_message(body: &str) -> String {
+/// `message` (SGLang's), or the start of the body. The admin client of `whale` reads its
+/// servers' error replies with it too.
+pub fn server_message(body: &str) -> String {
     let parsed: Option<Value> = serde_json::from_str(body).ok();
     let field = |pointer: &str| {
         parsed.as_ref().and_then(|v| v.pointer(pointer)).map(|v| v.as_str().map_or_else(|| v.to_string(), String::from))

@@ -24,6 +24,7 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use whale_lm::remote::server_message;
 use whale_lm::{ChatRequest, Completion, Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
 
 /// How the server hot-loads new weights.
@@ -333,7 +334,7 @@ impl ServerAdmin {
         let response = request.send().map_err(transport)?;
         let status = response.status().as_u16();
         let text = response.text().map_err(transport)?;
-        let message = || error_message(&text);
+        let message = || server_message(&text);
         if !(200..300).contains(&status) {
             return Err(ServerError::Status { url: url.to_string(), status, message: message() });
         }
@@ -343,14 +344,6 @@ impl ServerAdmin {
         }
         Ok(())
     }
-}
-
-/// The server's own words: an OpenAI-style `error.message`, SGLang's `message`, else the body.
-fn error_message(body: &str) -> String {
-    let reply: Option<Value> = serde_json::from_str(body).ok();
-    let field = |pointer: &str| reply.as_ref().and_then(|r| r.pointer(pointer)).and_then(Value::as_str);
-    let text = field("/error/message").or_else(|| field("/message")).or_else(|| field("/detail")).unwrap_or(body);
-    text.chars().take(500).collect()
 }
 
 #[cfg(test)]
@@ -400,8 +393,8 @@ mod tests {
 
     #[test]
     fn server_messages_are_taken_from_the_usual_error_shapes() {
-        assert_eq!(error_message(r#"{"error": {"message": "no such adapter"}}"#), "no such adapter");
-        assert_eq!(error_message(r#"{"success": false, "message": "bad path"}"#), "bad path");
-        assert_eq!(error_message("plain text"), "plain text");
+        assert_eq!(server_message(r#"{"error": {"message": "no such adapter"}}"#), "no such adapter");
+        assert_eq!(server_message(r#"{"success": false, "message": "bad path"}"#), "bad path");
+        assert_eq!(server_message("plain text"), "plain text");
     }
 }
