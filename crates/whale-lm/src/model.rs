@@ -155,13 +155,6 @@ enum Kernels {
     Fused,
 }
 
-fn softmax_last_dim(x: &Tensor, kernels: Kernels) -> candle_core::Result<Tensor> {
-    match kernels {
-        Kernels::Fused => candle_nn::ops::softmax_last_dim(&x.contiguous()?),
-        Kernels::Differentiable => kernels::softmax_last_dim(x),
-    }
-}
-
 /// Root-mean-square normalisation over the last dimension, computed in f32 as in `transformers`.
 #[derive(Clone)]
 struct RmsNorm {
@@ -259,9 +252,7 @@ impl Attention {
         projected.transpose(1, 2)?.contiguous()
     }
 
-    /// Grouped-query attention. Query head `h` reads key/value head `h / groups`, exactly as
-    /// `repeat_kv` would arrange it, but the queries of a group are stacked instead of the keys
-    /// being copied. `mask` is additive, `[B, 1, 1, T, S]`.
+    /// Grouped-query attention (see [`kernels::attention`]); `mask` is additive, `[B, 1, 1, T, S]`.
     fn attend(
         &self,
         q: &Tensor,
@@ -270,22 +261,13 @@ impl Attention {
         mask: &Tensor,
         kernels: Kernels,
     ) -> candle_core::Result<Tensor> {
-        let (batch, heads, steps, head_dim) = q.dims4()?;
-        let groups = heads / self.num_kv_heads;
-        let keys = k.dim(2)?;
-        let q = q.reshape((batch, self.num_kv_heads, groups * steps, head_dim))?;
-        let scale = 1.0 / (head_dim as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?
-            .reshape((batch, self.num_kv_heads, groups, steps, keys))?
-            .to_dtype(DType::F32)?
-            .broadcast_add(mask)?;
-        let probs = softmax_last_dim(&scores, kernels)?.to_dtype(v.dtype())?.reshape((
-            batch,
-            self.num_kv_heads,
-            groups * steps,
-            keys,
-        ))?;
-        probs.matmul(v)?.reshape((batch, heads, steps, head_dim))
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        match kernels {
+            Kernels::Differentiable => kernels::attention(q, k, v, mask, scale),
+            Kernels::Fused => kernels::composed_attention(q, k, v, mask, scale, |scores| {
+                candle_nn::ops::softmax_last_dim(&scores.contiguous()?)
+            }),
+        }
     }
 }
 
@@ -298,7 +280,7 @@ struct Mlp {
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let gated = (self.gate_proj.forward(x)?.silu()? * self.up_proj.forward(x)?)?;
+        let gated = kernels::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
         self.down_proj.forward(&gated)
     }
 }

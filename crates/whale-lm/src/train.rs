@@ -17,9 +17,10 @@ use crate::checkpoint::{
     load_model, read_tensors, save_model, write_atomic, write_tensors, CheckpointError, GenerationConfig,
 };
 use crate::config::optional;
+use crate::kernels;
 use crate::lora::{LoraAdapter, LoraError};
 use crate::model::{ModelError, Qwen3Model};
-use candle_core::{DType, Device, Tensor, Var, D};
+use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
@@ -260,17 +261,7 @@ pub fn completion_loss(model: &Qwen3Model, batch: &SftBatch) -> Result<Tensor, T
         .reshape((batch.rows * batch.steps, model.config().hidden_size))?
         .index_select(&Tensor::from_vec(scored, count, device)?, 0)?;
     let logits = model.logits(&hidden)?;
-    let targets = Tensor::from_vec(targets, (count, 1), device)?;
-    Ok(summed_cross_entropy(&logits, &targets)?)
-}
-
-/// `sum_i (logsumexp(logits_i) - logits_i[target_i])` for `[N, V]` logits and `[N, 1]` targets.
-fn summed_cross_entropy(logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
-    let max = logits.max_keepdim(D::Minus1)?.detach();
-    let shifted = logits.broadcast_sub(&max)?;
-    let log_normaliser = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
-    let picked = shifted.gather(targets, 1)?;
-    (log_normaliser - picked)?.sum_all()
+    Ok(kernels::cross_entropy(&logits, &targets)?.sum_all()?)
 }
 
 /// What one update did.

@@ -1,0 +1,546 @@
+//! Fused CPU kernels for training, each with its backward pass.
+//!
+//! candle's fused softmax, RMSNorm and rotary kernels have no backward pass, and composing them
+//! from basic ops (so that autograd sees them) makes four or five full-size temporaries per
+//! call in the forward pass and more in the backward pass, each allocated, zeroed and
+//! accumulated by autograd. On the CPU that memory traffic, not the matrix products, dominated
+//! a training step of the small models. These custom ops run one loop forward and compute the
+//! gradient in one or a few passes (the formulas below); attention ([`attention`]) and the
+//! cross-entropy of the logits ([`cross_entropy`]) have their own modules. They take f32
+//! tensors on the CPU; every other case uses the composition, which computes the same function.
+
+mod attention;
+mod cross_entropy;
+
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Storage, StorageRef, Tensor, D,
+};
+use rayon::prelude::*;
+
+/// Rows of at least this many elements in all go to rayon's pool.
+const PARALLEL_ELEMENTS: usize = 1 << 15;
+
+/// True when the fused kernels can run `x` (contiguity is arranged by the callers).
+fn fused(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == DType::F32
+}
+
+/// `softmax(x)` over the last dimension, differentiable.
+pub fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
+    if fused(x) {
+        return x.contiguous()?.apply_op1(Softmax);
+    }
+    // The max is a constant shift, so detaching it leaves the gradient exact.
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let exp = x.broadcast_sub(&max)?.exp()?;
+    exp.broadcast_div(&exp.sum_keepdim(D::Minus1)?)
+}
+
+/// `x / sqrt(mean(x²) + eps) * weight` over the last dimension, computed in f32 as in
+/// `transformers`, differentiable in `x` and `weight`.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    if fused(x) && fused(weight) {
+        return x.contiguous()?.apply_op2(&weight.contiguous()?, RmsNorm { eps });
+    }
+    let x32 = x.to_dtype(DType::F32)?;
+    let inverse_rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
+    x32.broadcast_mul(&inverse_rms)?.to_dtype(x.dtype())?.broadcast_mul(weight)
+}
+
+/// Rotary embedding of `x` `[B, H, T, d]` with `cos`, `sin` `[B, T, d / 2]` in the
+/// `rotate_half` convention of `transformers`: the first half of each head pairs with the
+/// second. Differentiable in `x` (the angles are constants).
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+    if fused(x) {
+        return x.contiguous()?.apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope);
+    }
+    let half = x.dim(D::Minus1)? / 2;
+    let (cos, sin) =
+        (Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?, Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?);
+    let rotated = Tensor::cat(&[&x.narrow(D::Minus1, half, half)?.neg()?, &x.narrow(D::Minus1, 0, half)?], D::Minus1)?;
+    x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+}
+
+/// Grouped-query attention `softmax(q kᵀ · scale + mask) v`, differentiable in `q`, `k` and `v`:
+/// `q` `[B, H, T, d]`, `k` and `v` `[B, KV, S, d]` with `H` a multiple of `KV` (query head `h`
+/// reads key/value head `h / (H / KV)`), `mask` additive with `B · T · S` values (`[B, 1, 1, T, S]`).
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> candle_core::Result<Tensor> {
+    if fused(q) && fused(k) && fused(v) {
+        let mask_values = mask.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        return q.contiguous()?.apply_op3(
+            &k.contiguous()?,
+            &v.contiguous()?,
+            attention::Attention::new(mask_values, scale),
+        );
+    }
+    composed_attention(q, k, v, mask, scale, softmax_last_dim)
+}
+
+/// [`attention`] from tensor ops, with the given softmax over the last dimension. The queries
+/// of a group are stacked instead of the keys being copied (`repeat_kv`); the scores are
+/// normalised in f32 whatever the dtype.
+pub fn composed_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+    softmax: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+) -> candle_core::Result<Tensor> {
+    let (batch, heads, steps, head_dim) = q.dims4()?;
+    let (_, kv_heads, keys, _) = k.dims4()?;
+    let groups = heads / kv_heads;
+    let q = q.reshape((batch, kv_heads, groups * steps, head_dim))?;
+    let scores = (q.matmul(&k.t()?)? * scale)?
+        .reshape((batch, kv_heads, groups, steps, keys))?
+        .to_dtype(DType::F32)?
+        .broadcast_add(&mask.reshape((batch, 1, 1, steps, keys))?)?;
+    let probs = softmax(&scores)?.to_dtype(v.dtype())?.reshape((batch, kv_heads, groups * steps, keys))?;
+    probs.matmul(v)?.reshape((batch, heads, steps, head_dim))
+}
+
+/// `logsumexp(logits_i) − logits_i[targets_i]` for each row of `[N, V]` logits (f32): the
+/// cross-entropy of every row, `[N]`, differentiable in the logits.
+pub fn cross_entropy(logits: &Tensor, targets: &[u32]) -> candle_core::Result<Tensor> {
+    if fused(logits) {
+        return logits.contiguous()?.apply_op1(cross_entropy::CrossEntropy::new(targets.to_vec()));
+    }
+    let rows = targets.len();
+    let targets = Tensor::from_slice(targets, (rows, 1), logits.device())?;
+    let max = logits.max_keepdim(D::Minus1)?.detach();
+    let shifted = logits.broadcast_sub(&max)?;
+    let log_normaliser = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    (log_normaliser - shifted.gather(&targets, 1)?)?.squeeze(1)
+}
+
+/// `silu(gate) · up`, the SwiGLU activation, differentiable in both.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
+    if fused(gate) && fused(up) && gate.dims() == up.dims() {
+        return gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu);
+    }
+    gate.silu()? * up
+}
+
+/// The values of a CPU f32 tensor from its storage and layout (see `Tensor::storage_and_layout`).
+fn cpu_f32<'a>((storage, layout): &'a (StorageRef<'_>, &Layout), op: &str) -> candle_core::Result<&'a [f32]> {
+    let Storage::Cpu(storage) = &**storage else {
+        candle_core::bail!("{op}: expected a CPU tensor");
+    };
+    f32_slice(storage, layout, op)
+}
+
+fn f32_slice<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(values) = storage else {
+        candle_core::bail!("{op}: expected f32 storage");
+    };
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&values[start..end]),
+        None => candle_core::bail!("{op}: expected a contiguous tensor"),
+    }
+}
+
+/// Applies `row_op(input_row, output_row, row_index)` to every row of `dim` elements.
+fn map_rows(input: &[f32], dim: usize, row_op: impl Fn(&[f32], &mut [f32], usize) + Sync) -> Vec<f32> {
+    let mut output = vec![0f32; input.len()];
+    if input.len() >= PARALLEL_ELEMENTS {
+        output.par_chunks_mut(dim).zip(input.par_chunks(dim)).enumerate().for_each(|(i, (out, x))| row_op(x, out, i));
+    } else {
+        output.chunks_mut(dim).zip(input.chunks(dim)).enumerate().for_each(|(i, (out, x))| row_op(x, out, i));
+    }
+    output
+}
+
+struct Softmax;
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        "whale-softmax"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32_slice(storage, layout, self.name())?;
+        let dim = layout.dims().last().copied().unwrap_or(1).max(1);
+        let output = map_rows(x, dim, |x, out, _| {
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = (v - max).exp();
+                sum += *o;
+            }
+            out.iter_mut().for_each(|o| *o /= sum);
+        });
+        Ok((CpuStorage::F32(output), layout.shape().clone()))
+    }
+
+    /// With `y = softmax(x)`: `dx = y * (dy - sum(dy * y))`.
+    fn bwd(&self, _x: &Tensor, y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let dot = (dy * y)?.sum_keepdim(D::Minus1)?;
+        Ok(Some((y * dy.broadcast_sub(&dot)?)?))
+    }
+}
+
+struct RmsNorm {
+    eps: f64,
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "whale-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x_storage: &CpuStorage,
+        x_layout: &Layout,
+        w_storage: &CpuStorage,
+        w_layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32_slice(x_storage, x_layout, self.name())?;
+        let weight = f32_slice(w_storage, w_layout, self.name())?;
+        let dim = weight.len();
+        if x_layout.dims().last() != Some(&dim) {
+            candle_core::bail!("{}: weight of {dim} for input {:?}", self.name(), x_layout.dims());
+        }
+        let eps = self.eps as f32;
+        let output = map_rows(x, dim, |x, out, _| {
+            let mean_square = x.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+            let inverse_rms = 1.0 / (mean_square + eps).sqrt();
+            for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+                *o = v * inverse_rms * w;
+            }
+        });
+        Ok((CpuStorage::F32(output), x_layout.shape().clone()))
+    }
+
+    /// With `r = 1 / rms(x)`, `n = x r` and `g = dy w`:
+    /// `dx = r (g - n mean(g n))` and `dw = sum over rows of dy n`.
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (x, weight, dy) = (x.contiguous()?, weight.contiguous()?, dy.contiguous()?);
+        let (x_host, w_host, d_host) = (x.storage_and_layout(), weight.storage_and_layout(), dy.storage_and_layout());
+        let name = self.name();
+        let (xs, ws, dys) = (cpu_f32(&x_host, name)?, cpu_f32(&w_host, name)?, cpu_f32(&d_host, name)?);
+        let dim = ws.len().max(1);
+        let eps = self.eps as f32;
+        let inverse_rms = |x: &[f32]| 1.0 / (x.iter().map(|v| v * v).sum::<f32>() / dim as f32 + eps).sqrt();
+        let dx = map_rows(xs, dim, |x, out, row| {
+            let dy = &dys[row * dim..(row + 1) * dim];
+            let r = inverse_rms(x);
+            let projection = x.iter().zip(dy).zip(ws).map(|((x, dy), w)| dy * w * x * r).sum::<f32>() / dim as f32;
+            for (((o, x), dy), w) in out.iter_mut().zip(x).zip(dy).zip(ws) {
+                *o = r * (dy * w - x * r * projection);
+            }
+        });
+        let partial_dw = |(x, dy): (&[f32], &[f32])| {
+            let mut dw = vec![0f32; dim];
+            for (x, dy) in x.chunks(dim).zip(dy.chunks(dim)) {
+                let r = inverse_rms(x);
+                dw.iter_mut().zip(x).zip(dy).for_each(|((dw, x), dy)| *dw += dy * x * r);
+            }
+            dw
+        };
+        let rows_per_task = (PARALLEL_ELEMENTS / dim).max(1) * dim;
+        let dw = xs
+            .par_chunks(rows_per_task)
+            .zip(dys.par_chunks(rows_per_task))
+            .map(partial_dw)
+            .reduce(|| vec![0f32; dim], |a, b| a.iter().zip(&b).map(|(a, b)| a + b).collect());
+        let (dx, dw) =
+            (Tensor::from_vec(dx, x.shape(), &Device::Cpu)?, Tensor::from_vec(dw, weight.shape(), &Device::Cpu)?);
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+struct Rope;
+
+impl Rope {
+    fn check(x: &Layout, angles: &Layout) -> candle_core::Result<(usize, usize, usize, usize)> {
+        let &[batch, heads, steps, dim] = x.dims() else {
+            candle_core::bail!("whale-rope: input {:?} is not [B, H, T, d]", x.dims());
+        };
+        if angles.dims() != [batch, steps, dim / 2] || dim % 2 != 0 {
+            candle_core::bail!("whale-rope: angles {:?} do not fit input {:?}", angles.dims(), x.dims());
+        }
+        Ok((batch, heads, steps, dim))
+    }
+}
+
+impl CustomOp3 for Rope {
+    fn name(&self) -> &'static str {
+        "whale-rope"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x_storage: &CpuStorage,
+        x_layout: &Layout,
+        cos_storage: &CpuStorage,
+        cos_layout: &Layout,
+        sin_storage: &CpuStorage,
+        sin_layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (_, heads, steps, dim) = Self::check(x_layout, cos_layout)?;
+        Self::check(x_layout, sin_layout)?;
+        let x = f32_slice(x_storage, x_layout, self.name())?;
+        let cos = f32_slice(cos_storage, cos_layout, self.name())?;
+        let sin = f32_slice(sin_storage, sin_layout, self.name())?;
+        let half = dim / 2;
+        let output = map_rows(x, dim, |x, out, row| {
+            let (batch, step) = (row / (heads * steps), row % steps);
+            let angle = (batch * steps + step) * half;
+            let (cos, sin) = (&cos[angle..angle + half], &sin[angle..angle + half]);
+            for i in 0..half {
+                let (a, b) = (x[i], x[i + half]);
+                out[i] = a * cos[i] - b * sin[i];
+                out[i + half] = b * cos[i] + a * sin[i];
+            }
+        });
+        Ok((CpuStorage::F32(output), x_layout.shape().clone()))
+    }
+
+    /// The rotation is orthogonal, so its gradient is the rotation by the opposite angle.
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dx = dy.contiguous()?.apply_op3_no_bwd(cos, &sin.neg()?, &Rope)?;
+        Ok((Some(dx), None, None))
+    }
+}
+
+struct SwiGlu;
+
+/// `silu(x) = x σ(x)`.
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "whale-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        gate_storage: &CpuStorage,
+        gate_layout: &Layout,
+        up_storage: &CpuStorage,
+        up_layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let gate = f32_slice(gate_storage, gate_layout, self.name())?;
+        let up = f32_slice(up_storage, up_layout, self.name())?;
+        if gate_layout.dims() != up_layout.dims() {
+            candle_core::bail!("{}: gate {:?} and up {:?} differ", self.name(), gate_layout.dims(), up_layout.dims());
+        }
+        let dim = gate_layout.dims().last().copied().unwrap_or(1).max(1);
+        let output = map_rows(gate, dim, |gate, out, row| {
+            let up = &up[row * dim..(row + 1) * dim];
+            out.iter_mut().zip(gate).zip(up).for_each(|((o, &g), &u)| *o = silu(g) * u);
+        });
+        Ok((CpuStorage::F32(output), gate_layout.shape().clone()))
+    }
+
+    /// With `s = σ(gate)`: `d gate = dy · up · s (1 + gate (1 − s))` and `d up = dy · gate · s`.
+    fn bwd(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        _out: &Tensor,
+        d_out: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (gate, up, d_out) = (gate.contiguous()?, up.contiguous()?, d_out.contiguous()?);
+        let (gate_host, up_host, d_host) =
+            (gate.storage_and_layout(), up.storage_and_layout(), d_out.storage_and_layout());
+        let name = self.name();
+        let (gates, ups, d_outs) = (cpu_f32(&gate_host, name)?, cpu_f32(&up_host, name)?, cpu_f32(&d_host, name)?);
+        let dim = gate.dims().last().copied().unwrap_or(1).max(1);
+        let (mut d_gate, mut d_up) = (vec![0f32; gates.len()], vec![0f32; gates.len()]);
+        let row_grad = |(row, (d_gate, d_up)): (usize, (&mut [f32], &mut [f32]))| {
+            let at = row * dim;
+            for (i, (dg, du)) in d_gate.iter_mut().zip(d_up.iter_mut()).enumerate() {
+                let (g, u, dy) = (gates[at + i], ups[at + i], d_outs[at + i]);
+                let sigmoid = 1.0 / (1.0 + (-g).exp());
+                *dg = dy * u * sigmoid * (1.0 + g * (1.0 - sigmoid));
+                *du = dy * g * sigmoid;
+            }
+        };
+        if gates.len() >= PARALLEL_ELEMENTS {
+            d_gate.par_chunks_mut(dim).zip(d_up.par_chunks_mut(dim)).enumerate().for_each(row_grad);
+        } else {
+            d_gate.chunks_mut(dim).zip(d_up.chunks_mut(dim)).enumerate().for_each(row_grad);
+        }
+        let tensor = |values: Vec<f32>| Tensor::from_vec(values, gate.shape(), &Device::Cpu);
+        Ok((Some(tensor(d_gate)?), Some(tensor(d_up)?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).and_then(|d| d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()).expect("difference")
+    }
+
+    /// The loss `sum(f(x) * probe)` and its gradients through the fused op and through the
+    /// composition (the same op on f64, which takes the composed path).
+    fn compare(
+        inputs: &[Tensor],
+        op: impl Fn(&[Tensor]) -> candle_core::Result<Tensor>,
+        trained: &[usize],
+    ) -> (f32, Vec<f32>) {
+        let run = |dtype: DType| {
+            let vars: Vec<Var> =
+                inputs.iter().map(|t| Var::from_tensor(&t.to_dtype(dtype).expect("dtype")).expect("var")).collect();
+            let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+            let out = op(&tensors).expect("forward");
+            let count = out.elem_count() as u32;
+            let probe = Tensor::arange(0u32, count, &Device::Cpu)
+                .and_then(|p| p.to_dtype(dtype)?.sin()?.reshape(out.shape()))
+                .expect("probe");
+            let grads = (&out * &probe).and_then(|l| l.sum_all()).and_then(|l| l.backward()).expect("backward");
+            let grads: Vec<Tensor> = trained
+                .iter()
+                .map(|&i| grads.get(&tensors[i]).expect("gradient").to_dtype(DType::F32).expect("dtype"))
+                .collect();
+            (out.to_dtype(DType::F32).expect("dtype"), grads)
+        };
+        let (fused_out, fused_grads) = run(DType::F32);
+        let (composed_out, composed_grads) = run(DType::F64);
+        let grad_diffs = fused_grads.iter().zip(&composed_grads).map(|(a, b)| max_diff(a, b)).collect();
+        (max_diff(&fused_out, &composed_out), grad_diffs)
+    }
+
+    fn random(shape: &[usize]) -> Tensor {
+        Tensor::randn(0f32, 1.0, shape, &Device::Cpu).expect("random")
+    }
+
+    #[test]
+    fn fused_softmax_matches_the_composition_forward_and_backward() {
+        let mut x = random(&[3, 5, 70]);
+        let mask = Tensor::from_vec(
+            (0..70).map(|i| if i % 3 == 0 { f32::NEG_INFINITY } else { 0.0 }).collect::<Vec<_>>(),
+            70,
+            &Device::Cpu,
+        )
+        .expect("mask");
+        x = x.broadcast_add(&mask).expect("masked");
+        let (out, grads) = compare(&[x], |t| softmax_last_dim(&t[0]), &[0]);
+        assert!(out < 1e-6 && grads[0] < 1e-5, "{out} {grads:?}");
+    }
+
+    #[test]
+    fn fused_rms_norm_matches_the_composition_forward_and_backward() {
+        let (out, grads) = compare(&[random(&[4, 6, 48]), random(&[48])], |t| rms_norm(&t[0], &t[1], 1e-6), &[0, 1]);
+        assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-4), "{out} {grads:?}");
+    }
+
+    #[test]
+    fn fused_rope_matches_the_composition_forward_and_backward() {
+        let angles = random(&[2, 7, 8]);
+        let (cos, sin) = (angles.cos().expect("cos"), angles.sin().expect("sin"));
+        let (out, grads) = compare(&[random(&[2, 3, 7, 16]), cos, sin], |t| rope(&t[0], &t[1], &t[2]), &[0]);
+        assert!(out < 1e-6 && grads[0] < 1e-5, "{out} {grads:?}");
+    }
+
+    #[test]
+    fn fused_rms_norm_matches_on_rows_split_across_threads() {
+        let (out, grads) =
+            compare(&[random(&[3, 100, 128]), random(&[128])], |t| rms_norm(&t[0], &t[1], 1e-6), &[0, 1]);
+        assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-3), "{out} {grads:?}");
+    }
+
+    /// `[B, T, S]` additive masks: causal with the first `pad[b]` keys of row `b` hidden (a query
+    /// still sees its own key), or any pattern `allowed` gives.
+    fn mask(batch: usize, steps: usize, allowed: impl Fn(usize, usize, usize) -> bool) -> Tensor {
+        let values: Vec<f32> = (0..batch * steps * steps)
+            .map(|at| {
+                let (b, t, s) = (at / (steps * steps), at / steps % steps, at % steps);
+                if allowed(b, t, s) {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect();
+        Tensor::from_vec(values, (batch, 1, 1, steps, steps), &Device::Cpu).expect("mask")
+    }
+
+    fn check_attention(mask: &Tensor, heads: usize, kv_heads: usize, steps: usize) {
+        let (batch, d) = (mask.dim(0).expect("batch"), 16);
+        let inputs = [
+            random(&[batch, heads, steps, d]),
+            random(&[batch, kv_heads, steps, d]),
+            random(&[batch, kv_heads, steps, d]),
+        ];
+        let (out, grads) = compare(&inputs, |t| attention(&t[0], &t[1], &t[2], mask, 0.25), &[0, 1, 2]);
+        assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-4), "{out} {grads:?}");
+    }
+
+    #[test]
+    fn fused_attention_matches_the_composition_under_causal_and_padding_masks() {
+        let pad = [0, 5, 40];
+        let causal = mask(3, 70, |b, t, s| s == t || (s <= t && s >= pad[b]));
+        check_attention(&causal, 4, 2, 70);
+        check_attention(&causal, 3, 3, 70);
+        check_attention(&causal, 4, 1, 70);
+    }
+
+    #[test]
+    fn fused_attention_matches_the_composition_under_any_mask() {
+        let scattered = mask(2, 45, |b, t, s| s == t || (s * 7 + t * 3 + b) % 5 < 2);
+        check_attention(&scattered, 2, 1, 45);
+        check_attention(&mask(1, 33, |_, _, _| true), 2, 2, 33);
+    }
+
+    #[test]
+    fn fused_attention_gives_zeros_for_a_query_that_sees_nothing() {
+        let mask = mask(1, 4, |_, t, s| t != 2 && s <= t);
+        let (q, k, v) = (random(&[1, 2, 4, 8]), random(&[1, 1, 4, 8]), random(&[1, 1, 4, 8]));
+        let out = attention(&q, &k, &v, &mask, 0.5).expect("attention");
+        let blind = out.narrow(2, 2, 1).and_then(|o| o.abs()?.sum_all()?.to_scalar::<f32>()).expect("row");
+        let seen = out.narrow(2, 3, 1).and_then(|o| o.abs()?.sum_all()?.to_scalar::<f32>()).expect("row");
+        assert!(blind == 0.0 && seen > 0.0, "{blind} {seen}");
+    }
+
+    #[test]
+    fn fused_attention_refuses_shapes_that_do_not_fit() {
+        let mask = mask(1, 6, |_, t, s| s <= t);
+        let (k, v) = (random(&[1, 2, 6, 8]), random(&[1, 2, 6, 8]));
+        let error = attention(&random(&[1, 3, 6, 8]), &k, &v, &mask, 1.0).expect_err("3 heads over 2");
+        assert!(error.to_string().contains("do not fit"), "{error}");
+    }
+
+    #[test]
+    fn fused_cross_entropy_matches_the_composition_forward_and_backward() {
+        for rows in [7, 300] {
+            let targets: Vec<u32> = (0..rows as u32).map(|i| i * 37 % 250).collect();
+            let (out, grads) = compare(&[random(&[rows, 250])], |t| cross_entropy(&t[0], &targets), &[0]);
+            assert!(out < 1e-5 && grads[0] < 1e-6, "{rows}: {out} {grads:?}");
+        }
+    }
+
+    #[test]
+    fn fused_cross_entropy_refuses_a_target_outside_the_vocabulary() {
+        let error = cross_entropy(&random(&[2, 10]), &[3, 10]).expect_err("target 10 of 10");
+        assert!(error.to_string().contains("outside a vocabulary of 10"), "{error}");
+    }
+
+    #[test]
+    fn fused_swiglu_matches_the_composition_forward_and_backward() {
+        for shape in [[2, 5, 24], [4, 100, 96]] {
+            let (out, grads) = compare(&[random(&shape), random(&shape)], |t| swiglu(&t[0], &t[1]), &[0, 1]);
+            assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-5), "{shape:?}: {out} {grads:?}");
+        }
+    }
+}
