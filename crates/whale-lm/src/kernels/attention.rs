@@ -18,6 +18,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::vectorised::{dot, exp, sum};
 use super::{cpu_f32, f32_slice};
 
 /// Query rows per block.
@@ -261,7 +262,7 @@ impl Attention {
                     matmul(ds, cols, d_out, v.t(), false);
                     for (i, ds) in ds.chunks_mut(cols).enumerate() {
                         let p = &p.data[i * keys..][..cols];
-                        let delta: f32 = ds.iter().zip(p).map(|(g, p)| g * p).sum();
+                        let delta = dot(ds, p);
                         ds.iter_mut().zip(p).for_each(|(g, p)| *g = p * (*g - delta) * self.scale);
                     }
                     let ds = Matrix::rows(ds, block.len, cols);
@@ -299,11 +300,8 @@ fn masked_softmax(scores: &mut [f32], mask: &[f32], scale: f32) {
         scores.fill(0.0);
         return;
     }
-    let mut sum = 0f32;
-    for x in scores.iter_mut() {
-        *x = if *x == f32::NEG_INFINITY { 0.0 } else { (*x - max).exp() };
-        sum += *x;
-    }
+    scores.iter_mut().for_each(|x| *x = exp(*x - max));
+    let sum = sum(scores);
     let inverse = 1.0 / sum;
     scores.iter_mut().for_each(|x| *x *= inverse);
 }

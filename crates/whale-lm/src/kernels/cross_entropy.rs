@@ -9,6 +9,7 @@
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::vectorised::{exp, sum_exp};
 use super::{cpu_f32, f32_slice, map_rows, PARALLEL_ELEMENTS};
 
 /// `logsumexp(logits_i) − logits_i[targets_i]` for each row `i` of `[N, V]` logits.
@@ -46,8 +47,7 @@ impl CustomOp1 for CrossEntropy {
         let logits = f32_slice(storage, layout, self.name())?;
         let loss = |(row, &target): (&[f32], &u32)| {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = row.iter().map(|&x| (x - max).exp()).sum();
-            max + sum.ln() - row[target as usize]
+            max + sum_exp(row, max).ln() - row[target as usize]
         };
         let losses: Vec<f32> = if logits.len() >= PARALLEL_ELEMENTS {
             logits.par_chunks(vocab).zip(&self.targets).map(loss).collect()
@@ -69,7 +69,7 @@ impl CustomOp1 for CrossEntropy {
         let grad = map_rows(values, vocab, |x, out, row| {
             let (target, dy) = (self.targets[row] as usize, d_losses[row]);
             let log_normaliser = losses[row] + x[target];
-            out.iter_mut().zip(x).for_each(|(g, &x)| *g = dy * (x - log_normaliser).exp());
+            out.iter_mut().zip(x).for_each(|(g, &x)| *g = dy * exp(x - log_normaliser));
             out[target] -= dy;
         });
         Ok(Some(Tensor::from_vec(grad, logits.shape(), &Device::Cpu)?))

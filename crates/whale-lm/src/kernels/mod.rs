@@ -11,6 +11,7 @@
 
 mod attention;
 mod cross_entropy;
+mod vectorised;
 
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Storage, StorageRef, Tensor, D,
@@ -162,12 +163,9 @@ impl CustomOp1 for Softmax {
         let dim = layout.dims().last().copied().unwrap_or(1).max(1);
         let output = map_rows(x, dim, |x, out, _| {
             let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for (o, &v) in out.iter_mut().zip(x) {
-                *o = (v - max).exp();
-                sum += *o;
-            }
-            out.iter_mut().for_each(|o| *o /= sum);
+            out.iter_mut().zip(x).for_each(|(o, &v)| *o = vectorised::exp(v - max));
+            let inverse = 1.0 / vectorised::sum(out);
+            out.iter_mut().for_each(|o| *o *= inverse);
         });
         Ok((CpuStorage::F32(output), layout.shape().clone()))
     }
@@ -203,7 +201,7 @@ impl CustomOp2 for RmsNorm {
         }
         let eps = self.eps as f32;
         let output = map_rows(x, dim, |x, out, _| {
-            let mean_square = x.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+            let mean_square = vectorised::dot(x, x) / dim as f32;
             let inverse_rms = 1.0 / (mean_square + eps).sqrt();
             for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
                 *o = v * inverse_rms * w;
@@ -227,7 +225,7 @@ impl CustomOp2 for RmsNorm {
         let (xs, ws, dys) = (cpu_f32(&x_host, name)?, cpu_f32(&w_host, name)?, cpu_f32(&d_host, name)?);
         let dim = ws.len().max(1);
         let eps = self.eps as f32;
-        let inverse_rms = |x: &[f32]| 1.0 / (x.iter().map(|v| v * v).sum::<f32>() / dim as f32 + eps).sqrt();
+        let inverse_rms = |x: &[f32]| 1.0 / (vectorised::dot(x, x) / dim as f32 + eps).sqrt();
         let dx = map_rows(xs, dim, |x, out, row| {
             let dy = &dys[row * dim..(row + 1) * dim];
             let r = inverse_rms(x);
@@ -321,7 +319,7 @@ struct SwiGlu;
 
 /// `silu(x) = x σ(x)`.
 fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + vectorised::exp(-x))
 }
 
 impl CustomOp2 for SwiGlu {
@@ -368,7 +366,7 @@ impl CustomOp2 for SwiGlu {
             let at = row * dim;
             for (i, (dg, du)) in d_gate.iter_mut().zip(d_up.iter_mut()).enumerate() {
                 let (g, u, dy) = (gates[at + i], ups[at + i], d_outs[at + i]);
-                let sigmoid = 1.0 / (1.0 + (-g).exp());
+                let sigmoid = 1.0 / (1.0 + vectorised::exp(-g));
                 *dg = dy * u * sigmoid * (1.0 + g * (1.0 - sigmoid));
                 *du = dy * g * sigmoid;
             }
