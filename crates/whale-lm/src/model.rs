@@ -2,10 +2,12 @@
 //! with q/k RMSNorm and rotary embeddings, then a SwiGLU MLP), a final RMSNorm and the LM head.
 //!
 //! candle's fused softmax, RMSNorm and rotary kernels have no backward pass and would silently
-//! cut the gradient, so the training pass runs whale's own ([`crate::kernels`]: fused on the
-//! CPU with backward passes, composed from differentiable ops elsewhere). The cached decoding
-//! pass needs no gradient and runs candle's. Otherwise both passes share the same code and
-//! agree to float rounding.
+//! cut the gradient, so the training pass ([`training`]) runs whale's own ([`crate::kernels`]:
+//! fused on the CPU with backward passes, composed from differentiable ops elsewhere) over
+//! token rows `[B·T, width]`. The cached decoding pass (this file) needs no gradient and runs
+//! candle's kernels over `[B, heads, T, d]`, the layout of the key/value cache. The two passes
+//! share the weights, the projections (LoRA included) and the MLP, and agree to float rounding
+//! (the tests hold their logits to 1e-4).
 //!
 //! A model may carry a LoRA adapter ([`Qwen3Model::with_adapter`]): each targeted projection
 //! then adds `scale * (x A^T) B^T` to `x W^T`, in both entry points; a model without one does no
@@ -18,6 +20,8 @@
 //!   prompt for a sequence that just joined, one sampled token for one that is decoding) and
 //!   returns the logits of each chunk's last token. Sequences of any lengths can be mixed, and
 //!   sequences may join or leave between calls: the batch is formed anew on every call.
+
+mod training;
 
 use crate::config::{ConfigIssue, Qwen3Config};
 use crate::kernels;
@@ -77,8 +81,12 @@ pub fn parameter_shapes(config: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
     shapes
 }
 
-/// `x @ w^T` over the last dimension of `x`, any leading dimensions.
+/// `x @ w^T` over the last dimension of `x`, any leading dimensions (a matrix `x` goes
+/// straight to the product, without reshapes for autograd to carry).
 fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
+    if x.rank() == 2 {
+        return x.matmul(&weight.t()?);
+    }
     let (out_dim, in_dim) = weight.dims2()?;
     let mut shape = x.dims().to_vec();
     if let Some(last) = shape.last_mut() {
@@ -144,17 +152,6 @@ impl Dropout {
     }
 }
 
-/// Which softmax, RMSNorm and rotary kernels a pass runs. Training needs gradients: it runs
-/// [`crate::kernels`] (fused on the CPU, with backward passes). Inference
-/// ([`Qwen3Model::forward_step`]) runs candle's fused kernels, which have no backward pass but
-/// exist for every device. Both compute the same function up to float rounding (the tests hold
-/// cached and uncached logits to 1e-4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kernels {
-    Differentiable,
-    Fused,
-}
-
 /// Root-mean-square normalisation over the last dimension, computed in f32 as in `transformers`.
 #[derive(Clone)]
 struct RmsNorm {
@@ -163,11 +160,9 @@ struct RmsNorm {
 }
 
 impl RmsNorm {
-    fn forward(&self, x: &Tensor, kernels: Kernels) -> candle_core::Result<Tensor> {
-        match kernels {
-            Kernels::Fused => candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32),
-            Kernels::Differentiable => kernels::rms_norm(x, &self.weight, self.eps),
-        }
+    /// candle's kernel (no backward pass; [`kernels::rms_norm`] in training).
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)
     }
 }
 
@@ -175,23 +170,20 @@ impl RmsNorm {
 struct Rotary {
     cos: Tensor,
     sin: Tensor,
-    kernels: Kernels,
 }
 
 impl Rotary {
     /// `positions` is `[B, T]` in f32; `inv_freq` is `[head_dim / 2]` in f32.
-    fn new(inv_freq: &Tensor, positions: &Tensor, dtype: DType, kernels: Kernels) -> candle_core::Result<Self> {
+    fn new(inv_freq: &Tensor, positions: &Tensor, dtype: DType) -> candle_core::Result<Self> {
         let half = inv_freq.dim(0)?;
         let freqs = positions.unsqueeze(2)?.broadcast_mul(&inv_freq.reshape((1, 1, half))?)?;
-        Ok(Self { cos: freqs.cos()?.to_dtype(dtype)?, sin: freqs.sin()?.to_dtype(dtype)?, kernels })
+        Ok(Self { cos: freqs.cos()?.to_dtype(dtype)?, sin: freqs.sin()?.to_dtype(dtype)? })
     }
 
-    /// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]` (the HF convention).
+    /// `x * cos + rotate_half(x) * sin` with `rotate_half([a, b]) = [-b, a]` (the HF convention),
+    /// `x` `[B, heads, T, d]`; candle's kernel (no backward pass; [`kernels::rope`] in training).
     fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match self.kernels {
-            Kernels::Fused => candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin),
-            Kernels::Differentiable => kernels::rope(x, &self.cos, &self.sin),
-        }
+        candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin)
     }
 }
 
@@ -221,15 +213,16 @@ impl Attention {
         past: Option<&LayerKv>,
     ) -> candle_core::Result<(Tensor, LayerKv)> {
         let (batch, steps, _) = x.dims3()?;
-        let kernels = rotary.kernels;
-        let q = rotary.apply(&self.heads(x, &self.q_proj, self.num_heads, Some(&self.q_norm), kernels)?)?;
-        let k = rotary.apply(&self.heads(x, &self.k_proj, self.num_kv_heads, Some(&self.k_norm), kernels)?)?;
-        let v = self.heads(x, &self.v_proj, self.num_kv_heads, None, kernels)?;
+        let q = rotary.apply(&self.heads(x, &self.q_proj, self.num_heads, Some(&self.q_norm))?)?;
+        let k = rotary.apply(&self.heads(x, &self.k_proj, self.num_kv_heads, Some(&self.k_norm))?)?;
+        let v = self.heads(x, &self.v_proj, self.num_kv_heads, None)?;
         let (all_k, all_v) = match past {
             Some((past_k, past_v)) => (Tensor::cat(&[past_k, &k], 2)?, Tensor::cat(&[past_v, &v], 2)?),
             None => (k.clone(), v.clone()),
         };
-        let attended = self.attend(&q, &all_k, &all_v, mask, kernels)?;
+        let attended = kernels::composed_attention(&q, &all_k, &all_v, mask, self.scale(), |scores| {
+            candle_nn::ops::softmax_last_dim(&scores.contiguous()?)
+        })?;
         let merged = attended.transpose(1, 2)?.reshape((batch, steps, self.num_heads * self.head_dim))?;
         Ok((self.o_proj.forward(&merged)?, (k, v)))
     }
@@ -241,33 +234,19 @@ impl Attention {
         projection: &Projection,
         heads: usize,
         norm: Option<&RmsNorm>,
-        kernels: Kernels,
     ) -> candle_core::Result<Tensor> {
         let (batch, steps, _) = x.dims3()?;
         let projected = projection.forward(x)?.reshape((batch, steps, heads, self.head_dim))?;
         let projected = match norm {
-            Some(norm) => norm.forward(&projected, kernels)?,
+            Some(norm) => norm.forward(&projected)?,
             None => projected,
         };
         projected.transpose(1, 2)?.contiguous()
     }
 
-    /// Grouped-query attention (see [`kernels::attention`]); `mask` is additive, `[B, 1, 1, T, S]`.
-    fn attend(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        mask: &Tensor,
-        kernels: Kernels,
-    ) -> candle_core::Result<Tensor> {
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        match kernels {
-            Kernels::Differentiable => kernels::attention(q, k, v, mask, scale),
-            Kernels::Fused => kernels::composed_attention(q, k, v, mask, scale, |scores| {
-                candle_nn::ops::softmax_last_dim(&scores.contiguous()?)
-            }),
-        }
+    /// `1 / sqrt(head_dim)`, the attention scores' scale.
+    fn scale(&self) -> f64 {
+        1.0 / (self.head_dim as f64).sqrt()
     }
 }
 
@@ -301,10 +280,9 @@ impl DecoderLayer {
         mask: &Tensor,
         past: Option<&LayerKv>,
     ) -> candle_core::Result<(Tensor, LayerKv)> {
-        let kernels = rotary.kernels;
-        let (attended, kv) = self.attention.forward(&self.input_layernorm.forward(x, kernels)?, rotary, mask, past)?;
+        let (attended, kv) = self.attention.forward(&self.input_layernorm.forward(x)?, rotary, mask, past)?;
         let x = (x + attended)?;
-        let out = (&x + self.mlp.forward(&self.post_attention_layernorm.forward(&x, kernels)?)?)?;
+        let out = (&x + self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)?;
         Ok((out, kv))
     }
 
@@ -695,7 +673,7 @@ impl Qwen3Model {
     /// [`Self::logits`], which saves the `[B, T, vocab]` tensor.
     pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, ModelError> {
         let inputs = self.padded_inputs(input_ids, attention_mask)?;
-        Ok(self.run_layers(&inputs, None, Kernels::Differentiable)?.0)
+        Ok(self.training_hidden(&inputs)?)
     }
 
     /// Logits (f32) of hidden states with any leading dimensions.
@@ -758,14 +736,9 @@ impl Qwen3Model {
 
     /// Runs the decoder on `[B, T]` ids after `past` (per layer, `[B, kv, S_past, d]`).
     /// Returns the normalised hidden states and each layer's new keys and values.
-    fn run_layers(
-        &self,
-        inputs: &PassInputs,
-        past: Option<&[LayerKv]>,
-        kernels: Kernels,
-    ) -> candle_core::Result<(Tensor, Vec<LayerKv>)> {
+    fn run_layers(&self, inputs: &PassInputs, past: Option<&[LayerKv]>) -> candle_core::Result<(Tensor, Vec<LayerKv>)> {
         let (rows, steps) = inputs.ids.dims2()?;
-        let rotary = Rotary::new(&self.inv_freq, &inputs.positions, self.dtype, kernels)?;
+        let rotary = Rotary::new(&self.inv_freq, &inputs.positions, self.dtype)?;
         let mut x = self.embed_tokens.index_select(&inputs.ids.flatten_all()?, 0)?.reshape((
             rows,
             steps,
@@ -778,7 +751,7 @@ impl Qwen3Model {
             x = out;
             new_kv.push(kv);
         }
-        Ok((self.norm.forward(&x, kernels)?, new_kv))
+        Ok((self.norm.forward(&x)?, new_kv))
     }
 
     /// An empty cache for one sequence of this model.
@@ -820,7 +793,7 @@ impl Qwen3Model {
         }
         let inputs = self.step_inputs(steps, &past_lens, &chunk_lens, past_max, chunk_max)?;
         let past = if past_max == 0 { None } else { Some(self.gather_past(steps, past_max)?) };
-        let (hidden, new_kv) = self.run_layers(&inputs, past.as_deref(), Kernels::Fused)?;
+        let (hidden, new_kv) = self.run_layers(&inputs, past.as_deref())?;
         for (row, step) in steps.iter_mut().enumerate() {
             let len = step.tokens.len();
             for (layer, (keys, values)) in new_kv.iter().enumerate() {

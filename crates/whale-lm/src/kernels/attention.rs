@@ -8,10 +8,13 @@
 //! one pass:
 //! `dV = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ⊙ (dP − rowsum(P ⊙ dP)) · scale`, `dQ = dS K`, `dK = dSᵀ Q`.
 //!
-//! The query heads that share a key/value head read the same keys (they are adjacent in
-//! `[B, H, T, d]`), so grouped keys are never copied; `dK` and `dV` sum over the group. Queries
-//! go in blocks of [`QUERY_BLOCK`] rows, and each block multiplies only the span of keys some
-//! row of it may see: under a causal mask that skips about half of the products.
+//! The op takes and gives token-major rows (`[B·T, heads·d]`, as the projections make them) and
+//! works head-major inside, so the model's training pass has no reshapes or transposes around
+//! it (each would be one more tensor for autograd to allocate, zero and accumulate). The query
+//! heads that share a key/value head read the same keys, so grouped keys are never copied; `dK`
+//! and `dV` sum over the group. Queries go in blocks of [`QUERY_BLOCK`] rows, and each block
+//! multiplies only the span of keys some row of it may see: under a causal mask that skips
+//! about half of the products.
 
 use std::sync::Mutex;
 
@@ -22,13 +25,15 @@ use super::vectorised::{dot, exp, sum};
 use super::{cpu_f32, f32_slice};
 
 /// Query rows per block.
-const QUERY_BLOCK: usize = 32;
+const QUERY_BLOCK: usize = 64;
 
-/// `softmax(q kᵀ · scale + mask) v` for `q` `[B, H, T, d]`, `k` and `v` `[B, KV, S, d]` (query
-/// head `h` reads key/value head `h / (H / KV)`) and an additive mask `[B, T, S]`.
+/// `softmax(q kᵀ · scale + mask) v` for `q` `[B·T, H·d]`, `k` and `v` `[B·T, KV·d]` (query head
+/// `h` reads key/value head `h / (H / KV)`) and an additive mask `[B, T, T]`.
 pub(super) struct Attention {
     mask: Vec<f32>,
     scale: f32,
+    batch: usize,
+    head_dim: usize,
     /// What the backward pass reads, set by the forward pass.
     forward: Mutex<Option<Forward>>,
 }
@@ -37,11 +42,40 @@ struct Forward {
     /// `[B, H, T, S]`, zero outside the spans.
     probs: Vec<f32>,
     spans: Vec<Span>,
+    /// The inputs, head-major: `[B, H, T, d]` and `[B, KV, S, d]`.
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
 }
 
 impl Attention {
-    pub(super) fn new(mask: Vec<f32>, scale: f64) -> Self {
-        Self { mask, scale: scale as f32, forward: Mutex::default() }
+    pub(super) fn new(mask: Vec<f32>, scale: f64, batch: usize, head_dim: usize) -> Self {
+        Self { mask, scale: scale as f32, batch, head_dim, forward: Mutex::default() }
+    }
+
+    fn dims(&self, q: &[usize], k: &[usize], v: &[usize]) -> candle_core::Result<Dims> {
+        let (batch, head_dim) = (self.batch, self.head_dim);
+        let (&[q_rows, q_width], &[k_rows, k_width]) = (q, k) else {
+            candle_core::bail!("whale-attention: q {q:?} and k {k:?} are not [B·T, heads·d]");
+        };
+        let consistent = batch > 0
+            && head_dim > 0
+            && q_rows % batch == 0
+            && k_rows == q_rows
+            && v == k
+            && q_width % head_dim == 0
+            && k_width % head_dim == 0
+            && k_width > 0
+            && q_width % k_width == 0
+            && self.mask.len() == q_rows * (q_rows / batch);
+        if !consistent {
+            candle_core::bail!(
+                "whale-attention: q {q:?}, k {k:?}, v {v:?}, a batch of {batch}, heads of {head_dim} and a mask of {} do not fit",
+                self.mask.len()
+            );
+        }
+        let steps = q_rows / batch;
+        Ok(Dims { batch, heads: q_width / head_dim, kv_heads: k_width / head_dim, steps, keys: steps, head_dim })
     }
 
     fn forward_state(&self) -> candle_core::Result<std::sync::MutexGuard<'_, Option<Forward>>> {
@@ -61,26 +95,6 @@ struct Dims {
 }
 
 impl Dims {
-    fn new(q: &[usize], k: &[usize], v: &[usize], mask_len: usize) -> candle_core::Result<Self> {
-        let (&[batch, heads, steps, head_dim], &[k_batch, kv_heads, keys, k_dim]) = (q, k) else {
-            candle_core::bail!("whale-attention: q {q:?} and k {k:?} are not [B, H, T, d]");
-        };
-        let consistent = k_batch == batch
-            && k_dim == head_dim
-            && v == k
-            && kv_heads > 0
-            && heads % kv_heads == 0
-            && mask_len == batch * steps * keys;
-        if !consistent {
-            candle_core::bail!("whale-attention: q {q:?}, k {k:?}, v {v:?} and a mask of {mask_len} do not fit");
-        }
-        Ok(Self { batch, heads, kv_heads, steps, keys, head_dim })
-    }
-
-    fn of(q: &Tensor, k: &Tensor, v: &Tensor, mask_len: usize) -> candle_core::Result<Self> {
-        Self::new(q.dims(), k.dims(), v.dims(), mask_len)
-    }
-
     /// One task per batch row and key/value head.
     fn tasks(&self) -> usize {
         self.batch * self.kv_heads
@@ -161,10 +175,10 @@ impl CustomOp3 for Attention {
         v_storage: &CpuStorage,
         v_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let dims = Dims::new(q_layout.dims(), k_layout.dims(), v_layout.dims(), self.mask.len())?;
-        let q = f32_slice(q_storage, q_layout, self.name())?;
-        let k = f32_slice(k_storage, k_layout, self.name())?;
-        let v = f32_slice(v_storage, v_layout, self.name())?;
+        let dims = self.dims(q_layout.dims(), k_layout.dims(), v_layout.dims())?;
+        let q = dims.head_major(f32_slice(q_storage, q_layout, self.name())?, dims.heads);
+        let k = dims.head_major(f32_slice(k_storage, k_layout, self.name())?, dims.kv_heads);
+        let v = dims.head_major(f32_slice(v_storage, v_layout, self.name())?, dims.kv_heads);
         let Dims { steps, keys, head_dim: d, .. } = dims;
         let rows = dims.rows();
         let spans = spans(&self.mask, dims);
@@ -173,7 +187,7 @@ impl CustomOp3 for Attention {
         out.par_chunks_mut(rows * d).zip(probs.par_chunks_mut(rows * keys)).enumerate().for_each(
             |(task, (out, probs))| {
                 let batch_row = task / dims.kv_heads;
-                let (q, k, v) = (chunk(q, task, rows * d), chunk(k, task, keys * d), chunk(v, task, keys * d));
+                let (q, k, v) = (chunk(&q, task, rows * d), chunk(&k, task, keys * d), chunk(&v, task, keys * d));
                 let mask = chunk(&self.mask, batch_row, steps * keys);
                 for block in dims.task_blocks() {
                     let span = spans[batch_row * dims.blocks() + block.index];
@@ -192,7 +206,8 @@ impl CustomOp3 for Attention {
                 }
             },
         );
-        *self.forward_state()? = Some(Forward { probs, spans });
+        let out = dims.token_major(&out, dims.heads);
+        *self.forward_state()? = Some(Forward { probs, spans, q, k, v });
         Ok((CpuStorage::F32(out), q_layout.shape().clone()))
     }
 
@@ -204,30 +219,28 @@ impl CustomOp3 for Attention {
         _out: &Tensor,
         d_out: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dims = Dims::of(q, k, v, self.mask.len())?;
+        let dims = self.dims(q.dims(), k.dims(), v.dims())?;
         let state = self.forward_state()?;
         let Some(forward) = state.as_ref().filter(|f| f.probs.len() == dims.tasks() * dims.rows() * dims.keys) else {
             candle_core::bail!("whale-attention: backward pass without its forward pass");
         };
-        let (q, k, v, d_out) = (q.contiguous()?, k.contiguous()?, v.contiguous()?, d_out.contiguous()?);
-        let (q_host, k_host, v_host, d_host) =
-            (q.storage_and_layout(), k.storage_and_layout(), v.storage_and_layout(), d_out.storage_and_layout());
-        let name = self.name();
-        let (dq, dk, dv) = self.gradients(
-            dims,
-            forward,
-            [cpu_f32(&q_host, name)?, cpu_f32(&k_host, name)?, cpu_f32(&v_host, name)?, cpu_f32(&d_host, name)?],
-        );
-        let tensor = |values: Vec<f32>, like: &Tensor| Tensor::from_vec(values, like.shape(), &Device::Cpu);
-        Ok((Some(tensor(dq, &q)?), Some(tensor(dk, &k)?), Some(tensor(dv, &v)?)))
+        let d_out = d_out.contiguous()?;
+        let d_host = d_out.storage_and_layout();
+        let d_out = dims.head_major(cpu_f32(&d_host, self.name())?, dims.heads);
+        let (dq, dk, dv) = self.gradients(dims, forward, &d_out);
+        let tensor = |values: Vec<f32>, heads: usize, like: &Tensor| {
+            Tensor::from_vec(dims.token_major(&values, heads), like.shape(), &Device::Cpu)
+        };
+        Ok((Some(tensor(dq, dims.heads, q)?), Some(tensor(dk, dims.kv_heads, k)?), Some(tensor(dv, dims.kv_heads, v)?)))
     }
 }
 
 type Gradients = (Vec<f32>, Vec<f32>, Vec<f32>);
 
 impl Attention {
-    /// `dQ`, `dK` and `dV` from the forward pass and `[q, k, v, dO]`.
-    fn gradients(&self, dims: Dims, forward: &Forward, [q, k, v, d_out]: [&[f32]; 4]) -> Gradients {
+    /// `dQ`, `dK` and `dV` (head-major) from the forward pass and `dO` (head-major).
+    fn gradients(&self, dims: Dims, forward: &Forward, d_out: &[f32]) -> Gradients {
+        let (q, k, v) = (&forward.q, &forward.k, &forward.v);
         let Dims { keys, head_dim: d, .. } = dims;
         let rows = dims.rows();
         let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
@@ -271,6 +284,32 @@ impl Attention {
                 }
             });
         (dq, dk, dv)
+    }
+}
+
+impl Dims {
+    /// `[B·T, heads·d]` rows as `[B, heads, T, d]`.
+    fn head_major(&self, rows: &[f32], heads: usize) -> Vec<f32> {
+        let (steps, d) = (self.steps, self.head_dim);
+        let mut out = vec![0f32; rows.len()];
+        for (at, values) in rows.chunks(d).enumerate() {
+            let (token, head) = (at / heads, at % heads);
+            let (batch_row, step) = (token / steps, token % steps);
+            out[((batch_row * heads + head) * steps + step) * d..][..d].copy_from_slice(values);
+        }
+        out
+    }
+
+    /// The inverse of [`Self::head_major`].
+    fn token_major(&self, values: &[f32], heads: usize) -> Vec<f32> {
+        let (steps, d) = (self.steps, self.head_dim);
+        let mut out = vec![0f32; values.len()];
+        for (at, row) in out.chunks_mut(d).enumerate() {
+            let (token, head) = (at / heads, at % heads);
+            let (batch_row, step) = (token / steps, token % steps);
+            row.copy_from_slice(&values[((batch_row * heads + head) * steps + step) * d..][..d]);
+        }
+        out
     }
 }
 

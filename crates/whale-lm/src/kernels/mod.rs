@@ -37,44 +37,66 @@ pub fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
     exp.broadcast_div(&exp.sum_keepdim(D::Minus1)?)
 }
 
-/// `x / sqrt(mean(x²) + eps) * weight` over the last dimension, computed in f32 as in
+/// `x / sqrt(mean(x²) + eps) * weight` over each run of `weight.len()` values of the last
+/// dimension (the whole of it, or each head of `[.., heads · d]`), computed in f32 as in
 /// `transformers`, differentiable in `x` and `weight`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     if fused(x) && fused(weight) {
         return x.contiguous()?.apply_op2(&weight.contiguous()?, RmsNorm { eps });
     }
-    let x32 = x.to_dtype(DType::F32)?;
+    let x32 = x.to_dtype(DType::F32)?.reshape(((), weight.dim(0)?))?;
     let inverse_rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
-    x32.broadcast_mul(&inverse_rms)?.to_dtype(x.dtype())?.broadcast_mul(weight)
+    x32.broadcast_mul(&inverse_rms)?.to_dtype(x.dtype())?.broadcast_mul(weight)?.reshape(x.shape())
 }
 
-/// Rotary embedding of `x` `[B, H, T, d]` with `cos`, `sin` `[B, T, d / 2]` in the
-/// `rotate_half` convention of `transformers`: the first half of each head pairs with the
-/// second. Differentiable in `x` (the angles are constants).
+/// Rotary embedding of token rows `x` `[N, heads · d]` with `cos`, `sin` `[N, d / 2]` (the
+/// angles of each row's position) in the `rotate_half` convention of `transformers`: the first
+/// half of each head pairs with the second. Differentiable in `x` (the angles are constants).
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
     if fused(x) {
         return x.contiguous()?.apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope);
     }
-    let half = x.dim(D::Minus1)? / 2;
+    let (rows, half) = cos.dims2()?;
+    let heads = x.dim(D::Minus1)? / (2 * half);
+    let heads_x = x.reshape((rows, heads, 2 * half))?;
     let (cos, sin) =
         (Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?, Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?);
-    let rotated = Tensor::cat(&[&x.narrow(D::Minus1, half, half)?.neg()?, &x.narrow(D::Minus1, 0, half)?], D::Minus1)?;
-    x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+    let rotated = Tensor::cat(
+        &[&heads_x.narrow(D::Minus1, half, half)?.neg()?, &heads_x.narrow(D::Minus1, 0, half)?],
+        D::Minus1,
+    )?;
+    (heads_x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?.reshape(x.shape())
 }
 
-/// Grouped-query attention `softmax(q kᵀ · scale + mask) v`, differentiable in `q`, `k` and `v`:
-/// `q` `[B, H, T, d]`, `k` and `v` `[B, KV, S, d]` with `H` a multiple of `KV` (query head `h`
-/// reads key/value head `h / (H / KV)`), `mask` additive with `B · T · S` values (`[B, 1, 1, T, S]`).
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> candle_core::Result<Tensor> {
+/// Grouped-query self-attention `softmax(q kᵀ · scale + mask) v` over token rows, differentiable
+/// in `q`, `k` and `v`: `q` `[B·T, H·d]`, `k` and `v` `[B·T, KV·d]` with `H` a multiple of `KV`
+/// (query head `h` reads key/value head `h / (H / KV)`), `mask` additive with `B · T · T` values
+/// (`[B, 1, 1, T, T]`). The output is `[B·T, H·d]`.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    batch: usize,
+    head_dim: usize,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
     if fused(q) && fused(k) && fused(v) {
         let mask_values = mask.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
         return q.contiguous()?.apply_op3(
             &k.contiguous()?,
             &v.contiguous()?,
-            attention::Attention::new(mask_values, scale),
+            attention::Attention::new(mask_values, scale, batch, head_dim),
         );
     }
-    composed_attention(q, k, v, mask, scale, softmax_last_dim)
+    let (rows, width) = q.dims2()?;
+    let steps = rows / batch.max(1);
+    let heads_of = |x: &Tensor| -> candle_core::Result<Tensor> {
+        x.reshape((batch, steps, x.dim(1)? / head_dim, head_dim))?.transpose(1, 2)?.contiguous()
+    };
+    composed_attention(&heads_of(q)?, &heads_of(k)?, &heads_of(v)?, mask, scale, softmax_last_dim)?
+        .transpose(1, 2)?
+        .reshape((rows, width))
 }
 
 /// [`attention`] from tensor ops, with the given softmax over the last dimension. The queries
@@ -196,7 +218,7 @@ impl CustomOp2 for RmsNorm {
         let x = f32_slice(x_storage, x_layout, self.name())?;
         let weight = f32_slice(w_storage, w_layout, self.name())?;
         let dim = weight.len();
-        if x_layout.dims().last() != Some(&dim) {
+        if dim == 0 || x_layout.dims().last().is_none_or(|last| last % dim != 0) {
             candle_core::bail!("{}: weight of {dim} for input {:?}", self.name(), x_layout.dims());
         }
         let eps = self.eps as f32;
@@ -257,14 +279,15 @@ impl CustomOp2 for RmsNorm {
 struct Rope;
 
 impl Rope {
-    fn check(x: &Layout, angles: &Layout) -> candle_core::Result<(usize, usize, usize, usize)> {
-        let &[batch, heads, steps, dim] = x.dims() else {
-            candle_core::bail!("whale-rope: input {:?} is not [B, H, T, d]", x.dims());
+    /// `(rows, heads · d, d / 2)` of `x` `[N, heads · d]` and angles `[N, d / 2]`.
+    fn check(x: &Layout, angles: &Layout) -> candle_core::Result<(usize, usize, usize)> {
+        let (&[rows, width], &[angle_rows, half]) = (x.dims(), angles.dims()) else {
+            candle_core::bail!("whale-rope: input {:?} and angles {:?} are not matrices", x.dims(), angles.dims());
         };
-        if angles.dims() != [batch, steps, dim / 2] || dim % 2 != 0 {
+        if angle_rows != rows || half == 0 || width % (2 * half) != 0 {
             candle_core::bail!("whale-rope: angles {:?} do not fit input {:?}", angles.dims(), x.dims());
         }
-        Ok((batch, heads, steps, dim))
+        Ok((rows, width, half))
     }
 }
 
@@ -282,20 +305,19 @@ impl CustomOp3 for Rope {
         sin_storage: &CpuStorage,
         sin_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (_, heads, steps, dim) = Self::check(x_layout, cos_layout)?;
+        let (_, width, half) = Self::check(x_layout, cos_layout)?;
         Self::check(x_layout, sin_layout)?;
         let x = f32_slice(x_storage, x_layout, self.name())?;
         let cos = f32_slice(cos_storage, cos_layout, self.name())?;
         let sin = f32_slice(sin_storage, sin_layout, self.name())?;
-        let half = dim / 2;
-        let output = map_rows(x, dim, |x, out, row| {
-            let (batch, step) = (row / (heads * steps), row % steps);
-            let angle = (batch * steps + step) * half;
-            let (cos, sin) = (&cos[angle..angle + half], &sin[angle..angle + half]);
-            for i in 0..half {
-                let (a, b) = (x[i], x[i + half]);
-                out[i] = a * cos[i] - b * sin[i];
-                out[i + half] = b * cos[i] + a * sin[i];
+        let output = map_rows(x, width, |x, out, row| {
+            let (cos, sin) = (&cos[row * half..(row + 1) * half], &sin[row * half..(row + 1) * half]);
+            for (x, out) in x.chunks(2 * half).zip(out.chunks_mut(2 * half)) {
+                for i in 0..half {
+                    let (a, b) = (x[i], x[i + half]);
+                    out[i] = a * cos[i] - b * sin[i];
+                    out[i + half] = b * cos[i] + a * sin[i];
+                }
             }
         });
         Ok((CpuStorage::F32(output), x_layout.shape().clone()))
@@ -445,17 +467,18 @@ mod tests {
 
     #[test]
     fn fused_rope_matches_the_composition_forward_and_backward() {
-        let angles = random(&[2, 7, 8]);
+        let angles = random(&[14, 8]);
         let (cos, sin) = (angles.cos().expect("cos"), angles.sin().expect("sin"));
-        let (out, grads) = compare(&[random(&[2, 3, 7, 16]), cos, sin], |t| rope(&t[0], &t[1], &t[2]), &[0]);
+        let (out, grads) = compare(&[random(&[14, 3 * 16]), cos, sin], |t| rope(&t[0], &t[1], &t[2]), &[0]);
         assert!(out < 1e-6 && grads[0] < 1e-5, "{out} {grads:?}");
     }
 
     #[test]
-    fn fused_rms_norm_matches_on_rows_split_across_threads() {
-        let (out, grads) =
-            compare(&[random(&[3, 100, 128]), random(&[128])], |t| rms_norm(&t[0], &t[1], 1e-6), &[0, 1]);
-        assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-3), "{out} {grads:?}");
+    fn fused_rms_norm_matches_on_rows_split_across_threads_and_per_head() {
+        for (x, w) in [([300, 128], 128), ([300, 4 * 32], 32)] {
+            let (out, grads) = compare(&[random(&x), random(&[w])], |t| rms_norm(&t[0], &t[1], 1e-6), &[0, 1]);
+            assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-3), "{w}: {out} {grads:?}");
+        }
     }
 
     /// `[B, T, S]` additive masks: causal with the first `pad[b]` keys of row `b` hidden (a query
@@ -476,12 +499,9 @@ mod tests {
 
     fn check_attention(mask: &Tensor, heads: usize, kv_heads: usize, steps: usize) {
         let (batch, d) = (mask.dim(0).expect("batch"), 16);
-        let inputs = [
-            random(&[batch, heads, steps, d]),
-            random(&[batch, kv_heads, steps, d]),
-            random(&[batch, kv_heads, steps, d]),
-        ];
-        let (out, grads) = compare(&inputs, |t| attention(&t[0], &t[1], &t[2], mask, 0.25), &[0, 1, 2]);
+        let rows = batch * steps;
+        let inputs = [random(&[rows, heads * d]), random(&[rows, kv_heads * d]), random(&[rows, kv_heads * d])];
+        let (out, grads) = compare(&inputs, |t| attention(&t[0], &t[1], &t[2], mask, batch, d, 0.25), &[0, 1, 2]);
         assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-4), "{out} {grads:?}");
     }
 
@@ -504,18 +524,18 @@ mod tests {
     #[test]
     fn fused_attention_gives_zeros_for_a_query_that_sees_nothing() {
         let mask = mask(1, 4, |_, t, s| t != 2 && s <= t);
-        let (q, k, v) = (random(&[1, 2, 4, 8]), random(&[1, 1, 4, 8]), random(&[1, 1, 4, 8]));
-        let out = attention(&q, &k, &v, &mask, 0.5).expect("attention");
-        let blind = out.narrow(2, 2, 1).and_then(|o| o.abs()?.sum_all()?.to_scalar::<f32>()).expect("row");
-        let seen = out.narrow(2, 3, 1).and_then(|o| o.abs()?.sum_all()?.to_scalar::<f32>()).expect("row");
+        let (q, k, v) = (random(&[4, 2 * 8]), random(&[4, 8]), random(&[4, 8]));
+        let out = attention(&q, &k, &v, &mask, 1, 8, 0.5).expect("attention");
+        let blind = out.narrow(0, 2, 1).and_then(|o| o.abs()?.sum_all()?.to_scalar::<f32>()).expect("row");
+        let seen = out.narrow(0, 3, 1).and_then(|o| o.abs()?.sum_all()?.to_scalar::<f32>()).expect("row");
         assert!(blind == 0.0 && seen > 0.0, "{blind} {seen}");
     }
 
     #[test]
     fn fused_attention_refuses_shapes_that_do_not_fit() {
         let mask = mask(1, 6, |_, t, s| s <= t);
-        let (k, v) = (random(&[1, 2, 6, 8]), random(&[1, 2, 6, 8]));
-        let error = attention(&random(&[1, 3, 6, 8]), &k, &v, &mask, 1.0).expect_err("3 heads over 2");
+        let (k, v) = (random(&[6, 2 * 8]), random(&[6, 2 * 8]));
+        let error = attention(&random(&[6, 3 * 8]), &k, &v, &mask, 1, 8, 1.0).expect_err("3 heads over 2");
         assert!(error.to_string().contains("do not fit"), "{error}");
     }
 
