@@ -39,10 +39,10 @@ pub(super) struct Attention {
 }
 
 struct Forward {
-    /// `[B, H, T, S]`, zero outside the spans.
+    /// `[B, KV, T, H / KV, S]`, zero outside the spans.
     probs: Vec<f32>,
     spans: Vec<Span>,
-    /// The inputs, head-major: `[B, H, T, d]` and `[B, KV, S, d]`.
+    /// The inputs, head-major: `[B, KV, T, H / KV, d]` and `[B, KV, S, d]`.
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -110,13 +110,16 @@ impl Dims {
     }
 
     /// The query blocks of a task: the first row of each and its span index within the batch row.
-    fn task_blocks(&self) -> impl Iterator<Item = Block> + '_ {
-        let steps = self.steps;
-        (0..self.heads / self.kv_heads).flat_map(move |head| {
-            (0..self.blocks()).map(move |index| {
-                let first = index * QUERY_BLOCK;
-                Block { row: head * steps + first, step: first, len: QUERY_BLOCK.min(steps - first), index }
-            })
+    fn groups(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// The query blocks of a task: [`QUERY_BLOCK`] steps of every query head of the group.
+    fn task_blocks(&self) -> impl Iterator<Item = Block> {
+        let (steps, groups) = (self.steps, self.groups());
+        (0..self.blocks()).map(move |index| {
+            let step = index * QUERY_BLOCK;
+            Block { row: step * groups, step, len: QUERY_BLOCK.min(steps - step) * groups, index }
         })
     }
 }
@@ -198,7 +201,7 @@ impl CustomOp3 for Attention {
                     let scores = &mut probs[block.row * keys + span.start..];
                     matmul(scores, keys, query_rows(q, &block, d), k.t(), false);
                     for i in 0..block.len {
-                        let at = (block.step + i) * keys + span.start;
+                        let at = (block.step + i / dims.groups()) * keys + span.start;
                         masked_softmax(&mut scores[i * keys..][..span.len()], &mask[at..][..span.len()], self.scale);
                     }
                     let p = Matrix { data: scores, rows: block.len, cols: span.len(), row_stride: keys, col_stride: 1 };
@@ -253,7 +256,7 @@ impl Attention {
                 let probs = chunk(&forward.probs, task, rows * keys);
                 let (q, k, v) = (chunk(q, task, rows * d), chunk(k, task, keys * d), chunk(v, task, keys * d));
                 let d_out = chunk(d_out, task, rows * d);
-                let mut scratch = vec![0f32; QUERY_BLOCK * keys];
+                let mut scratch = vec![0f32; QUERY_BLOCK * dims.groups() * keys];
                 for block in dims.task_blocks() {
                     let span = forward.spans[batch_row * dims.blocks() + block.index];
                     if span.len() == 0 {
@@ -288,28 +291,32 @@ impl Attention {
 }
 
 impl Dims {
-    /// `[B·T, heads·d]` rows as `[B, heads, T, d]`.
+    /// `[B·T, heads·d]` rows as `[B, KV, T, heads / KV, d]`: each task's rows together, and
+    /// within a task the query heads of a step side by side, so that a block of steps is one
+    /// matrix for all of them.
     fn head_major(&self, rows: &[f32], heads: usize) -> Vec<f32> {
-        let (steps, d) = (self.steps, self.head_dim);
         let mut out = vec![0f32; rows.len()];
-        for (at, values) in rows.chunks(d).enumerate() {
-            let (token, head) = (at / heads, at % heads);
-            let (batch_row, step) = (token / steps, token % steps);
-            out[((batch_row * heads + head) * steps + step) * d..][..d].copy_from_slice(values);
+        for (at, values) in rows.chunks(self.head_dim).enumerate() {
+            out[self.head_major_offset(at, heads)..][..self.head_dim].copy_from_slice(values);
         }
         out
     }
 
     /// The inverse of [`Self::head_major`].
     fn token_major(&self, values: &[f32], heads: usize) -> Vec<f32> {
-        let (steps, d) = (self.steps, self.head_dim);
         let mut out = vec![0f32; values.len()];
-        for (at, row) in out.chunks_mut(d).enumerate() {
-            let (token, head) = (at / heads, at % heads);
-            let (batch_row, step) = (token / steps, token % steps);
-            row.copy_from_slice(&values[((batch_row * heads + head) * steps + step) * d..][..d]);
+        for (at, row) in out.chunks_mut(self.head_dim).enumerate() {
+            row.copy_from_slice(&values[self.head_major_offset(at, heads)..][..self.head_dim]);
         }
         out
+    }
+
+    /// Where head `at % heads` of token row `at / heads` sits head-major.
+    fn head_major_offset(&self, at: usize, heads: usize) -> usize {
+        let groups = heads / self.kv_heads;
+        let (token, head) = (at / heads, at % heads);
+        let (batch_row, step) = (token / self.steps, token % self.steps);
+        (((batch_row * self.kv_heads + head / groups) * self.steps + step) * groups + head % groups) * self.head_dim
     }
 }
 
