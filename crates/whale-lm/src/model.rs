@@ -661,27 +661,17 @@ impl Qwen3Model {
     /// Logits `[B, T, vocab]` (f32) of a padded batch.
     ///
     /// `input_ids` is `[B, T]` u32; `attention_mask` is `[B, T]` (any dtype), 1 for real tokens
-    /// and 0 for padding. Padding may sit on either side: real tokens are numbered 0, 1, 2, ...
-    /// for the rotary positions whatever padding precedes them, and never attend to padding.
-    /// Logits at padded positions are finite but meaningless.
+    /// and 0 for padding. Padding may sit anywhere: the real tokens of a row are one sequence,
+    /// numbered 0, 1, 2, ... for the rotary positions, and never attend to padding (the pass runs
+    /// on [`Self::packed_hidden`], which never sees it). Logits at padded positions are zero.
     pub fn forward_train(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, ModelError> {
         Ok(self.logits(&self.forward_hidden(input_ids, attention_mask)?)?)
     }
 
-    /// The final (normalised) hidden states `[B, T, hidden]` of a padded batch; see
-    /// [`Self::forward_train`]. A trainer maps only the positions it scores through
-    /// [`Self::logits`], which saves the `[B, T, vocab]` tensor.
+    /// The final (normalised) hidden states `[B, T, hidden]` of a padded batch (zero at padded
+    /// positions); see [`Self::forward_train`]. A trainer maps only the positions it scores
+    /// through [`Self::logits`], which saves the `[B, T, vocab]` tensor.
     pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, ModelError> {
-        let inputs = self.padded_inputs(input_ids, attention_mask)?;
-        Ok(self.training_hidden(&inputs)?)
-    }
-
-    /// Logits (f32) of hidden states with any leading dimensions.
-    pub fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
-        linear(hidden, &self.lm_head)?.to_dtype(DType::F32)
-    }
-
-    fn padded_inputs(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<PassInputs, ModelError> {
         let (rows, steps) = input_ids.dims2()?;
         if attention_mask.dims() != input_ids.dims() {
             return Err(input_error(format!(
@@ -694,35 +684,30 @@ impl Qwen3Model {
             return Err(input_error(format!("input ids are {:?}, expected U32", input_ids.dtype())));
         }
         let ids = input_ids.flatten_all()?.to_vec1::<u32>()?;
-        self.check_vocabulary(&ids)?;
-        let valid: Vec<bool> = attention_mask
-            .flatten_all()?
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?
-            .into_iter()
-            .map(|m| m != 0.0)
-            .collect();
-        let mut positions = Vec::with_capacity(valid.len());
-        for row in valid.chunks(steps.max(1)) {
-            let mut seen = 0u32;
-            for &is_valid in row {
-                positions.push(seen as f32);
-                seen += u32::from(is_valid);
-            }
+        let valid = attention_mask.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        // Each padded position's packed row; padding reads a zero row after the last.
+        let (mut sequences, mut slots) = (vec![Vec::new(); rows], Vec::with_capacity(ids.len()));
+        let mut packed = 0u32;
+        for (at, (&id, &mask)) in ids.iter().zip(&valid).enumerate() {
+            slots.push((mask != 0.0).then(|| {
+                sequences[at / steps.max(1)].push(id);
+                packed += 1;
+                packed - 1
+            }));
         }
-        let mask = attention_bias(
-            rows,
-            steps,
-            steps,
-            |query| query,
-            |row, query, key| key <= query && valid[row * steps + key],
-            &self.device,
-        )?;
-        Ok(PassInputs {
-            ids: input_ids.to_device(&self.device)?,
-            positions: Tensor::from_vec(positions, (rows, steps), &self.device)?,
-            mask,
-        })
+        if packed == 0 {
+            return Err(input_error("the attention mask leaves no real token"));
+        }
+        let gather: Vec<u32> = slots.into_iter().map(|slot| slot.unwrap_or(packed)).collect();
+        let hidden = self.packed_hidden(&sequences.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        let with_zero_row = Tensor::cat(&[&hidden, &hidden.narrow(0, 0, 1)?.zeros_like()?], 0)?;
+        let gather = Tensor::from_vec(gather, rows * steps, &self.device)?;
+        Ok(with_zero_row.index_select(&gather, 0)?.reshape((rows, steps, self.config.hidden_size))?)
+    }
+
+    /// Logits (f32) of hidden states with any leading dimensions.
+    pub fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
+        linear(hidden, &self.lm_head)?.to_dtype(DType::F32)
     }
 
     fn check_vocabulary(&self, ids: &[u32]) -> Result<(), ModelError> {

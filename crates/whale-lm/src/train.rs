@@ -242,26 +242,43 @@ impl SftBatch {
 }
 
 /// The summed cross-entropy (f32 scalar, differentiable) of the scored positions of a batch.
-/// The log-softmax is composed from basic ops and only scored positions reach the LM head.
+/// The rows' real tokens run packed end to end ([`Qwen3Model::packed_hidden`]: no padding
+/// reaches a product) and only scored positions reach the LM head.
 pub fn completion_loss(model: &Qwen3Model, batch: &SftBatch) -> Result<Tensor, TrainError> {
     batch.check(model.config().vocab_size)?;
-    let scored: Vec<u32> =
-        (0..batch.rows * batch.steps).filter(|&at| batch.loss_mask[at]).map(|at| at as u32).collect();
-    if scored.is_empty() {
+    let packed = batch.packed();
+    if packed.scored.is_empty() {
         return Err(TrainError::NoTrainableTokens);
     }
-    let targets: Vec<u32> = scored.iter().map(|&at| batch.labels[at as usize]).collect();
-    let device = model.device();
-    let shape = (batch.rows, batch.steps);
-    let input_ids = Tensor::from_vec(batch.input_ids.clone(), shape, device)?;
-    let attention_mask = Tensor::from_vec(batch.attention_mask.clone(), shape, device)?;
-    let hidden = model.forward_hidden(&input_ids, &attention_mask)?;
-    let count = scored.len();
-    let hidden = hidden
-        .reshape((batch.rows * batch.steps, model.config().hidden_size))?
-        .index_select(&Tensor::from_vec(scored, count, device)?, 0)?;
+    let sequences: Vec<&[u32]> = packed.sequences.iter().map(Vec::as_slice).collect();
+    let count = packed.scored.len();
+    let hidden =
+        model.packed_hidden(&sequences)?.index_select(&Tensor::from_vec(packed.scored, count, model.device())?, 0)?;
     let logits = model.logits(&hidden)?;
-    Ok(kernels::cross_entropy(&logits, &targets)?.sum_all()?)
+    Ok(kernels::cross_entropy(&logits, &packed.targets)?.sum_all()?)
+}
+
+/// A batch's real tokens as sequences, with the packed rows it scores and their targets.
+struct PackedBatch {
+    sequences: Vec<Vec<u32>>,
+    scored: Vec<u32>,
+    targets: Vec<u32>,
+}
+
+impl SftBatch {
+    fn packed(&self) -> PackedBatch {
+        let mut packed =
+            PackedBatch { sequences: vec![Vec::new(); self.rows], scored: Vec::new(), targets: Vec::new() };
+        let real = (0..self.rows * self.steps).filter(|&at| self.attention_mask[at] != 0);
+        for (row, at) in real.enumerate() {
+            packed.sequences[at / self.steps].push(self.input_ids[at]);
+            if self.loss_mask[at] {
+                packed.scored.push(row as u32);
+                packed.targets.push(self.labels[at]);
+            }
+        }
+        packed
+    }
 }
 
 /// What one update did.

@@ -86,6 +86,37 @@ fn padding_on_either_side_leaves_real_tokens_unchanged() {
 }
 
 #[test]
+fn packed_sequences_each_run_as_if_alone() {
+    let model = tiny_model(false, 8);
+    let (first, second) = (random_tokens(&mut rng(6), 7), random_tokens(&mut rng(7), 70));
+    let packed = model.packed_hidden(&[&first, &[], &second]).unwrap();
+    assert_eq!(packed.dims(), [77, model.config().hidden_size]);
+    for (rows, tokens) in [(0..7, &first), (7..77, &second)] {
+        let alone = model.packed_hidden(&[tokens]).unwrap().to_vec2::<f32>().unwrap();
+        let part = packed.narrow(0, rows.start, rows.len()).unwrap().to_vec2::<f32>().unwrap();
+        for (a, b) in part.iter().zip(&alone) {
+            assert!(max_abs_diff(a, b) < 1e-5, "{}", max_abs_diff(a, b));
+        }
+    }
+    let error = model.packed_hidden(&[&[], &[]]).unwrap_err();
+    assert!(error.to_string().contains("no tokens"), "{error}");
+}
+
+#[test]
+fn padded_positions_read_zero_logits() {
+    let model = tiny_model(true, 9);
+    let ids = Tensor::from_vec(vec![5u32, 6, 7, 9, 1, 2], (2, 3), &Device::Cpu).unwrap();
+    let mask = Tensor::from_vec(vec![1u8, 1, 0, 0, 1, 1], (2, 3), &Device::Cpu).unwrap();
+    let logits = model.forward_train(&ids, &mask).unwrap().to_vec3::<f32>().unwrap();
+    for (row, t) in [(0, 2), (1, 0)] {
+        assert!(logits[row][t].iter().all(|&x| x == 0.0), "row {row} step {t}");
+    }
+    assert!(logits[1][1].iter().any(|&x| x != 0.0));
+    let none = Tensor::zeros((2, 3), DType::U8, &Device::Cpu).unwrap();
+    assert!(model.forward_train(&ids, &none).unwrap_err().to_string().contains("no real token"));
+}
+
+#[test]
 fn greedy_decoding_with_and_without_the_cache_agree() {
     let model = tiny_model(true, 13);
     let prompt = random_tokens(&mut rng(5), 6);

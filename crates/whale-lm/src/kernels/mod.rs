@@ -68,35 +68,61 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tenso
     (heads_x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?.reshape(x.shape())
 }
 
-/// Grouped-query self-attention `softmax(q kᵀ · scale + mask) v` over token rows, differentiable
-/// in `q`, `k` and `v`: `q` `[B·T, H·d]`, `k` and `v` `[B·T, KV·d]` with `H` a multiple of `KV`
-/// (query head `h` reads key/value head `h / (H / KV)`), `mask` additive with `B · T · T` values
-/// (`[B, 1, 1, T, T]`). The output is `[B·T, H·d]`.
+/// Causal grouped-query self-attention `softmax(q kᵀ · scale + causal mask) v` within each of
+/// the sequences packed end to end in the token rows, differentiable in `q`, `k` and `v`: `q`
+/// `[Σ len, H·d]`, `k` and `v` `[Σ len, KV·d]` with `H` a multiple of `KV` (query head `h` reads
+/// key/value head `h / (H / KV)`), `lengths` the sequences' lengths. The output is `[Σ len, H·d]`.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    mask: &Tensor,
-    batch: usize,
+    lengths: &[usize],
     head_dim: usize,
     scale: f64,
 ) -> candle_core::Result<Tensor> {
     if fused(q) && fused(k) && fused(v) {
-        let mask_values = mask.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
         return q.contiguous()?.apply_op3(
             &k.contiguous()?,
             &v.contiguous()?,
-            attention::Attention::new(mask_values, scale, batch, head_dim),
+            attention::Attention::new(lengths.to_vec(), scale, head_dim),
         );
     }
-    let (rows, width) = q.dims2()?;
-    let steps = rows / batch.max(1);
+    padded_attention(q, k, v, lengths, head_dim, scale)
+}
+
+/// [`attention`] composed: the sequences padded to the longest as a batch, [`composed_attention`]
+/// under a causal mask that hides the padding (a padded query still sees its own key, so that
+/// no softmax row is empty), and the real rows gathered back.
+fn padded_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    lengths: &[usize],
+    head_dim: usize,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
+    let (batch, steps) = (lengths.len(), lengths.iter().copied().max().unwrap_or(0));
+    let rows: usize = lengths.iter().sum();
+    let (mut gather, mut scatter, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+    let mut first = 0;
+    for (row, &len) in lengths.iter().enumerate() {
+        gather.extend((0..steps).map(|t| if t < len { (first + t) as u32 } else { rows as u32 }));
+        scatter.extend((0..len).map(|t| (row * steps + t) as u32));
+        for (t, s) in (0..steps).flat_map(|t| (0..steps).map(move |s| (t, s))) {
+            mask.push(if s == t || (s < t && s < len) { 0f32 } else { f32::NEG_INFINITY });
+        }
+        first += len;
+    }
+    let device = q.device();
+    let gather = Tensor::from_vec(gather, batch * steps, device)?;
     let heads_of = |x: &Tensor| -> candle_core::Result<Tensor> {
-        x.reshape((batch, steps, x.dim(1)? / head_dim, head_dim))?.transpose(1, 2)?.contiguous()
+        let with_zero_row = Tensor::cat(&[x, &x.narrow(0, 0, 1)?.zeros_like()?], 0)?;
+        let padded = with_zero_row.index_select(&gather, 0)?;
+        padded.reshape((batch, steps, x.dim(1)? / head_dim, head_dim))?.transpose(1, 2)?.contiguous()
     };
-    composed_attention(&heads_of(q)?, &heads_of(k)?, &heads_of(v)?, mask, scale, softmax_last_dim)?
-        .transpose(1, 2)?
-        .reshape((rows, width))
+    let mask = Tensor::from_vec(mask, (batch, 1, 1, steps, steps), device)?;
+    let out = composed_attention(&heads_of(q)?, &heads_of(k)?, &heads_of(v)?, &mask, scale, softmax_last_dim)?;
+    out.transpose(1, 2)?.reshape((batch * steps, q.dim(1)?))?.index_select(&Tensor::from_vec(scatter, rows, device)?, 0)
 }
 
 /// [`attention`] from tensor ops, with the given softmax over the last dimension. The queries
@@ -481,61 +507,38 @@ mod tests {
         }
     }
 
-    /// `[B, T, S]` additive masks: causal with the first `pad[b]` keys of row `b` hidden (a query
-    /// still sees its own key), or any pattern `allowed` gives.
-    fn mask(batch: usize, steps: usize, allowed: impl Fn(usize, usize, usize) -> bool) -> Tensor {
-        let values: Vec<f32> = (0..batch * steps * steps)
-            .map(|at| {
-                let (b, t, s) = (at / (steps * steps), at / steps % steps, at % steps);
-                if allowed(b, t, s) {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-            .collect();
-        Tensor::from_vec(values, (batch, 1, 1, steps, steps), &Device::Cpu).expect("mask")
-    }
-
-    fn check_attention(mask: &Tensor, heads: usize, kv_heads: usize, steps: usize) {
-        let (batch, d) = (mask.dim(0).expect("batch"), 16);
-        let rows = batch * steps;
+    fn check_attention(lengths: &[usize], heads: usize, kv_heads: usize) {
+        let (rows, d) = (lengths.iter().sum::<usize>(), 16);
         let inputs = [random(&[rows, heads * d]), random(&[rows, kv_heads * d]), random(&[rows, kv_heads * d])];
-        let (out, grads) = compare(&inputs, |t| attention(&t[0], &t[1], &t[2], mask, batch, d, 0.25), &[0, 1, 2]);
-        assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-4), "{out} {grads:?}");
+        let (out, grads) = compare(&inputs, |t| attention(&t[0], &t[1], &t[2], lengths, d, 0.25), &[0, 1, 2]);
+        assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-4), "{lengths:?}: {out} {grads:?}");
     }
 
     #[test]
-    fn fused_attention_matches_the_composition_under_causal_and_padding_masks() {
-        let pad = [0, 5, 40];
-        let causal = mask(3, 70, |b, t, s| s == t || (s <= t && s >= pad[b]));
-        check_attention(&causal, 4, 2, 70);
-        check_attention(&causal, 3, 3, 70);
-        check_attention(&causal, 4, 1, 70);
+    fn fused_attention_matches_the_composition_over_packed_sequences() {
+        check_attention(&[70, 25, 1, 130], 4, 2);
+        check_attention(&[64, 65], 3, 3);
+        check_attention(&[33], 4, 1);
     }
 
     #[test]
-    fn fused_attention_matches_the_composition_under_any_mask() {
-        let scattered = mask(2, 45, |b, t, s| s == t || (s * 7 + t * 3 + b) % 5 < 2);
-        check_attention(&scattered, 2, 1, 45);
-        check_attention(&mask(1, 33, |_, _, _| true), 2, 2, 33);
-    }
-
-    #[test]
-    fn fused_attention_gives_zeros_for_a_query_that_sees_nothing() {
-        let mask = mask(1, 4, |_, t, s| t != 2 && s <= t);
-        let (q, k, v) = (random(&[4, 2 * 8]), random(&[4, 8]), random(&[4, 8]));
-        let out = attention(&q, &k, &v, &mask, 1, 8, 0.5).expect("attention");
-        let blind = out.narrow(0, 2, 1).and_then(|o| o.abs()?.sum_all()?.to_scalar::<f32>()).expect("row");
-        let seen = out.narrow(0, 3, 1).and_then(|o| o.abs()?.sum_all()?.to_scalar::<f32>()).expect("row");
-        assert!(blind == 0.0 && seen > 0.0, "{blind} {seen}");
+    fn fused_attention_keeps_packed_sequences_apart() {
+        let (d, lengths) = (8, [3, 4]);
+        let (q, k, v) = (random(&[7, 2 * d]), random(&[7, d]), random(&[7, d]));
+        let packed = attention(&q, &k, &v, &lengths, d, 0.5).expect("packed");
+        let second = |x: &Tensor| x.narrow(0, 3, 4).expect("rows");
+        let alone = attention(&second(&q), &second(&k), &second(&v), &[4], d, 0.5).expect("alone");
+        assert_eq!(max_diff(&second(&packed), &alone), 0.0);
+        let first_token = packed.narrow(0, 3, 1).and_then(|o| o.narrow(1, 0, d)).expect("row");
+        assert!(max_diff(&first_token, &v.narrow(0, 3, 1).expect("row")) < 1e-6, "a first token sees only itself");
     }
 
     #[test]
     fn fused_attention_refuses_shapes_that_do_not_fit() {
-        let mask = mask(1, 6, |_, t, s| s <= t);
         let (k, v) = (random(&[6, 2 * 8]), random(&[6, 2 * 8]));
-        let error = attention(&random(&[6, 3 * 8]), &k, &v, &mask, 1, 8, 1.0).expect_err("3 heads over 2");
+        let error = attention(&random(&[6, 3 * 8]), &k, &v, &[6], 8, 1.0).expect_err("3 heads over 2");
+        assert!(error.to_string().contains("do not fit"), "{error}");
+        let error = attention(&random(&[6, 2 * 8]), &k, &v, &[4], 8, 1.0).expect_err("6 rows, 4 in sequences");
         assert!(error.to_string().contains("do not fit"), "{error}");
     }
 

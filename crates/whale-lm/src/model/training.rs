@@ -1,61 +1,66 @@
-//! The training pass: the decoder over token rows `[B·T, width]` with whale's differentiable
-//! kernels ([`crate::kernels`]).
+//! The training pass: the decoder over sequences packed end to end, token rows
+//! `[Σ len, width]`, with whale's differentiable kernels ([`crate::kernels`]).
 //!
-//! Autograd allocates, zeroes and accumulates a gradient for every tensor a pass makes, views
-//! included, so this pass makes as few as it can: activations stay matrices from the embedding
-//! to the final norm (the projections multiply them directly), each head's RMSNorm and rotary
-//! embedding run on the projection's rows in place of a reshape and a transpose, and attention
-//! takes and gives token rows. It computes what the cached decoding pass computes, to float
-//! rounding.
+//! Packing leaves padding out of every product: a padded batch of similar-length examples
+//! still spends a fifth of its positions on padding (16 GSM8K examples in two micro-batches of
+//! 8: 4,400 positions for 3,497 tokens). Autograd allocates, zeroes and accumulates a gradient
+//! for every tensor a pass makes, views included, so the pass also makes as few as it can:
+//! activations stay matrices from the embedding to the final norm (the projections multiply
+//! them directly), each head's RMSNorm and rotary embedding run on the projection's rows in
+//! place of a reshape and a transpose, and attention takes and gives token rows. It computes
+//! what the cached decoding pass computes, to float rounding.
 
-use super::{Attention, DecoderLayer, PassInputs, Qwen3Model, RmsNorm, Rotary};
+use super::{input_error, Attention, DecoderLayer, ModelError, Qwen3Model, RmsNorm, Rotary};
 use crate::kernels;
 use candle_core::Tensor;
 
 /// What every layer of one training pass reads besides its input.
-struct RowPass<'a> {
-    batch: usize,
-    /// `[B·T, head_dim / 2]`: the rotary angles of each token row's position.
+struct PackedPass {
+    /// The sequences' lengths, in row order.
+    lengths: Vec<usize>,
+    /// `[Σ len, head_dim / 2]`: the rotary angles of each token row's position.
     cos: Tensor,
     sin: Tensor,
-    /// Additive, `[B, 1, 1, T, T]`.
-    mask: &'a Tensor,
 }
 
 impl Qwen3Model {
-    /// The final normalised hidden states `[B, T, hidden]` of a padded batch, differentiable.
-    pub(super) fn training_hidden(&self, inputs: &PassInputs) -> candle_core::Result<Tensor> {
-        let (batch, steps) = inputs.ids.dims2()?;
-        let rows = batch * steps;
-        let rotary = Rotary::new(&self.inv_freq, &inputs.positions, self.dtype)?;
-        let half = rotary.cos.dim(2)?;
-        let pass = RowPass {
-            batch,
-            cos: rotary.cos.reshape((rows, half))?,
-            sin: rotary.sin.reshape((rows, half))?,
-            mask: &inputs.mask,
-        };
-        let mut x = self.embed_tokens.index_select(&inputs.ids.flatten_all()?, 0)?;
-        for layer in &self.layers {
-            x = layer.forward_rows(&x, &pass)?;
+    /// The final normalised hidden states `[Σ len, hidden]` of `sequences` packed end to end,
+    /// differentiable. Each sequence attends only to itself, causally, and its positions count
+    /// from 0. Empty sequences add no rows.
+    pub fn packed_hidden(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError> {
+        let lengths: Vec<usize> = sequences.iter().map(|tokens| tokens.len()).collect();
+        let ids: Vec<u32> = sequences.concat();
+        if ids.is_empty() {
+            return Err(input_error("no tokens to run"));
         }
-        self.norm.forward_rows(&x)?.reshape((batch, steps, self.config.hidden_size))
+        self.check_vocabulary(&ids)?;
+        let positions: Vec<f32> = lengths.iter().flat_map(|&len| (0..len).map(|at| at as f32)).collect();
+        let rows = ids.len();
+        let rotary = Rotary::new(&self.inv_freq, &Tensor::from_vec(positions, (1, rows), &self.device)?, self.dtype)?;
+        let half = rotary.cos.dim(2)?;
+        let pass =
+            PackedPass { lengths, cos: rotary.cos.reshape((rows, half))?, sin: rotary.sin.reshape((rows, half))? };
+        let mut x = self.embed_tokens.index_select(&Tensor::from_vec(ids, rows, &self.device)?, 0)?;
+        for layer in &self.layers {
+            x = layer.forward_packed(&x, &pass)?;
+        }
+        Ok(self.norm.forward_rows(&x)?)
     }
 }
 
 impl DecoderLayer {
-    fn forward_rows(&self, x: &Tensor, pass: &RowPass) -> candle_core::Result<Tensor> {
-        let x = (x + self.attention.forward_rows(&self.input_layernorm.forward_rows(x)?, pass)?)?;
+    fn forward_packed(&self, x: &Tensor, pass: &PackedPass) -> candle_core::Result<Tensor> {
+        let x = (x + self.attention.forward_packed(&self.input_layernorm.forward_rows(x)?, pass)?)?;
         &x + self.mlp.forward(&self.post_attention_layernorm.forward_rows(&x)?)?
     }
 }
 
 impl Attention {
-    fn forward_rows(&self, x: &Tensor, pass: &RowPass) -> candle_core::Result<Tensor> {
+    fn forward_packed(&self, x: &Tensor, pass: &PackedPass) -> candle_core::Result<Tensor> {
         let q = kernels::rope(&self.q_norm.forward_rows(&self.q_proj.forward(x)?)?, &pass.cos, &pass.sin)?;
         let k = kernels::rope(&self.k_norm.forward_rows(&self.k_proj.forward(x)?)?, &pass.cos, &pass.sin)?;
         let v = self.v_proj.forward(x)?;
-        let attended = kernels::attention(&q, &k, &v, pass.mask, pass.batch, self.head_dim, self.scale())?;
+        let attended = kernels::attention(&q, &k, &v, &pass.lengths, self.head_dim, self.scale())?;
         self.o_proj.forward(&attended)
     }
 }
