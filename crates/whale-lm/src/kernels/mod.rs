@@ -290,12 +290,11 @@ impl CustomOp2 for RmsNorm {
             }
             dw
         };
+        // Fixed chunks summed in order: the same bits whatever thread ran which chunk.
         let rows_per_task = (PARALLEL_ELEMENTS / dim).max(1) * dim;
-        let dw = xs
-            .par_chunks(rows_per_task)
-            .zip(dys.par_chunks(rows_per_task))
-            .map(partial_dw)
-            .reduce(|| vec![0f32; dim], |a, b| a.iter().zip(&b).map(|(a, b)| a + b).collect());
+        let partials: Vec<Vec<f32>> =
+            xs.par_chunks(rows_per_task).zip(dys.par_chunks(rows_per_task)).map(partial_dw).collect();
+        let dw = partials.iter().fold(vec![0f32; dim], |sum, part| sum.iter().zip(part).map(|(a, b)| a + b).collect());
         let (dx, dw) =
             (Tensor::from_vec(dx, x.shape(), &Device::Cpu)?, Tensor::from_vec(dw, weight.shape(), &Device::Cpu)?);
         Ok((Some(dx), Some(dw)))
