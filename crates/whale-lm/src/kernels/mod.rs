@@ -125,9 +125,10 @@ fn padded_attention(
     out.transpose(1, 2)?.reshape((batch * steps, q.dim(1)?))?.index_select(&Tensor::from_vec(scatter, rows, device)?, 0)
 }
 
-/// [`attention`] from tensor ops, with the given softmax over the last dimension. The queries
-/// of a group are stacked instead of the keys being copied (`repeat_kv`); the scores are
-/// normalised in f32 whatever the dtype.
+/// Grouped-query attention from tensor ops, with the given softmax over the last dimension:
+/// `q` `[B, H, T, d]`, `k` and `v` `[B, KV, S, d]`, `mask` additive `[B, 1, 1, T, S]`; the output
+/// is `[B, H, T, d]`. The queries of a group are stacked instead of the keys being copied
+/// (`repeat_kv`); the scores are normalised in f32 whatever the dtype.
 pub fn composed_attention(
     q: &Tensor,
     k: &Tensor,
