@@ -213,3 +213,37 @@ fn long_examples_are_cut_and_counted() {
     assert_eq!(stats.truncated, 1);
     assert_eq!(stats.tokens, 2 + 2);
 }
+
+/// The fused kernels take f32 tensors on the CPU; a bf16 model runs the compositions of candle
+/// ops that every other device (a GPU) runs: padded attention, composed RMSNorm, rotary, SwiGLU.
+#[test]
+fn the_composed_pass_of_other_devices_and_dtypes_trains_like_the_fused_one() {
+    let mut model_config = tiny_config(false);
+    model_config.initializer_range = 0.2;
+    let bf16 = whale_lm::Qwen3Model::new_random(&model_config, 31, DType::BF16, &Device::Cpu).unwrap();
+    let same_weights = bf16
+        .named_parameters()
+        .into_iter()
+        .map(|(name, var)| (name, var.as_tensor().to_dtype(DType::F32).unwrap()))
+        .collect();
+    let f32 = whale_lm::Qwen3Model::from_tensors(&model_config, same_weights, DType::F32, &Device::Cpu).unwrap();
+    let (batch, _) = SftBatch::from_examples(&examples(3, 7), 0, 64);
+    assert!(batch.attention_mask.contains(&0), "the batch must contain padding");
+    let (fused, composed) = (completion_loss(&f32, &batch).unwrap(), completion_loss(&bf16, &batch).unwrap());
+    let (fused_loss, composed_loss) = (fused.to_scalar::<f32>().unwrap(), composed.to_scalar::<f32>().unwrap());
+    assert!((fused_loss - composed_loss).abs() < 0.02 * fused_loss, "{fused_loss} vs {composed_loss}");
+    let (fused_grads, composed_grads) = (fused.backward().unwrap(), composed.backward().unwrap());
+    for ((name, f32_var), (_, bf16_var)) in f32.named_parameters().into_iter().zip(bf16.named_parameters()) {
+        let expected = fused_grads.get(&f32_var).unwrap().flatten_all().unwrap();
+        let got = composed_grads.get(&bf16_var).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+        let dot = (&expected * &got).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        let norm = |t: &candle_core::Tensor| t.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
+        let cosine = dot / (norm(&expected) * norm(&got));
+        assert!(cosine > 0.98, "{name}: gradients at cosine {cosine}");
+    }
+    let mut trainer = SftTrainer::new(bf16, TrainerConfig { learning_rate: 1e-2, ..config() }).unwrap();
+    let examples = examples(3, 7);
+    let first = trainer.step(&examples).unwrap().loss;
+    let last = (0..15).map(|_| trainer.step(&examples).unwrap().loss).last().unwrap();
+    assert!(last < 0.7 * first, "bf16 training: loss {first} -> {last}");
+}
