@@ -17,9 +17,10 @@
 //!   OpenAI-compatible `/v1/chat/completions` (vLLM, SGLang, `whale serve`), with a concurrency
 //!   limit and retries; the served model or adapter is the request's `model`.
 //! - Weight phase: the caller renders and tokenizes the accepted rollouts into
-//!   [`train::SftExample`]s (prompt tokens, completion tokens); [`train::SftTrainer::step`] pads
+//!   [`train::SftExample`]s (prompt tokens, completion tokens); [`train::SftTrainer::step`] groups
 //!   them into [`train::SftBatch`]es, computes the completion-only loss with
-//!   [`model::Qwen3Model::forward_hidden`], and updates the shared weights in place with AdamW,
+//!   [`model::Qwen3Model::packed_hidden`] (each micro-batch's sequences end to end, no padding),
+//!   and updates the shared weights in place with AdamW,
 //!   so every clone of the model (the one the rollout engine holds included) sees them.
 //! - [`train::SftTrainer::save`] writes a Hugging Face checkpoint plus the optimizer state;
 //!   [`train::SftTrainer::resume`] continues from it exactly.

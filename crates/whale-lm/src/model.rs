@@ -4,17 +4,20 @@
 //! candle's fused softmax, RMSNorm and rotary kernels have no backward pass and would silently
 //! cut the gradient, so the training pass ([`training`]) runs whale's own ([`crate::kernels`]:
 //! fused on the CPU with backward passes, composed from differentiable ops elsewhere) over
-//! token rows `[B·T, width]`. The cached decoding pass (this file) needs no gradient and runs
-//! candle's kernels over `[B, heads, T, d]`, the layout of the key/value cache. The two passes
-//! share the weights, the projections (LoRA included) and the MLP, and agree to float rounding
-//! (the tests hold their logits to 1e-4).
+//! the token rows of sequences packed end to end, `[Σ len, width]`. The cached decoding pass
+//! (this file) needs no gradient and runs candle's kernels over `[B, heads, T, d]`, the layout of
+//! the key/value cache. The two passes share the weights, the projections (LoRA included) and the
+//! MLP (whose SwiGLU is whale's op in both), and agree to float rounding (the tests hold their
+//! logits to 1e-4).
 //!
 //! A model may carry a LoRA adapter ([`Qwen3Model::with_adapter`]): each targeted projection
-//! then adds `scale * (x A^T) B^T` to `x W^T`, in both entry points; a model without one does no
+//! then adds `scale * (x A^T) B^T` to `x W^T`, in every entry point; a model without one does no
 //! extra work.
 //!
-//! Two entry points:
-//! - [`Qwen3Model::forward_train`]: a padded batch `[B, T]` with its attention mask, all logits.
+//! Entry points:
+//! - [`Qwen3Model::packed_hidden`]: the training pass, final hidden states of packed sequences.
+//! - [`Qwen3Model::forward_train`]: a padded batch `[B, T]` with its attention mask, all logits
+//!   (packed onto the training pass).
 //! - [`Qwen3Model::forward_step`]: batched incremental decoding. Each sequence owns a
 //!   [`KvCache`]; one call feeds a chunk of new tokens for each of several sequences (a whole
 //!   prompt for a sequence that just joined, one sampled token for one that is decoding) and
@@ -22,6 +25,8 @@
 //!   sequences may join or leave between calls: the batch is formed anew on every call.
 
 mod training;
+
+pub(crate) use training::Packing;
 
 use crate::config::{ConfigIssue, Qwen3Config};
 use crate::kernels;
@@ -669,8 +674,7 @@ impl Qwen3Model {
     }
 
     /// The final (normalised) hidden states `[B, T, hidden]` of a padded batch (zero at padded
-    /// positions); see [`Self::forward_train`]. A trainer maps only the positions it scores
-    /// through [`Self::logits`], which saves the `[B, T, vocab]` tensor.
+    /// positions); see [`Self::forward_train`].
     pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor, ModelError> {
         let (rows, steps) = input_ids.dims2()?;
         if attention_mask.dims() != input_ids.dims() {
@@ -684,22 +688,15 @@ impl Qwen3Model {
             return Err(input_error(format!("input ids are {:?}, expected U32", input_ids.dtype())));
         }
         let ids = input_ids.flatten_all()?.to_vec1::<u32>()?;
-        let valid = attention_mask.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-        // Each padded position's packed row; padding reads a zero row after the last.
-        let (mut sequences, mut slots) = (vec![Vec::new(); rows], Vec::with_capacity(ids.len()));
-        let mut packed = 0u32;
-        for (at, (&id, &mask)) in ids.iter().zip(&valid).enumerate() {
-            slots.push((mask != 0.0).then(|| {
-                sequences[at / steps.max(1)].push(id);
-                packed += 1;
-                packed - 1
-            }));
-        }
-        if packed == 0 {
+        let mask_values = attention_mask.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        let packing = Packing::of_padded(&ids, steps, |at| mask_values[at] != 0.0);
+        if packing.tokens() == 0 {
             return Err(input_error("the attention mask leaves no real token"));
         }
-        let gather: Vec<u32> = slots.into_iter().map(|slot| slot.unwrap_or(packed)).collect();
-        let hidden = self.packed_hidden(&sequences.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        let hidden = self.packed_hidden(&packing.sequence_slices())?;
+        // Padding reads a zero row after the last token.
+        let zero_row = packing.tokens() as u32;
+        let gather: Vec<u32> = packing.rows.iter().map(|row| row.unwrap_or(zero_row)).collect();
         let with_zero_row = Tensor::cat(&[&hidden, &hidden.narrow(0, 0, 1)?.zeros_like()?], 0)?;
         let gather = Tensor::from_vec(gather, rows * steps, &self.device)?;
         Ok(with_zero_row.index_select(&gather, 0)?.reshape((rows, steps, self.config.hidden_size))?)

@@ -19,7 +19,7 @@ use crate::checkpoint::{
 use crate::config::optional;
 use crate::kernels;
 use crate::lora::{LoraAdapter, LoraError};
-use crate::model::{ModelError, Qwen3Model};
+use crate::model::{ModelError, Packing, Qwen3Model};
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -246,39 +246,19 @@ impl SftBatch {
 /// reaches a product) and only scored positions reach the LM head.
 pub fn completion_loss(model: &Qwen3Model, batch: &SftBatch) -> Result<Tensor, TrainError> {
     batch.check(model.config().vocab_size)?;
-    let packed = batch.packed();
-    if packed.scored.is_empty() {
+    let packing = Packing::of_padded(&batch.input_ids, batch.steps, |at| batch.attention_mask[at] != 0);
+    let scored = (0..batch.rows * batch.steps).filter(|&at| batch.loss_mask[at]);
+    let (rows, targets): (Vec<u32>, Vec<u32>) =
+        scored.filter_map(|at| packing.rows[at].map(|row| (row, batch.labels[at]))).unzip();
+    if rows.is_empty() {
         return Err(TrainError::NoTrainableTokens);
     }
-    let sequences: Vec<&[u32]> = packed.sequences.iter().map(Vec::as_slice).collect();
-    let count = packed.scored.len();
-    let hidden =
-        model.packed_hidden(&sequences)?.index_select(&Tensor::from_vec(packed.scored, count, model.device())?, 0)?;
+    let count = rows.len();
+    let hidden = model
+        .packed_hidden(&packing.sequence_slices())?
+        .index_select(&Tensor::from_vec(rows, count, model.device())?, 0)?;
     let logits = model.logits(&hidden)?;
-    Ok(kernels::cross_entropy(&logits, &packed.targets)?.sum_all()?)
-}
-
-/// A batch's real tokens as sequences, with the packed rows it scores and their targets.
-struct PackedBatch {
-    sequences: Vec<Vec<u32>>,
-    scored: Vec<u32>,
-    targets: Vec<u32>,
-}
-
-impl SftBatch {
-    fn packed(&self) -> PackedBatch {
-        let mut packed =
-            PackedBatch { sequences: vec![Vec::new(); self.rows], scored: Vec::new(), targets: Vec::new() };
-        let real = (0..self.rows * self.steps).filter(|&at| self.attention_mask[at] != 0);
-        for (row, at) in real.enumerate() {
-            packed.sequences[at / self.steps].push(self.input_ids[at]);
-            if self.loss_mask[at] {
-                packed.scored.push(row as u32);
-                packed.targets.push(self.labels[at]);
-            }
-        }
-        packed
-    }
+    Ok(kernels::cross_entropy(&logits, &targets)?.sum_all()?)
 }
 
 /// What one update did.

@@ -216,6 +216,8 @@ fn long_examples_are_cut_and_counted() {
 
 /// The fused kernels take f32 tensors on the CPU; a bf16 model runs the compositions of candle
 /// ops that every other device (a GPU) runs: padded attention, composed RMSNorm, rotary, SwiGLU.
+/// (Its attention scores and logits are f32, so on the CPU their softmax and cross-entropy still
+/// run fused; the kernel tests compare those compositions on their own.)
 #[test]
 fn the_composed_pass_of_other_devices_and_dtypes_trains_like_the_fused_one() {
     let mut model_config = tiny_config(false);

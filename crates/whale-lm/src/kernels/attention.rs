@@ -34,10 +34,10 @@ pub(super) struct Attention {
     scale: f32,
     head_dim: usize,
     /// What the backward pass reads, set by the forward pass.
-    forward: Mutex<Option<Forward>>,
+    forward: Mutex<Option<SavedForward>>,
 }
 
-struct Forward {
+struct SavedForward {
     /// Per task `[len · groups, len]`, zero above the diagonal.
     probs: Vec<f32>,
     /// The inputs, head-major (see [`PackedLayout::head_major`]).
@@ -51,31 +51,44 @@ impl Attention {
         Self { lengths, scale: scale as f32, head_dim, forward: Mutex::default() }
     }
 
-    fn forward_state(&self) -> candle_core::Result<std::sync::MutexGuard<'_, Option<Forward>>> {
+    fn forward_state(&self) -> candle_core::Result<std::sync::MutexGuard<'_, Option<SavedForward>>> {
         self.forward.lock().map_err(|_| candle_core::Error::msg("whale-attention: poisoned lock"))
     }
 
     fn layout(&self, q: &[usize], k: &[usize], v: &[usize]) -> candle_core::Result<PackedLayout> {
-        let d = self.head_dim;
-        let rows: usize = self.lengths.iter().sum();
-        let (&[q_rows, q_width], &[k_rows, k_width]) = (q, k) else {
-            candle_core::bail!("whale-attention: q {q:?} and k {k:?} are not [rows, heads·d]");
-        };
-        let consistent = d > 0
-            && q_rows == rows
-            && k_rows == rows
-            && v == k
-            && q_width % d == 0
-            && k_width % d == 0
-            && k_width > 0
-            && q_width % k_width == 0;
-        if !consistent {
-            candle_core::bail!(
-                "whale-attention: q {q:?}, k {k:?}, v {v:?}, heads of {d} and sequences of {rows} rows in all do not fit"
-            );
-        }
-        Ok(PackedLayout::new(&self.lengths, q_width / d, k_width / d, d))
+        let (heads, kv_heads) = check_shapes(q, k, v, &self.lengths, self.head_dim)?;
+        Ok(PackedLayout::new(&self.lengths, heads, kv_heads, self.head_dim))
     }
+}
+
+/// The query and key/value head counts of `q` `[Σ len, H·d]` and `k`, `v` `[Σ len, KV·d]`, or
+/// why they do not fit each other, the sequences and the head size.
+pub(super) fn check_shapes(
+    q: &[usize],
+    k: &[usize],
+    v: &[usize],
+    lengths: &[usize],
+    head_dim: usize,
+) -> candle_core::Result<(usize, usize)> {
+    let (rows, d) = (lengths.iter().sum::<usize>(), head_dim);
+    let (&[q_rows, q_width], &[k_rows, k_width]) = (q, k) else {
+        candle_core::bail!("whale-attention: q {q:?} and k {k:?} are not [rows, heads·d]");
+    };
+    let consistent = d > 0
+        && rows > 0
+        && q_rows == rows
+        && k_rows == rows
+        && v == k
+        && q_width % d == 0
+        && k_width % d == 0
+        && k_width > 0
+        && q_width % k_width == 0;
+    if !consistent {
+        candle_core::bail!(
+            "whale-attention: q {q:?}, k {k:?}, v {v:?}, heads of {d} and sequences of {rows} rows in all do not fit"
+        );
+    }
+    Ok((q_width / d, k_width / d))
 }
 
 /// Where each (sequence, key/value head) task's values sit, head-major: per sequence
@@ -205,8 +218,8 @@ impl CustomOp3 for Attention {
         (&layout.tasks, outs, task_probs).into_par_iter().for_each(|(task, out, probs)| {
             let (q, k, v) = (&q[task.queries.clone()], &k[task.keys.clone()], &v[task.keys.clone()]);
             let keys = task.steps;
-            for steps in blocks(task.steps) {
-                let (rows, visible) = (steps.start * groups..steps.end * groups, steps.end);
+            for block in blocks(task.steps) {
+                let (rows, visible) = (block.start * groups..block.end * groups, block.end);
                 let scores = &mut probs[rows.start * keys..];
                 let queries = Matrix::rows(&q[rows.start * d..rows.end * d], rows.len(), d);
                 matmul(scores, keys, queries, Matrix::rows(&k[..visible * d], visible, d).t(), false);
@@ -219,7 +232,7 @@ impl CustomOp3 for Attention {
             }
         });
         let out = layout.token_major(&out, layout.heads);
-        *self.forward_state()? = Some(Forward { probs, q, k, v });
+        *self.forward_state()? = Some(SavedForward { probs, q, k, v });
         Ok((CpuStorage::F32(out), q_layout.shape().clone()))
     }
 
@@ -232,14 +245,15 @@ impl CustomOp3 for Attention {
         d_out: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let layout = self.layout(q.dims(), k.dims(), v.dims())?;
-        let state = self.forward_state()?;
-        let Some(forward) = state.as_ref().filter(|f| f.probs.len() == layout.probs_len()) else {
+        // The saved state is released here: candle runs a graph's backward pass once.
+        let saved = self.forward_state()?.take();
+        let Some(forward) = saved.filter(|f| f.probs.len() == layout.probs_len()) else {
             candle_core::bail!("whale-attention: backward pass without its forward pass");
         };
         let d_out = d_out.contiguous()?;
         let d_host = d_out.storage_and_layout();
         let d_out = layout.head_major(cpu_f32(&d_host, self.name())?, layout.heads);
-        let (dq, dk, dv) = self.gradients(&layout, forward, &d_out);
+        let (dq, dk, dv) = self.gradients(&layout, &forward, &d_out);
         let tensor = |values: Vec<f32>, heads: usize, like: &Tensor| {
             Tensor::from_vec(layout.token_major(&values, heads), like.shape(), &Device::Cpu)
         };
@@ -255,7 +269,7 @@ type Gradients = (Vec<f32>, Vec<f32>, Vec<f32>);
 
 impl Attention {
     /// `dQ`, `dK` and `dV` (head-major) from the forward pass and `dO` (head-major).
-    fn gradients(&self, layout: &PackedLayout, forward: &Forward, d_out: &[f32]) -> Gradients {
+    fn gradients(&self, layout: &PackedLayout, forward: &SavedForward, d_out: &[f32]) -> Gradients {
         let (d, groups) = (self.head_dim, layout.groups());
         let (mut dq, mut dk, mut dv) =
             (vec![0f32; forward.q.len()], vec![0f32; forward.k.len()], vec![0f32; forward.v.len()]);
@@ -271,8 +285,8 @@ impl Attention {
             let d_out = &d_out[task.queries.clone()];
             let keys = task.steps;
             let mut scratch = vec![0f32; QUERY_BLOCK * groups * keys];
-            for steps in blocks(task.steps) {
-                let (rows, visible) = (steps.start * groups..steps.end * groups, steps.end);
+            for block in blocks(task.steps) {
+                let (rows, visible) = (block.start * groups..block.end * groups, block.end);
                 let p = Matrix {
                     data: &probs[rows.start * keys..],
                     rows: rows.len(),
@@ -304,7 +318,7 @@ impl Attention {
 fn causal_softmax(scores: &mut [f32], visible: usize, scale: f32) {
     let (seen, hidden) = scores.split_at_mut(visible.min(scores.len()));
     hidden.fill(0.0);
-    let max = seen.iter().fold(f32::NEG_INFINITY, |max, &x| max.max(x)) * scale;
+    let max = seen.iter().fold(f32::NEG_INFINITY, |max, &x| max.max(x * scale));
     seen.iter_mut().for_each(|x| *x = exp(*x * scale - max));
     let inverse = 1.0 / sum(seen);
     seen.iter_mut().for_each(|x| *x *= inverse);
@@ -329,17 +343,16 @@ impl<'a> Matrix<'a> {
         Self { rows: self.cols, cols: self.rows, row_stride: self.col_stride, col_stride: self.row_stride, ..self }
     }
 
-    /// The number of values from the first element to just past the last.
-    fn extent(rows: usize, cols: usize, row_stride: usize, col_stride: usize) -> usize {
+    /// The number of values from the first element to just past the last (`None` on overflow).
+    fn extent(rows: usize, cols: usize, row_stride: usize, col_stride: usize) -> Option<usize> {
         if rows == 0 || cols == 0 {
-            0
-        } else {
-            (rows - 1) * row_stride + (cols - 1) * col_stride + 1
+            return Some(0);
         }
+        (rows - 1).checked_mul(row_stride)?.checked_add((cols - 1).checked_mul(col_stride)?)?.checked_add(1)
     }
 
     fn in_bounds(&self) -> bool {
-        Self::extent(self.rows, self.cols, self.row_stride, self.col_stride) <= self.data.len()
+        Self::extent(self.rows, self.cols, self.row_stride, self.col_stride).is_some_and(|end| end <= self.data.len())
     }
 }
 
@@ -350,7 +363,7 @@ fn matmul(out: &mut [f32], out_row_stride: usize, a: Matrix, b: Matrix, accumula
         && a.in_bounds()
         && b.in_bounds()
         && b.cols <= out_row_stride
-        && Matrix::extent(a.rows, b.cols, out_row_stride, 1) <= out.len();
+        && Matrix::extent(a.rows, b.cols, out_row_stride, 1).is_some_and(|end| end <= out.len());
     assert!(fits, "whale-attention: [{}, {}] x [{}, {}] into {} values", a.rows, a.cols, b.rows, b.cols, out.len());
     // SAFETY: the assertion keeps every element gemm reads inside `a.data` and `b.data` and
     // every element it writes inside `out`, which nothing else borrows.

@@ -27,6 +27,9 @@ impl CrossEntropy {
         let &[rows, vocab] = dims else {
             candle_core::bail!("whale-cross-entropy: logits {dims:?} are not [N, V]");
         };
+        if vocab == 0 {
+            candle_core::bail!("whale-cross-entropy: logits {dims:?} over an empty vocabulary");
+        }
         if rows != self.targets.len() {
             candle_core::bail!("whale-cross-entropy: {rows} rows of logits for {} targets", self.targets.len());
         }

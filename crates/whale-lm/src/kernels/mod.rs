@@ -44,7 +44,11 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Te
     if fused(x) && fused(weight) {
         return x.contiguous()?.apply_op2(&weight.contiguous()?, RmsNorm { eps });
     }
-    let x32 = x.to_dtype(DType::F32)?.reshape(((), weight.dim(0)?))?;
+    let dim = weight.dim(0)?;
+    if dim == 0 || x.dim(D::Minus1)? % dim != 0 {
+        candle_core::bail!("whale-rms-norm: weight of {dim} for input {:?}", x.dims());
+    }
+    let x32 = x.to_dtype(DType::F32)?.reshape(((), dim))?;
     let inverse_rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
     x32.broadcast_mul(&inverse_rms)?.to_dtype(x.dtype())?.broadcast_mul(weight)?.reshape(x.shape())
 }
@@ -53,7 +57,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Te
 /// angles of each row's position) in the `rotate_half` convention of `transformers`: the first
 /// half of each head pairs with the second. Differentiable in `x` (the angles are constants).
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
-    if fused(x) {
+    if fused(x) && fused(cos) && fused(sin) {
         return x.contiguous()?.apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope);
     }
     let (rows, half) = cos.dims2()?;
@@ -80,6 +84,7 @@ pub fn attention(
     head_dim: usize,
     scale: f64,
 ) -> candle_core::Result<Tensor> {
+    attention::check_shapes(q.dims(), k.dims(), v.dims(), lengths, head_dim)?;
     if fused(q) && fused(k) && fused(v) {
         return q.contiguous()?.apply_op3(
             &k.contiguous()?,
@@ -310,7 +315,7 @@ impl Rope {
         let (&[rows, width], &[angle_rows, half]) = (x.dims(), angles.dims()) else {
             candle_core::bail!("whale-rope: input {:?} and angles {:?} are not matrices", x.dims(), angles.dims());
         };
-        if angle_rows != rows || half == 0 || width % (2 * half) != 0 {
+        if angle_rows != rows || half == 0 || width == 0 || width % (2 * half) != 0 {
             candle_core::bail!("whale-rope: angles {:?} do not fit input {:?}", angles.dims(), x.dims());
         }
         Ok((rows, width, half))
@@ -516,7 +521,7 @@ mod tests {
 
     #[test]
     fn fused_attention_matches_the_composition_over_packed_sequences() {
-        check_attention(&[70, 25, 1, 130], 4, 2);
+        check_attention(&[70, 0, 25, 1, 130], 4, 2);
         check_attention(&[64, 65], 3, 3);
         check_attention(&[33], 4, 1);
     }
@@ -539,6 +544,12 @@ mod tests {
         let error = attention(&random(&[6, 3 * 8]), &k, &v, &[6], 8, 1.0).expect_err("3 heads over 2");
         assert!(error.to_string().contains("do not fit"), "{error}");
         let error = attention(&random(&[6, 2 * 8]), &k, &v, &[4], 8, 1.0).expect_err("6 rows, 4 in sequences");
+        assert!(error.to_string().contains("do not fit"), "{error}");
+        let (q64, k64) = (random(&[6, 2 * 8]).to_dtype(DType::F64).expect("f64"), k.to_dtype(DType::F64).expect("f64"));
+        let error = attention(&q64, &k64, &k64, &[4], 8, 1.0).expect_err("the composition checks the same");
+        assert!(error.to_string().contains("do not fit"), "{error}");
+        let empty = Tensor::zeros((0, 8), DType::F32, &Device::Cpu).expect("empty");
+        let error = attention(&empty, &empty, &empty, &[0], 8, 1.0).expect_err("no rows");
         assert!(error.to_string().contains("do not fit"), "{error}");
     }
 
