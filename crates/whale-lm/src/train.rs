@@ -28,6 +28,9 @@ use std::path::Path;
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const TRAINER_STATE_FILE: &str = "trainer_state.json";
 
+/// The suffix of a parameter's f32 master copy in [`OPTIMIZER_FILE`] (bf16 and f16 parameters).
+const MASTER: &str = "master";
+
 /// One training example: the prompt (context, not trained on) and the completion (trained on).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SftExample {
@@ -313,17 +316,21 @@ impl TrainerState {
     }
 }
 
-/// AdamW's first and second moments of one parameter, in f32.
+/// AdamW's state of one parameter, in f32: the first and second moments and, for a parameter
+/// stored in bf16 or f16, its f32 master copy. Updates accumulate in the master copy and the
+/// parameter gets it rounded, so that updates below the low precision's resolution (a step of
+/// 1e-4 on a weight of 0.05 is below bf16's) are not lost.
 struct Moments {
     first: Tensor,
     second: Tensor,
+    master: Option<Tensor>,
 }
 
 /// The SFT trainer: owns a handle on the model (clones share its weights) and the optimizer.
 /// It trains every parameter of a plain model, and only the adapter of a model that carries one.
 ///
-/// Train an f32 model: the moments are kept in f32 whatever the model's dtype, but a bf16 or
-/// f16 model stores its updated weights rounded to that dtype, which loses small updates.
+/// The optimizer state is f32 whatever the model's dtype; a bf16 or f16 model trains through f32
+/// master copies of its parameters, saved with the moments.
 pub struct SftTrainer {
     model: Qwen3Model,
     params: Vec<(String, Var)>,
@@ -347,6 +354,9 @@ impl SftTrainer {
                 Ok(Moments {
                     first: Tensor::zeros(var.shape(), DType::F32, var.device())?,
                     second: Tensor::zeros(var.shape(), DType::F32, var.device())?,
+                    master: (var.dtype() != DType::F32)
+                        .then(|| var.as_detached_tensor().to_dtype(DType::F32))
+                        .transpose()?,
                 })
             })
             .collect::<candle_core::Result<_>>()?;
@@ -370,7 +380,7 @@ impl SftTrainer {
         Ok(trainer)
     }
 
-    /// Reads the counters and the moments saved in `dir`.
+    /// Reads the counters, the moments and the master copies saved in `dir`.
     fn restore(&mut self, dir: &Path) -> Result<(), TrainError> {
         self.state = TrainerState::load(&dir.join(TRAINER_STATE_FILE))?;
         let device = self.model.device().clone();
@@ -379,7 +389,10 @@ impl SftTrainer {
             .iter()
             .flat_map(|(name, var)| {
                 let shape = var.dims().to_vec();
+                let master = (var.dtype() != DType::F32).then(|| (format!("{name}.{MASTER}"), shape.clone()));
                 [(format!("{name}.exp_avg"), shape.clone()), (format!("{name}.exp_avg_sq"), shape)]
+                    .into_iter()
+                    .chain(master)
             })
             .collect();
         let mut stored = read_tensors(&dir.join(OPTIMIZER_FILE), &wanted)?;
@@ -393,6 +406,9 @@ impl SftTrainer {
             };
             moments.first = take("exp_avg")?;
             moments.second = take("exp_avg_sq")?;
+            if moments.master.is_some() {
+                moments.master = Some(take(MASTER)?);
+            }
         }
         Ok(())
     }
@@ -439,10 +455,13 @@ impl SftTrainer {
             .iter()
             .zip(&self.moments)
             .flat_map(|((name, _), moments)| {
+                let master = moments.master.as_ref().map(|master| (format!("{name}.{MASTER}"), master.clone()));
                 [
                     (format!("{name}.exp_avg"), moments.first.clone()),
                     (format!("{name}.exp_avg_sq"), moments.second.clone()),
                 ]
+                .into_iter()
+                .chain(master)
             })
             .collect();
         write_tensors(&dir.join(OPTIMIZER_FILE), moments)?;
@@ -548,12 +567,18 @@ impl SftTrainer {
             moments.second = ((&moments.second * beta2)? + (grad.sqr()? * (1.0 - beta2))?)?;
             let denominator = ((&moments.second / second_correction)?.sqrt()? + self.config.eps)?;
             let direction = ((&moments.first / first_correction)? / denominator)?;
-            let mut weights = var.as_detached_tensor().to_dtype(DType::F32)?;
+            let mut weights = match &moments.master {
+                Some(master) => master.clone(),
+                None => var.as_detached_tensor().to_dtype(DType::F32)?,
+            };
             if var.rank() >= 2 && self.config.weight_decay > 0.0 {
                 weights = (weights * (1.0 - learning_rate * self.config.weight_decay))?;
             }
             let updated = (weights - (direction * learning_rate)?)?;
             var.set(&updated.to_dtype(var.dtype())?)?;
+            if let Some(master) = &mut moments.master {
+                *master = updated;
+            }
         }
         Ok(())
     }

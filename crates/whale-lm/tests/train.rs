@@ -249,3 +249,40 @@ fn the_composed_pass_of_other_devices_and_dtypes_trains_like_the_fused_one() {
     let last = (0..15).map(|_| trainer.step(&examples).unwrap().loss).last().unwrap();
     assert!(last < 0.7 * first, "bf16 training: loss {first} -> {last}");
 }
+
+fn bf16_model(seed: u64) -> whale_lm::Qwen3Model {
+    let mut model_config = tiny_config(false);
+    model_config.initializer_range = 0.2;
+    whale_lm::Qwen3Model::new_random(&model_config, seed, DType::BF16, &Device::Cpu).unwrap()
+}
+
+/// Steps of 2e-4 are below half of bf16's spacing for weights above 1/8 in size (the spacing is
+/// 2^-10 between 1/8 and 1/4), so rounding each update into the weights would lose most of them;
+/// the trainer's f32 master copies accumulate them. The copies are saved, so a resumed run continues exactly.
+#[test]
+fn a_bf16_model_trains_through_f32_master_copies_and_resumes_exactly() {
+    let data = [examples(4, 4), examples(5, 4), examples(6, 4), examples(7, 4)];
+    let config = TrainerConfig { learning_rate: 2e-4, warmup_steps: 0, ..config() };
+    let initial = weights_of(&bf16_model(59));
+    let mut straight = SftTrainer::new(bf16_model(59), config.clone()).unwrap();
+    let straight_stats: Vec<_> = data.iter().map(|b| straight.step(b).unwrap()).collect();
+    let trained = weights_of(straight.model());
+    let (changed, total) = initial.iter().fold((0, 0), |(changed, total), (name, before)| {
+        let after = &trained[name];
+        (changed + before.iter().zip(after).filter(|(a, b)| a != b).count(), total + before.len())
+    });
+    let share = changed as f64 / total as f64;
+    // Measured: 0.50 of them move; 0.23 when each update is rounded into the weights instead.
+    assert!(share > 0.4, "only {share:.2} of the bf16 weights moved");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut first_half = SftTrainer::new(bf16_model(59), config.clone()).unwrap();
+    for batch in &data[..2] {
+        first_half.step(batch).unwrap();
+    }
+    first_half.save(dir.path(), &GenerationConfig::for_model(first_half.model().config())).unwrap();
+    let mut resumed = SftTrainer::resume(dir.path(), config, DType::BF16, &Device::Cpu).unwrap();
+    let resumed_stats: Vec<_> = data[2..].iter().map(|b| resumed.step(b).unwrap()).collect();
+    assert_eq!(resumed_stats, straight_stats[2..]);
+    assert_eq!(weights_of(resumed.model()), trained);
+}

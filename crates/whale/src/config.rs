@@ -70,6 +70,9 @@ pub struct ModelConfig {
     pub path: Option<PathBuf>,
     /// `cpu`, or `cuda` (a build with the `cuda` feature).
     pub device: String,
+    /// The weights' and activations' dtype: `f32`, or `bf16` (a GPU's; slow on the CPU). A bf16
+    /// model trains through f32 master copies of its weights, with f32 optimizer moments.
+    pub dtype: String,
     /// Most sequences the engine generates at once.
     pub max_batch_size: usize,
     /// Most tokens of prompt plus completion.
@@ -82,7 +85,14 @@ pub struct ModelConfig {
 impl Default for ModelConfig {
     fn default() -> Self {
         let max_prefill_tokens = EngineConfig::default().max_prefill_tokens;
-        Self { path: None, device: "cpu".to_string(), max_batch_size: 64, max_context: 2048, max_prefill_tokens }
+        Self {
+            path: None,
+            device: "cpu".to_string(),
+            dtype: "f32".to_string(),
+            max_batch_size: 64,
+            max_context: 2048,
+            max_prefill_tokens,
+        }
     }
 }
 
@@ -478,6 +488,9 @@ impl RunConfig {
         if !matches!(self.model.device.as_str(), "cpu" | "cuda") {
             return Err(("model.device", format!("`{}` is neither cpu nor cuda", self.model.device)));
         }
+        if !matches!(self.model.dtype.as_str(), "f32" | "bf16") {
+            return Err(("model.dtype", format!("`{}` is neither f32 nor bf16", self.model.dtype)));
+        }
         if let Err(reason) = self.sampling.params().validate() {
             return Err(("sampling", reason.to_string()));
         }
@@ -579,6 +592,9 @@ mod tests {
         assert!(error.to_string().contains("`qproj`"), "{error}");
         let error = parse("[weights.lora]\nranks = 4\n").expect_err("unknown key");
         assert!(error.to_string().contains("ranks"), "{error}");
+        let error = parse("[model]\ndtype = \"fp16\"\n").expect_err("dtype");
+        assert!(error.to_string().contains("model.dtype") && error.to_string().contains("fp16"), "{error}");
+        parse("[model]\ndtype = \"bf16\"\n").expect("bf16");
     }
 
     #[test]

@@ -122,6 +122,14 @@ fn device(config: &RunConfig) -> Result<Device, ExperimentError> {
     }
 }
 
+/// The model's dtype; the configuration was validated to name f32 or bf16.
+fn dtype(config: &RunConfig) -> DType {
+    match config.model.dtype.as_str() {
+        "bf16" => DType::BF16,
+        _ => DType::F32,
+    }
+}
+
 fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
     match &config.model.path {
         Some(path) => Ok(path.clone()),
@@ -147,7 +155,7 @@ fn local_model(config: &RunConfig) -> Result<Model, ExperimentError> {
         max_prefill_tokens: config.model.max_prefill_tokens,
         ..EngineConfig::default()
     };
-    let policy = LocalPolicy::load(&model_dir, DType::F32, &device(config)?, engine)
+    let policy = LocalPolicy::load(&model_dir, dtype(config), &device(config)?, engine)
         .map_err(|e| ExperimentError::Model(format!("{}: {e}", model_dir.display())))?;
     let engine = Arc::new(policy);
     let (policy, weights): (Arc<dyn Policy>, Weights) = match &config.weights.trainer {

@@ -19,7 +19,7 @@
 
 use crate::config::WeightConfig;
 use crate::evaluate::rollout_seed;
-use candle_core::{DType, Device};
+use candle_core::Device;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -166,7 +166,7 @@ pub fn resume_trainer(
     let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
     let trainer = match config.lora {
         Some(_) => SftTrainer::resume_adapter(dir, &policy.model(), settings)?,
-        None => SftTrainer::resume(dir, settings, DType::F32, device)?,
+        None => SftTrainer::resume(dir, settings, policy.model().dtype(), device)?,
     };
     policy.reload(trainer.model().clone(), policy.weights_version())?;
     Ok(trainer)
