@@ -36,9 +36,7 @@ impl Recorder {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
                 let reply = replies.next().unwrap_or((200, json!({})));
-                if let Some(request) = answer(stream, reply) {
-                    log.lock().expect("log").push(request);
-                }
+                answer(stream, reply, &log);
             }
         });
         Self { url, seen }
@@ -64,8 +62,9 @@ impl Recorder {
     }
 }
 
-/// Reads one HTTP/1.1 request and writes the reply, closing the connection.
-fn answer(stream: TcpStream, (status, body): (u16, Value)) -> Option<Seen> {
+/// Reads one HTTP/1.1 request, records it and only then writes the reply (so a client that has
+/// its answer finds its request in the log), closing the connection.
+fn answer(stream: TcpStream, (status, body): (u16, Value), log: &Mutex<Vec<Seen>>) -> Option<()> {
     let mut reader = BufReader::new(stream.try_clone().ok()?);
     let mut line = String::new();
     reader.read_line(&mut line).ok()?;
@@ -87,14 +86,15 @@ fn answer(stream: TcpStream, (status, body): (u16, Value)) -> Option<Seen> {
     }
     let mut bytes = vec![0; length];
     reader.read_exact(&mut bytes).ok()?;
+    let request = Seen { path, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null), authorization };
+    log.lock().expect("log").push(request);
     let text = body.to_string();
     let reply = format!(
         "HTTP/1.1 {status} Scripted\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
         text.len()
     );
     let mut stream = stream;
-    stream.write_all(reply.as_bytes()).ok()?;
-    Some(Seen { path, body: serde_json::from_slice(&bytes).unwrap_or(Value::Null), authorization })
+    stream.write_all(reply.as_bytes()).ok()
 }
 
 fn paths(seen: &[Seen]) -> Vec<&str> {
