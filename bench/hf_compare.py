@@ -10,7 +10,9 @@ Checks, on a whale checkpoint loaded as `Qwen3ForCausalLM`:
 then times, with the same prompts, sampling settings and batch:
   3. generation of 64 concurrent requests (whale's engine vs `model.generate` at batch 64; the
      median of 3 runs);
-  4. one training step (completion-only cross-entropy, AdamW, clipping at 1.0).
+  4. one training step (completion-only cross-entropy, AdamW, clipping at 1.0);
+and reports how much of the padded micro-batches is padding, and the first micro-batch's loss
+in transformers padded and packed through position_ids (equal if its packing keeps examples apart).
 
 Usage: python3 bench/hf_compare.py [--model DIR] [--max-tokens N] [--train-examples N]
 The first run creates bench/.venv and installs torch, transformers, safetensors and peft from
@@ -200,6 +202,35 @@ def padded(torch, examples, pad):
     return torch.tensor(rows), torch.tensor(labels), torch.tensor(masks)
 
 
+def padding_and_packing(torch, model, tokenizer, workload):
+    """How much of the padded micro-batches is padding, and the first micro-batch's mean loss per
+    completion token in transformers padded (attention mask) and packed end to end (position_ids
+    restarting per example, no mask): equal when its packing keeps the examples apart."""
+    spec = workload["train"]
+    examples = sorted(spec["examples"], key=lambda e: -(len(e["prompt"]) + len(e["completion"])))
+    chunks = [examples[i : i + spec["micro_batch"]] for i in range(0, len(examples), spec["micro_batch"])]
+    lengths = [[len(e["prompt"]) + len(e["completion"]) - 1 for e in chunk] for chunk in chunks]
+    padded_positions = sum(max(chunk) * len(chunk) for chunk in lengths)
+    tokens = sum(sum(chunk) for chunk in lengths)
+    first, pad = chunks[0], tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    completion = sum(len(e["completion"]) for e in first)
+
+    def mean_loss(logits, labels):
+        logits = logits[:, :-1]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                                 ignore_index=-100, reduction="sum").item() / completion
+
+    with torch.no_grad():
+        input_ids, labels, mask = padded(torch, first, pad)
+        padded_loss = mean_loss(model(input_ids=input_ids, attention_mask=mask).logits, labels)
+        ids = [t for e in first for t in e["prompt"] + e["completion"]]
+        positions = [p for e in first for p in range(len(e["prompt"]) + len(e["completion"]))]
+        packed_labels = [t for e in first for t in [-100] * len(e["prompt"]) + e["completion"]]
+        packed_loss = mean_loss(model(input_ids=torch.tensor([ids]), position_ids=torch.tensor([positions])).logits,
+                                torch.tensor([packed_labels]))
+    return padded_positions, tokens, padded_loss, packed_loss
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a whale / Hugging Face checkpoint directory")
@@ -249,6 +280,7 @@ def main():
 
     hf_gen_tokens, hf_gen_seconds = time_generation(torch, model, tokenizer, workload)
     hf_positions, hf_step_seconds, hf_loss = time_training(torch, model, tokenizer, workload)
+    padded_positions, tokens, padded_loss, packed_loss = padding_and_packing(torch, model.eval(), tokenizer, workload)
 
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {model_dir} ({params / 1e6:.2f}M parameters), torch {torch.__version__}, "
@@ -270,6 +302,10 @@ def main():
     print(f"| training step, {args.train_examples} examples in micro-batches of {args.micro_batch}: tokens/s "
           f"| {ours_train:.0f} ({ours['train_seconds_per_step']:.3f} s/step, loss {ours['train_loss']:.3f}) "
           f"| {hf_train:.0f} ({hf_step_seconds:.3f} s/step, loss {hf_loss:.3f}) | {ours_train / hf_train:.2f}x |")
+    print(f"training micro-batches padded: {padded_positions} positions for {tokens} tokens "
+          f"({1 - tokens / padded_positions:.0%} padding; whale packs the tokens end to end)")
+    print(f"transformers' packing (position_ids, no attention mask), first micro-batch: mean loss "
+          f"{packed_loss:.3f} packed vs {padded_loss:.3f} padded")
     for failure in failures:
         print(f"FAILED: {failure}")
     sys.exit(1 if failures else 0)

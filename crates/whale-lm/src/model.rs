@@ -315,32 +315,6 @@ struct PassInputs {
     mask: Tensor,
 }
 
-/// Builds the additive mask. A query may always see its own key, so that no softmax row is
-/// empty (padding rows then hold finite values that nobody reads); real tokens never see
-/// padding because `allowed` excludes it.
-fn attention_bias(
-    rows: usize,
-    steps: usize,
-    keys: usize,
-    own_key: impl Fn(usize) -> usize,
-    allowed: impl Fn(usize, usize, usize) -> bool,
-    device: &Device,
-) -> candle_core::Result<Tensor> {
-    let mut bias = Vec::with_capacity(rows * steps * keys);
-    for row in 0..rows {
-        for query in 0..steps {
-            bias.extend((0..keys).map(|key| {
-                if key == own_key(query) || allowed(row, query, key) {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            }));
-        }
-    }
-    Tensor::from_vec(bias, (rows, 1, 1, steps, keys), device)
-}
-
 /// The keys and values of every token of one sequence so far, per layer.
 ///
 /// Create one with [`Qwen3Model::new_cache`] when a sequence starts and drop it when the
@@ -694,12 +668,7 @@ impl Qwen3Model {
             return Err(input_error("the attention mask leaves no real token"));
         }
         let hidden = self.packed_hidden(&packing.sequence_slices())?;
-        // Padding reads a zero row after the last token.
-        let zero_row = packing.tokens() as u32;
-        let gather: Vec<u32> = packing.rows.iter().map(|row| row.unwrap_or(zero_row)).collect();
-        let with_zero_row = Tensor::cat(&[&hidden, &hidden.narrow(0, 0, 1)?.zeros_like()?], 0)?;
-        let gather = Tensor::from_vec(gather, rows * steps, &self.device)?;
-        Ok(with_zero_row.index_select(&gather, 0)?.reshape((rows, steps, self.config.hidden_size))?)
+        Ok(kernels::gather_rows(&hidden, &packing.rows)?.reshape((rows, steps, self.config.hidden_size))?)
     }
 
     /// Logits (f32) of hidden states with any leading dimensions.
@@ -828,7 +797,7 @@ impl Qwen3Model {
                 *position = (past_lens[row] + offset) as f32;
             }
         }
-        let mask = attention_bias(
+        let mask = kernels::attention_bias(
             rows,
             chunk_max,
             past_max + chunk_max,

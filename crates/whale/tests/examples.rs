@@ -36,9 +36,7 @@ fn shrunk(name: &str, model: &Path) -> RunConfig {
 
 fn run_example(name: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = dir.path().join("model");
-    std::fs::create_dir_all(&model).expect("model dir");
-    common::write_tiny_model(&model);
+    let model = common::tiny_model_in(dir.path());
     let config = shrunk(name, &model);
     let root = dir.path().join("runs").join(name);
     let mut experiment = Experiment::create(config, &root, Verbosity::default()).expect("the run starts");

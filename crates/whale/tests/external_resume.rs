@@ -31,9 +31,7 @@ fn read(path: &Path) -> Value {
 #[test]
 fn a_run_with_an_external_trainer_killed_at_random_moments_ends_as_if_never_interrupted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = dir.path().join("model");
-    std::fs::create_dir_all(&model).expect("model dir");
-    common::write_tiny_model(&model);
+    let model = common::tiny_model_in(dir.path());
     let file = dir.path().join("p.toml");
     std::fs::write(&file, config(&model, &whale_lm_train("0.002"))).expect("config");
 

@@ -47,38 +47,10 @@ struct Fixture {
 fn fixture(trainer: &[&str]) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().to_path_buf();
-    let model = root.join("model");
-    std::fs::create_dir_all(&model).expect("model dir");
-    common::write_tiny_model(&model);
+    let model = common::tiny_model_in(&root);
     let harness = root.join("note.js");
     std::fs::write(&harness, HARNESS).expect("harness");
-    let text = format!(
-        r#"name = "x"
-seed = 5
-condition = "weight-only"
-threads = 4
-[model]
-path = "{model}"
-[tasks]
-generate = 40
-train = 20
-search = 2
-test = 2
-[harness]
-initial = "{harness}"
-[weights]
-tasks_per_step = 2
-rollouts_per_task = 2
-reward_threshold = -1.0
-skip_truncated = false
-[schedule]
-budget = 8
-[eval]
-k = 1
-"#,
-        model = model.display(),
-        harness = harness.display()
-    );
+    let text = common::weight_only_config("x", 5, &model, &format!("[harness]\ninitial = \"{}\"\n", harness.display()));
     let mut config = RunConfig::parse(&text, Path::new("x.toml"), &root).expect("config");
     config.weights.trainer = Some(TrainerCommandConfig {
         command: trainer.iter().map(|a| a.to_string()).collect(),

@@ -107,9 +107,7 @@ fn fixture(condition: &str) -> Fixture {
 fn fixture_with(condition: &str, extra: &str) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().to_path_buf();
-    let model = root.join("model");
-    std::fs::create_dir_all(&model).expect("model dir");
-    common::write_tiny_model(&model);
+    let model = common::tiny_model_in(&root);
     let harness = root.join("short.js");
     std::fs::write(&harness, HARNESS).expect("harness");
     let config = root.join("r.toml");

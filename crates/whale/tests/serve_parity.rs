@@ -58,9 +58,7 @@ impl Drop for Serve {
 #[test]
 fn a_run_on_whale_serve_with_hot_loaded_adapters_ends_where_the_in_process_one_does() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = dir.path().join("model");
-    std::fs::create_dir_all(&model).expect("model dir");
-    common::write_tiny_model(&model);
+    let model = common::tiny_model_in(dir.path());
     let serve = Serve::start(&model);
     let server = format!("[server]\nbase_url = \"{}\"\nmodel = \"base\"\nkind = \"whale\"\n", serve.base_url);
     let served = run(dir.path(), "served", &config(&model, &format!("{server}{}", whale_lm_train("0.002"))));

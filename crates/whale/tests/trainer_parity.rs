@@ -19,9 +19,7 @@ use common::parity::{assert_same_run, config, in_process_lora, run, traces, whal
 #[test]
 fn an_external_lora_trainer_ends_where_the_in_process_one_does() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = dir.path().join("model");
-    std::fs::create_dir_all(&model).expect("model dir");
-    common::write_tiny_model(&model);
+    let model = common::tiny_model_in(dir.path());
     let own = run(dir.path(), "own", &config(&model, &in_process_lora()));
     let external = run(dir.path(), "external", &config(&model, &whale_lm_train("0.002")));
     assert_same_run(&own, &external);

@@ -15,41 +15,19 @@ fn the_shipped_trl_script_trains_adapters_that_whale_serves() {
     let python = std::env::var("WHALE_HF_PYTHON").expect("WHALE_HF_PYTHON names a Python with TRL");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/trainers/trl_sft.py");
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = dir.path().join("model");
-    std::fs::create_dir_all(&model).expect("model dir");
-    common::write_tiny_model(&model);
-    let config = format!(
-        r#"name = "t"
-seed = 3
-condition = "weight-only"
-threads = 4
-[model]
-path = "{model}"
-[tasks]
-generate = 40
-train = 20
-search = 2
-test = 2
-[sampling]
+    let model = common::tiny_model_in(dir.path());
+    let trainer = format!(
+        r#"[sampling]
 max_tokens = 8
-[weights]
-tasks_per_step = 2
-rollouts_per_task = 2
-reward_threshold = -1.0
-skip_truncated = false
 [weights.trainer]
 command = ["{python}", "{script}", "--data", "{{data}}", "--base", "{{base}}", "--previous", "{{previous}}",
            "--output", "{{output}}", "--lr", "1e-3", "--lora-rank", "4", "--batch-size", "4"]
 output = "adapter"
 timeout_s = 600
-[schedule]
-budget = 8
-[eval]
-k = 1
 "#,
-        model = model.display(),
         script = script.display()
     );
+    let config = common::weight_only_config("t", 3, &model, &trainer);
     let run_dir = run(dir.path(), "t", &config);
     let state = read(&run_dir.join("state.json"));
     assert_eq!((state["weight_steps"].as_u64(), state["weights_version"].as_u64()), (Some(2), Some(2)), "{state}");

@@ -22,7 +22,7 @@ use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::vectorised::{dot, exp, sum};
-use super::{cpu_f32, f32_slice};
+use super::{f32_slice, on_host};
 
 /// Query steps per block.
 const QUERY_BLOCK: usize = 64;
@@ -30,9 +30,8 @@ const QUERY_BLOCK: usize = 64;
 /// `softmax(q kᵀ · scale + causal mask) v` within each packed sequence, for `q` `[Σ len, H·d]`
 /// and `k`, `v` `[Σ len, KV·d]` (query head `h` reads key/value head `h / (H / KV)`).
 pub(super) struct Attention {
-    lengths: Vec<usize>,
+    layout: PackedLayout,
     scale: f32,
-    head_dim: usize,
     /// What the backward pass reads, set by the forward pass.
     forward: Mutex<Option<SavedForward>>,
 }
@@ -47,17 +46,14 @@ struct SavedForward {
 }
 
 impl Attention {
-    pub(super) fn new(lengths: Vec<usize>, scale: f64, head_dim: usize) -> Self {
-        Self { lengths, scale: scale as f32, head_dim, forward: Mutex::default() }
+    /// The op for inputs that passed [`check_shapes`] with `heads` and `kv_heads`.
+    pub(super) fn new(lengths: &[usize], heads: usize, kv_heads: usize, head_dim: usize, scale: f64) -> Self {
+        let layout = PackedLayout::new(lengths, heads, kv_heads, head_dim);
+        Self { layout, scale: scale as f32, forward: Mutex::default() }
     }
 
     fn forward_state(&self) -> candle_core::Result<std::sync::MutexGuard<'_, Option<SavedForward>>> {
         self.forward.lock().map_err(|_| candle_core::Error::msg("whale-attention: poisoned lock"))
-    }
-
-    fn layout(&self, q: &[usize], k: &[usize], v: &[usize]) -> candle_core::Result<PackedLayout> {
-        let (heads, kv_heads) = check_shapes(q, k, v, &self.lengths, self.head_dim)?;
-        Ok(PackedLayout::new(&self.lengths, heads, kv_heads, self.head_dim))
     }
 }
 
@@ -206,11 +202,11 @@ impl CustomOp3 for Attention {
         v_storage: &CpuStorage,
         v_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let layout = self.layout(q_layout.dims(), k_layout.dims(), v_layout.dims())?;
+        let layout = &self.layout;
         let q = layout.head_major(f32_slice(q_storage, q_layout, self.name())?, layout.heads);
         let k = layout.head_major(f32_slice(k_storage, k_layout, self.name())?, layout.kv_heads);
         let v = layout.head_major(f32_slice(v_storage, v_layout, self.name())?, layout.kv_heads);
-        let (d, groups) = (self.head_dim, layout.groups());
+        let (d, groups) = (layout.head_dim, layout.groups());
         let mut out = vec![0f32; q.len()];
         let mut probs = vec![0f32; layout.probs_len()];
         let outs = layout.split(&mut out, |task| &task.queries);
@@ -244,16 +240,14 @@ impl CustomOp3 for Attention {
         _out: &Tensor,
         d_out: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let layout = self.layout(q.dims(), k.dims(), v.dims())?;
+        let layout = &self.layout;
         // The saved state is released here: candle runs a graph's backward pass once.
         let saved = self.forward_state()?.take();
         let Some(forward) = saved.filter(|f| f.probs.len() == layout.probs_len()) else {
             candle_core::bail!("whale-attention: backward pass without its forward pass");
         };
-        let d_out = d_out.contiguous()?;
-        let d_host = d_out.storage_and_layout();
-        let d_out = layout.head_major(cpu_f32(&d_host, self.name())?, layout.heads);
-        let (dq, dk, dv) = self.gradients(&layout, &forward, &d_out);
+        let d_out = on_host([d_out], self.name(), |[d_out]| layout.head_major(d_out, layout.heads))?;
+        let (dq, dk, dv) = self.gradients(&forward, &d_out);
         let tensor = |values: Vec<f32>, heads: usize, like: &Tensor| {
             Tensor::from_vec(layout.token_major(&values, heads), like.shape(), &Device::Cpu)
         };
@@ -269,8 +263,9 @@ type Gradients = (Vec<f32>, Vec<f32>, Vec<f32>);
 
 impl Attention {
     /// `dQ`, `dK` and `dV` (head-major) from the forward pass and `dO` (head-major).
-    fn gradients(&self, layout: &PackedLayout, forward: &SavedForward, d_out: &[f32]) -> Gradients {
-        let (d, groups) = (self.head_dim, layout.groups());
+    fn gradients(&self, forward: &SavedForward, d_out: &[f32]) -> Gradients {
+        let layout = &self.layout;
+        let (d, groups) = (layout.head_dim, layout.groups());
         let (mut dq, mut dk, mut dv) =
             (vec![0f32; forward.q.len()], vec![0f32; forward.k.len()], vec![0f32; forward.v.len()]);
         let parts = (

@@ -10,7 +10,7 @@ use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::vectorised::{exp, sum_exp};
-use super::{cpu_f32, f32_slice, map_rows, PARALLEL_ELEMENTS};
+use super::{f32_slice, map_rows, on_host, PARALLEL_ELEMENTS};
 
 /// `logsumexp(logits_i) − logits_i[targets_i]` for each row `i` of `[N, V]` logits.
 pub(super) struct CrossEntropy {
@@ -63,18 +63,14 @@ impl CustomOp1 for CrossEntropy {
     /// `d logits_i = dy_i · (softmax(logits_i) − one_hot(target_i))`.
     fn bwd(&self, logits: &Tensor, losses: &Tensor, d_losses: &Tensor) -> candle_core::Result<Option<Tensor>> {
         let vocab = self.vocab(logits.dims())?;
-        let (logits, losses, d_losses) = (logits.contiguous()?, losses.contiguous()?, d_losses.contiguous()?);
-        let (logits_host, losses_host, d_host) =
-            (logits.storage_and_layout(), losses.storage_and_layout(), d_losses.storage_and_layout());
-        let name = self.name();
-        let (values, losses, d_losses) =
-            (cpu_f32(&logits_host, name)?, cpu_f32(&losses_host, name)?, cpu_f32(&d_host, name)?);
-        let grad = map_rows(values, vocab, |x, out, row| {
-            let (target, dy) = (self.targets[row] as usize, d_losses[row]);
-            let log_normaliser = losses[row] + x[target];
-            out.iter_mut().zip(x).for_each(|(g, &x)| *g = dy * exp(x - log_normaliser));
-            out[target] -= dy;
-        });
+        let grad = on_host([logits, losses, d_losses], self.name(), |[values, losses, d_losses]| {
+            map_rows(values, vocab, |x, out, row| {
+                let (target, dy) = (self.targets[row] as usize, d_losses[row]);
+                let log_normaliser = losses[row] + x[target];
+                out.iter_mut().zip(x).for_each(|(g, &x)| *g = dy * exp(x - log_normaliser));
+                out[target] -= dy;
+            })
+        })?;
         Ok(Some(Tensor::from_vec(grad, logits.shape(), &Device::Cpu)?))
     }
 }

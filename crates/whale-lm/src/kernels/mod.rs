@@ -41,12 +41,12 @@ pub fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
 /// dimension (the whole of it, or each head of `[.., heads · d]`), computed in f32 as in
 /// `transformers`, differentiable in `x` and `weight`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    if fused(x) && fused(weight) {
-        return x.contiguous()?.apply_op2(&weight.contiguous()?, RmsNorm { eps });
-    }
     let dim = weight.dim(0)?;
     if dim == 0 || x.dim(D::Minus1)? % dim != 0 {
         candle_core::bail!("whale-rms-norm: weight of {dim} for input {:?}", x.dims());
+    }
+    if fused(x) && fused(weight) {
+        return x.contiguous()?.apply_op2(&weight.contiguous()?, RmsNorm { eps });
     }
     let x32 = x.to_dtype(DType::F32)?.reshape(((), dim))?;
     let inverse_rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
@@ -84,20 +84,20 @@ pub fn attention(
     head_dim: usize,
     scale: f64,
 ) -> candle_core::Result<Tensor> {
-    attention::check_shapes(q.dims(), k.dims(), v.dims(), lengths, head_dim)?;
+    let (heads, kv_heads) = attention::check_shapes(q.dims(), k.dims(), v.dims(), lengths, head_dim)?;
     if fused(q) && fused(k) && fused(v) {
         return q.contiguous()?.apply_op3(
             &k.contiguous()?,
             &v.contiguous()?,
-            attention::Attention::new(lengths.to_vec(), scale, head_dim),
+            attention::Attention::new(lengths, heads, kv_heads, head_dim, scale),
         );
     }
     padded_attention(q, k, v, lengths, head_dim, scale)
 }
 
 /// [`attention`] composed: the sequences padded to the longest as a batch, [`composed_attention`]
-/// under a causal mask that hides the padding (a padded query still sees its own key, so that
-/// no softmax row is empty), and the real rows gathered back.
+/// under a causal mask that hides the padding ([`attention_bias`]), and the real rows gathered
+/// back.
 fn padded_attention(
     q: &Tensor,
     k: &Tensor,
@@ -107,27 +107,55 @@ fn padded_attention(
     scale: f64,
 ) -> candle_core::Result<Tensor> {
     let (batch, steps) = (lengths.len(), lengths.iter().copied().max().unwrap_or(0));
-    let rows: usize = lengths.iter().sum();
-    let (mut gather, mut scatter, mut mask) = (Vec::new(), Vec::new(), Vec::new());
-    let mut first = 0;
+    let (mut padded, mut packed, mut first) = (Vec::new(), Vec::new(), 0);
     for (row, &len) in lengths.iter().enumerate() {
-        gather.extend((0..steps).map(|t| if t < len { (first + t) as u32 } else { rows as u32 }));
-        scatter.extend((0..len).map(|t| (row * steps + t) as u32));
-        for (t, s) in (0..steps).flat_map(|t| (0..steps).map(move |s| (t, s))) {
-            mask.push(if s == t || (s < t && s < len) { 0f32 } else { f32::NEG_INFINITY });
-        }
+        padded.extend((0..steps).map(|t| (t < len).then_some((first + t) as u32)));
+        packed.extend((0..len).map(|t| Some((row * steps + t) as u32)));
         first += len;
     }
-    let device = q.device();
-    let gather = Tensor::from_vec(gather, batch * steps, device)?;
     let heads_of = |x: &Tensor| -> candle_core::Result<Tensor> {
-        let with_zero_row = Tensor::cat(&[x, &x.narrow(0, 0, 1)?.zeros_like()?], 0)?;
-        let padded = with_zero_row.index_select(&gather, 0)?;
-        padded.reshape((batch, steps, x.dim(1)? / head_dim, head_dim))?.transpose(1, 2)?.contiguous()
+        let rows = gather_rows(x, &padded)?;
+        rows.reshape((batch, steps, x.dim(1)? / head_dim, head_dim))?.transpose(1, 2)?.contiguous()
     };
-    let mask = Tensor::from_vec(mask, (batch, 1, 1, steps, steps), device)?;
+    let mask = attention_bias(batch, steps, steps, |t| t, |row, t, s| s < t && s < lengths[row], q.device())?;
     let out = composed_attention(&heads_of(q)?, &heads_of(k)?, &heads_of(v)?, &mask, scale, softmax_last_dim)?;
-    out.transpose(1, 2)?.reshape((batch * steps, q.dim(1)?))?.index_select(&Tensor::from_vec(scatter, rows, device)?, 0)
+    gather_rows(&out.transpose(1, 2)?.reshape((batch * steps, q.dim(1)?))?, &packed)
+}
+
+/// An additive attention mask `[rows, 1, 1, steps, keys]`: 0 where `allowed(row, query, key)`
+/// and at each query's own key, -inf elsewhere. A query may always see its own key, so that no
+/// softmax row is empty (padding rows then hold finite values that nobody reads); real tokens
+/// never see padding because `allowed` excludes it.
+pub(crate) fn attention_bias(
+    rows: usize,
+    steps: usize,
+    keys: usize,
+    own_key: impl Fn(usize) -> usize,
+    allowed: impl Fn(usize, usize, usize) -> bool,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let mut bias = Vec::with_capacity(rows * steps * keys);
+    for row in 0..rows {
+        for query in 0..steps {
+            bias.extend((0..keys).map(|key| {
+                if key == own_key(query) || allowed(row, query, key) {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }));
+        }
+    }
+    Tensor::from_vec(bias, (rows, 1, 1, steps, keys), device)
+}
+
+/// Row `rows[i]` of `x` `[N, width]` for each `i`, or a row of zeros where it is `None`;
+/// differentiable in `x`.
+pub(crate) fn gather_rows(x: &Tensor, rows: &[Option<u32>]) -> candle_core::Result<Tensor> {
+    let zero_row = x.dim(0)? as u32;
+    let indices: Vec<u32> = rows.iter().map(|row| row.unwrap_or(zero_row)).collect();
+    let with_zero_row = Tensor::cat(&[x, &Tensor::zeros((1, x.dim(1)?), x.dtype(), x.device())?], 0)?;
+    with_zero_row.index_select(&Tensor::from_vec(indices, rows.len(), x.device())?, 0)
 }
 
 /// Grouped-query attention from tensor ops, with the given softmax over the last dimension:
@@ -176,12 +204,25 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
     gate.silu()? * up
 }
 
-/// The values of a CPU f32 tensor from its storage and layout (see `Tensor::storage_and_layout`).
-fn cpu_f32<'a>((storage, layout): &'a (StorageRef<'_>, &Layout), op: &str) -> candle_core::Result<&'a [f32]> {
-    let Storage::Cpu(storage) = &**storage else {
-        candle_core::bail!("{op}: expected a CPU tensor");
-    };
-    f32_slice(storage, layout, op)
+/// Runs `read` on the values of CPU f32 tensors, made contiguous first: how the backward passes,
+/// which get tensors rather than storages, reach their inputs.
+fn on_host<const N: usize, R>(
+    tensors: [&Tensor; N],
+    op: &str,
+    read: impl FnOnce([&[f32]; N]) -> R,
+) -> candle_core::Result<R> {
+    let contiguous = tensors.iter().map(|t| t.contiguous()).collect::<candle_core::Result<Vec<_>>>()?;
+    let hosts: Vec<(StorageRef<'_>, &Layout)> = contiguous.iter().map(Tensor::storage_and_layout).collect();
+    let mut slices = Vec::with_capacity(N);
+    for (storage, layout) in &hosts {
+        let Storage::Cpu(storage) = &**storage else {
+            candle_core::bail!("{op}: expected a CPU tensor");
+        };
+        slices.push(f32_slice(storage, layout, op)?);
+    }
+    let slices: [&[f32]; N] =
+        slices.try_into().map_err(|_| candle_core::Error::msg("on_host: one slice per tensor"))?;
+    Ok(read(slices))
 }
 
 fn f32_slice<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
@@ -250,9 +291,6 @@ impl CustomOp2 for RmsNorm {
         let x = f32_slice(x_storage, x_layout, self.name())?;
         let weight = f32_slice(w_storage, w_layout, self.name())?;
         let dim = weight.len();
-        if dim == 0 || x_layout.dims().last().is_none_or(|last| last % dim != 0) {
-            candle_core::bail!("{}: weight of {dim} for input {:?}", self.name(), x_layout.dims());
-        }
         let eps = self.eps as f32;
         let output = map_rows(x, dim, |x, out, _| {
             let mean_square = vectorised::dot(x, x) / dim as f32;
@@ -273,10 +311,16 @@ impl CustomOp2 for RmsNorm {
         _y: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let (x, weight, dy) = (x.contiguous()?, weight.contiguous()?, dy.contiguous()?);
-        let (x_host, w_host, d_host) = (x.storage_and_layout(), weight.storage_and_layout(), dy.storage_and_layout());
-        let name = self.name();
-        let (xs, ws, dys) = (cpu_f32(&x_host, name)?, cpu_f32(&w_host, name)?, cpu_f32(&d_host, name)?);
+        let (dx, dw) = on_host([x, weight, dy], self.name(), |[xs, ws, dys]| self.gradients(xs, ws, dys))?;
+        let (dx, dw) =
+            (Tensor::from_vec(dx, x.shape(), &Device::Cpu)?, Tensor::from_vec(dw, weight.shape(), &Device::Cpu)?);
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+impl RmsNorm {
+    /// `dx` and `dw` of the formulas above.
+    fn gradients(&self, xs: &[f32], ws: &[f32], dys: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let dim = ws.len().max(1);
         let eps = self.eps as f32;
         let inverse_rms = |x: &[f32]| 1.0 / (vectorised::dot(x, x) / dim as f32 + eps).sqrt();
@@ -301,9 +345,7 @@ impl CustomOp2 for RmsNorm {
         let partials: Vec<Vec<f32>> =
             xs.par_chunks(rows_per_task).zip(dys.par_chunks(rows_per_task)).map(partial_dw).collect();
         let dw = partials.iter().fold(vec![0f32; dim], |sum, part| sum.iter().zip(part).map(|(a, b)| a + b).collect());
-        let (dx, dw) =
-            (Tensor::from_vec(dx, x.shape(), &Device::Cpu)?, Tensor::from_vec(dw, weight.shape(), &Device::Cpu)?);
-        Ok((Some(dx), Some(dw)))
+        (dx, dw)
     }
 }
 
@@ -408,27 +450,25 @@ impl CustomOp2 for SwiGlu {
         _out: &Tensor,
         d_out: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let (gate, up, d_out) = (gate.contiguous()?, up.contiguous()?, d_out.contiguous()?);
-        let (gate_host, up_host, d_host) =
-            (gate.storage_and_layout(), up.storage_and_layout(), d_out.storage_and_layout());
-        let name = self.name();
-        let (gates, ups, d_outs) = (cpu_f32(&gate_host, name)?, cpu_f32(&up_host, name)?, cpu_f32(&d_host, name)?);
         let dim = gate.dims().last().copied().unwrap_or(1).max(1);
-        let (mut d_gate, mut d_up) = (vec![0f32; gates.len()], vec![0f32; gates.len()]);
-        let row_grad = |(row, (d_gate, d_up)): (usize, (&mut [f32], &mut [f32]))| {
-            let at = row * dim;
-            for (i, (dg, du)) in d_gate.iter_mut().zip(d_up.iter_mut()).enumerate() {
-                let (g, u, dy) = (gates[at + i], ups[at + i], d_outs[at + i]);
-                let sigmoid = 1.0 / (1.0 + vectorised::exp(-g));
-                *dg = dy * u * sigmoid * (1.0 + g * (1.0 - sigmoid));
-                *du = dy * g * sigmoid;
+        let (d_gate, d_up) = on_host([gate, up, d_out], self.name(), |[gates, ups, d_outs]| {
+            let (mut d_gate, mut d_up) = (vec![0f32; gates.len()], vec![0f32; gates.len()]);
+            let row_grad = |(row, (d_gate, d_up)): (usize, (&mut [f32], &mut [f32]))| {
+                let at = row * dim;
+                for (i, (dg, du)) in d_gate.iter_mut().zip(d_up.iter_mut()).enumerate() {
+                    let (g, u, dy) = (gates[at + i], ups[at + i], d_outs[at + i]);
+                    let sigmoid = 1.0 / (1.0 + vectorised::exp(-g));
+                    *dg = dy * u * sigmoid * (1.0 + g * (1.0 - sigmoid));
+                    *du = dy * g * sigmoid;
+                }
+            };
+            if gates.len() >= PARALLEL_ELEMENTS {
+                d_gate.par_chunks_mut(dim).zip(d_up.par_chunks_mut(dim)).enumerate().for_each(row_grad);
+            } else {
+                d_gate.chunks_mut(dim).zip(d_up.chunks_mut(dim)).enumerate().for_each(row_grad);
             }
-        };
-        if gates.len() >= PARALLEL_ELEMENTS {
-            d_gate.par_chunks_mut(dim).zip(d_up.par_chunks_mut(dim)).enumerate().for_each(row_grad);
-        } else {
-            d_gate.chunks_mut(dim).zip(d_up.chunks_mut(dim)).enumerate().for_each(row_grad);
-        }
+            (d_gate, d_up)
+        })?;
         let tensor = |values: Vec<f32>| Tensor::from_vec(values, gate.shape(), &Device::Cpu);
         Ok((Some(tensor(d_gate)?), Some(tensor(d_up)?)))
     }
@@ -494,6 +534,16 @@ mod tests {
     fn fused_rms_norm_matches_the_composition_forward_and_backward() {
         let (out, grads) = compare(&[random(&[4, 6, 48]), random(&[48])], |t| rms_norm(&t[0], &t[1], 1e-6), &[0, 1]);
         assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-4), "{out} {grads:?}");
+    }
+
+    #[test]
+    fn rms_norm_refuses_a_weight_that_does_not_divide_the_rows() {
+        for dtype in [DType::F32, DType::F64] {
+            let x = random(&[2, 5]).to_dtype(dtype).expect("dtype");
+            let weight = random(&[3]).to_dtype(dtype).expect("dtype");
+            let error = rms_norm(&x, &weight, 1e-6).expect_err("5 values in runs of 3");
+            assert!(error.to_string().contains("weight of 3"), "{error}");
+        }
     }
 
     #[test]

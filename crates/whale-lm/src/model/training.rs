@@ -3,7 +3,7 @@
 //!
 //! Packing leaves padding out of every product: a padded batch of similar-length examples
 //! still spends a fifth of its positions on padding (16 GSM8K examples in two micro-batches of
-//! 8: 4,400 positions for 3,497 tokens). Autograd allocates, zeroes and accumulates a gradient
+//! 8: 4,384 positions for 3,481 tokens). Autograd allocates, zeroes and accumulates a gradient
 //! for every tensor a pass makes, views included, so the pass also makes as few as it can:
 //! activations stay matrices from the embedding to the final norm (the projections multiply
 //! them directly), each head's RMSNorm and rotary embedding run on the projection's rows in

@@ -76,6 +76,44 @@ pub fn write_tiny_model(dir: &Path) {
     write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), CONTEXT).expect("tokenizer config written");
 }
 
+/// Writes the tiny model to `dir/model` and returns that directory.
+pub fn tiny_model_in(dir: &Path) -> PathBuf {
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).expect("model dir");
+    write_tiny_model(&model);
+    model
+}
+
+/// A weight-only run on the tiny model in `model`: two weight steps of 2 tasks x 2 rollouts, every
+/// rollout kept, one sample per test task; `extra` is appended (`[harness]`, `[sampling]`,
+/// `[weights.trainer]` tables).
+pub fn weight_only_config(name: &str, seed: u64, model: &Path, extra: &str) -> String {
+    format!(
+        r#"name = "{name}"
+seed = {seed}
+condition = "weight-only"
+threads = 4
+[model]
+path = "{model}"
+[tasks]
+generate = 40
+train = 20
+search = 2
+test = 2
+[weights]
+tasks_per_step = 2
+rollouts_per_task = 2
+reward_threshold = -1.0
+skip_truncated = false
+[schedule]
+budget = 8
+[eval]
+k = 1
+{extra}"#,
+        model = model.display()
+    )
+}
+
 /// A trajectory without its timings, which differ between runs of the same rollout.
 pub fn untimed(trajectory: &Trajectory) -> serde_json::Value {
     let mut value = serde_json::to_value(trajectory).expect("a trajectory serialises");
