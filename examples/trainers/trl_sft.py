@@ -93,6 +93,12 @@ def parse_args(argv=None):
     )
     parser.add_argument("--gradient-checkpointing", action="store_true", help="trade compute for activation memory")
     parser.add_argument(
+        "--metrics",
+        type=Path,
+        default=None,
+        help='also write {"loss": L} here, L the mean training loss (pass whale\'s {metrics} placeholder)',
+    )
+    parser.add_argument(
         "--merge",
         action="store_true",
         help="write a full checkpoint (the adapter merged into the weights) for output = \"checkpoint\"; "
@@ -198,6 +204,8 @@ def main(argv=None):
     else:
         trainer.save_model(str(args.output))
     if trainer.is_world_process_zero():
+        if args.metrics is not None:
+            args.metrics.write_text(json.dumps({"loss": result.training_loss}), encoding="utf-8")
         what = "checkpoint" if args.merge else "adapter"
         start = args.previous or "a fresh adapter"
         print(f"trained on {len(samples)} samples from {start}, loss {result.training_loss:.4f}; {what} in {args.output}")

@@ -2,6 +2,12 @@
 //! JavaScript runtime, all calling one shared policy (so a batching engine sees their calls
 //! together). Finished trajectories stream out as JSON lines in completion order; the result
 //! comes back in job order.
+//!
+//! A model call that fails (a server gone after its retries, an engine that stopped) is the
+//! infrastructure's failure, not the harness's or the model's: the batch stops taking new jobs
+//! and returns [`EngineError::Policy`] instead of trajectories, so such a rollout is never scored
+//! as reward 0. The caller's unit of work (a weight step, a search iteration, an evaluation) is
+//! then not done, and a resumed run repeats it whole.
 
 use crate::rollout::{run_rollout, RolloutJob};
 use crate::sandbox::thread_stack_bytes;
@@ -11,7 +17,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use whale_core::Trajectory;
+use whale_core::{ErrorKind, Trajectory};
 use whale_lm::{Policy, SamplingParams};
 
 /// Default number of rollout threads.
@@ -43,11 +49,14 @@ pub enum EngineError {
     Sink(std::io::Error),
     #[error("cannot start a rollout thread: {0}")]
     Spawn(std::io::Error),
+    /// A model call failed; no rollout of the batch is scored.
+    #[error("a model call of task {task_id} failed, so this batch of rollouts did not run: {message}")]
+    Policy { task_id: String, message: String },
 }
 
 /// Runs every job under `limits` and returns their trajectories in job order. A harness that
-/// fails ends only its own rollout; the run stops early only if the sink cannot be written or
-/// no thread can be started.
+/// fails ends only its own rollout; the run stops early if a model call fails, the sink cannot
+/// be written or no thread can be started.
 pub fn run_rollouts(
     jobs: Vec<RolloutJob>,
     policy: Arc<dyn Policy>,
@@ -82,6 +91,10 @@ pub fn run_rollouts(
         let mut sink = options.sink;
         let mut tally = Tally::default();
         for (index, trajectory) in results {
+            if let (Some(error), None) = (policy_failure(&trajectory), &failure) {
+                stop.store(true, Ordering::Relaxed);
+                failure = Some(error);
+            }
             if let (Some(out), None) = (sink.as_mut(), &failure) {
                 if let Err(error) = writeln!(out, "{}", trajectory.to_json_line()).and_then(|()| out.flush()) {
                     stop.store(true, Ordering::Relaxed);
@@ -116,10 +129,19 @@ fn work(
         };
         let Some((index, job)) = next else { return };
         let trajectory = run_rollout(job, policy.clone(), limits, sampling);
+        if policy_failure(&trajectory).is_some() {
+            stop.store(true, Ordering::Relaxed);
+        }
         if finished.send((index, trajectory)).is_err() {
             return;
         }
     }
+}
+
+/// The failed model call that ended `trajectory`, if one did.
+fn policy_failure(trajectory: &Trajectory) -> Option<EngineError> {
+    let error = trajectory.error.as_ref().filter(|error| error.kind == ErrorKind::Policy)?;
+    Some(EngineError::Policy { task_id: trajectory.task_id.clone(), message: error.message.clone() })
 }
 
 fn progress_bar(total: usize, wanted: bool) -> ProgressBar {

@@ -15,6 +15,7 @@ mod host;
 mod limits;
 mod rollout;
 mod sandbox;
+pub mod scoring;
 mod stock;
 mod watchdog;
 

@@ -8,7 +8,7 @@ use serde_json::json;
 use std::io::{BufRead, BufReader, Seek};
 use std::sync::Arc;
 use whale_core::{ChatMessage, ErrorKind, Trajectory};
-use whale_harness::{call_seed, run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
+use whale_harness::{call_seed, run_rollouts, EngineError, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use whale_lm::{ChatRequest, Completion, Policy, PolicyError};
 
 const CALCULATING: &str = r#"
@@ -185,7 +185,7 @@ impl Policy for PickyPolicy {
 }
 
 #[test]
-fn a_prompt_too_long_is_catchable_and_a_failed_policy_ends_the_rollout() {
+fn a_prompt_too_long_is_catchable_and_a_failed_policy_call_fails_the_batch() {
     let source = r#"
 export function solve(task, ctx) {
   let reply;
@@ -199,18 +199,21 @@ export function solve(task, ctx) {
   return String(task.a + task.b);
 }"#;
     let harness = Arc::new(Harness::new("picky", source));
-    let jobs = vec![
-        arithmetic_job(&harness, "recovers", json!({"a": 1, "b": 1}), 1, 1, 0),
-        arithmetic_job(&harness, "halts", json!({"a": 1, "b": 1, "halt": true}), 1, 1, 0),
-    ];
-    let results = run(jobs, Arc::new(PickyPolicy), &Limits::default(), 2);
+    let recovers = || arithmetic_job(&harness, "recovers", json!({"a": 1, "b": 1}), 1, 1, 0);
+    let results = run(vec![recovers()], Arc::new(PickyPolicy), &Limits::default(), 2);
     assert_eq!(results[0].error, None);
     assert!(results[0].success);
     assert_eq!(results[0].log, ["ctx.llm.chat: prompt of 50 tokens does not fit the context window of 20"]);
     assert_eq!(results[0].model_calls.len(), 1, "failed calls are not recorded");
-    let halted = results[1].error.as_ref().unwrap();
-    assert_eq!(halted.kind, ErrorKind::Policy);
-    assert!(halted.message.contains("the policy failed: the generation engine has stopped"), "{}", halted.message);
+
+    // A call the policy fails is no score: the whole batch is an error, the good rollout too.
+    let halts = arithmetic_job(&harness, "halts", json!({"a": 1, "b": 1, "halt": true}), 1, 1, 0);
+    let options = RunOptions { threads: 2, progress: false, ..RunOptions::default() };
+    let error = run_rollouts(vec![recovers(), halts], Arc::new(PickyPolicy), &Limits::default(), options)
+        .expect_err("a failed model call fails the batch");
+    let EngineError::Policy { task_id, message } = &error else { panic!("{error}") };
+    assert_eq!(task_id, "halts");
+    assert!(message.contains("the policy failed: the generation engine has stopped"), "{message}");
 }
 
 #[test]

@@ -7,53 +7,21 @@
 //! (or tensor) at fault. Files are written atomically (a temporary file, then a rename), so a
 //! run killed while saving leaves either the old file or the new one.
 
-use crate::config::{one_or_many, optional, token_ids, ConfigError, ConfigIssue, Qwen3Config};
-use crate::model::{parameter_shapes, ModelError, Qwen3Model};
-use candle_core::safetensors::Load;
-use candle_core::{DType, Device, Tensor};
-use safetensors::tensor::{Dtype as StDtype, SafeTensors};
+use crate::config::{one_or_many, optional, token_ids, ConfigIssue, Qwen3Config};
+use crate::model::{parameter_shapes, Qwen3Model};
+use crate::tensor_file::{read_json_object, read_tensors, write_atomic, write_tensors};
+pub use crate::tensor_file::{CheckpointError, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
+use candle_core::{DType, Device};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 pub const CONFIG_FILE: &str = "config.json";
-pub const WEIGHTS_FILE: &str = "model.safetensors";
-pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 
 /// Tensor names with their expected shapes.
 type NamedShapes = Vec<(String, Vec<usize>)>;
-
-/// Why a checkpoint could not be read or written.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    #[error("{}: {source}", file.display())]
-    Io { file: PathBuf, source: std::io::Error },
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// A key of a JSON file or a tensor of a safetensors file is missing or wrong.
-    #[error("{}: `{key}`: {reason}", file.display())]
-    Invalid { file: PathBuf, key: String, reason: String },
-    #[error("{}: not a valid file: {reason}", file.display())]
-    Format { file: PathBuf, reason: String },
-    #[error("{}: neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX_FILE} exists", dir.display())]
-    NoWeights { dir: PathBuf },
-    #[error("{}: {source}", dir.display())]
-    Model { dir: PathBuf, source: ModelError },
-    #[error(transparent)]
-    Candle(#[from] candle_core::Error),
-}
-
-impl CheckpointError {
-    pub(crate) fn invalid(file: &Path, key: &str, reason: impl Into<String>) -> Self {
-        Self::Invalid { file: file.to_path_buf(), key: key.to_string(), reason: reason.into() }
-    }
-
-    fn io(file: &Path, source: std::io::Error) -> Self {
-        Self::Io { file: file.to_path_buf(), source }
-    }
-}
 
 /// Sampling defaults stored beside the weights (`generation_config.json`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -198,83 +166,4 @@ fn read_weight_map(index: &Path) -> Result<BTreeMap<String, String>, CheckpointE
         return Err(CheckpointError::invalid(index, name, format!("shard {shard:?} is not a plain file name")));
     }
     Ok(map)
-}
-
-pub(crate) fn read_json_object(file: &Path) -> Result<Map<String, Value>, CheckpointError> {
-    let text = std::fs::read_to_string(file).map_err(|e| CheckpointError::io(file, e))?;
-    match serde_json::from_str(&text) {
-        Ok(Value::Object(object)) => Ok(object),
-        Ok(_) => Err(CheckpointError::Format {
-            file: file.to_path_buf(),
-            reason: "the top level is not an object".to_string(),
-        }),
-        Err(e) => Err(CheckpointError::Format { file: file.to_path_buf(), reason: e.to_string() }),
-    }
-}
-
-/// Reads the named float tensors of one safetensors file onto the CPU, checking each shape.
-pub(crate) fn read_tensors(
-    file: &Path,
-    wanted: &[(String, Vec<usize>)],
-) -> Result<HashMap<String, Tensor>, CheckpointError> {
-    read_tensors_checked(file, wanted, false)
-}
-
-/// [`read_tensors`] for a file that must hold exactly the wanted tensors: any other tensor is
-/// an error naming it.
-pub(crate) fn read_exact_tensors(
-    file: &Path,
-    wanted: &[(String, Vec<usize>)],
-) -> Result<HashMap<String, Tensor>, CheckpointError> {
-    read_tensors_checked(file, wanted, true)
-}
-
-fn read_tensors_checked(
-    file: &Path,
-    wanted: &[(String, Vec<usize>)],
-    exact: bool,
-) -> Result<HashMap<String, Tensor>, CheckpointError> {
-    let bytes = std::fs::read(file).map_err(|e| CheckpointError::io(file, e))?;
-    let archive = SafeTensors::deserialize(&bytes)
-        .map_err(|e| CheckpointError::Format { file: file.to_path_buf(), reason: e.to_string() })?;
-    if exact {
-        let mut names = archive.names();
-        names.sort_unstable();
-        if let Some(unexpected) = names.into_iter().find(|name| !wanted.iter().any(|(w, _)| w == name)) {
-            return Err(CheckpointError::invalid(file, unexpected, "unexpected tensor"));
-        }
-    }
-    let mut tensors = HashMap::with_capacity(wanted.len());
-    for (name, shape) in wanted {
-        let view = archive.tensor(name).map_err(|_| CheckpointError::invalid(file, name, "missing"))?;
-        if view.shape() != shape.as_slice() {
-            return Err(CheckpointError::invalid(file, name, format!("shape {:?}, expected {shape:?}", view.shape())));
-        }
-        if !matches!(view.dtype(), StDtype::F32 | StDtype::BF16 | StDtype::F16 | StDtype::F64) {
-            return Err(CheckpointError::invalid(file, name, format!("dtype {:?} is not a float type", view.dtype())));
-        }
-        tensors.insert(name.clone(), view.load(&Device::Cpu)?);
-    }
-    Ok(tensors)
-}
-
-/// Writes named tensors as one safetensors file with the `{"format": "pt"}` metadata that
-/// `transformers` requires.
-pub(crate) fn write_tensors(file: &Path, tensors: Vec<(String, Tensor)>) -> Result<(), CheckpointError> {
-    let on_cpu = tensors
-        .into_iter()
-        .map(|(name, tensor)| Ok((name, tensor.to_device(&Device::Cpu)?)))
-        .collect::<Result<Vec<_>, candle_core::Error>>()?;
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let bytes = safetensors::tensor::serialize(on_cpu, Some(metadata))
-        .map_err(|e| CheckpointError::Format { file: file.to_path_buf(), reason: e.to_string() })?;
-    write_atomic(file, &bytes)
-}
-
-/// Writes `bytes` to a temporary file beside `file`, then renames it over `file`.
-pub(crate) fn write_atomic(file: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let name = file.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
-    let temporary = file.with_file_name(format!(".{name}.partial"));
-    std::fs::write(&temporary, bytes).map_err(|e| CheckpointError::io(&temporary, e))?;
-    std::fs::rename(&temporary, file).map_err(|e| CheckpointError::io(file, e))
 }

@@ -37,6 +37,7 @@
 //!   machine's matmul ceiling in one run, as a [`bench::BenchTable`].
 
 pub mod bench;
+pub mod chat_codec;
 pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
@@ -48,10 +49,12 @@ pub mod policy;
 pub mod remote;
 pub mod runtime;
 pub mod sampling;
+mod tensor_file;
 pub mod tokenizer;
 pub mod train;
 
 pub use bench::{run_bench, BenchConfig, BenchError, BenchRow, BenchTable};
+pub use chat_codec::{ChatCodec, ChatCodecError};
 pub use chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
 pub use checkpoint::{load_model, save_model, stored_dtype, CheckpointError, GenerationConfig};
 pub use config::{ConfigError, ConfigIssue, ModelSize, Qwen3Config};

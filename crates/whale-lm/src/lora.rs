@@ -12,8 +12,8 @@
 //! A is `[rank, in]` and starts uniform in `±1/sqrt(in)` (PEFT's Kaiming-uniform with `a = √5`),
 //! B is `[out, rank]` and starts at zero, so a fresh adapter leaves the model's outputs unchanged.
 
-use crate::checkpoint::{read_exact_tensors, read_json_object, write_atomic, write_tensors, CheckpointError};
 use crate::config::{optional, required, ConfigIssue, Qwen3Config};
+use crate::tensor_file::{read_exact_tensors, read_json_object, write_atomic, write_tensors, CheckpointError};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};

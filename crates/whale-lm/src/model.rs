@@ -24,11 +24,14 @@
 //!   returns the logits of each chunk's last token. Sequences of any lengths can be mixed, and
 //!   sequences may join or leave between calls: the batch is formed anew on every call.
 
+pub mod error;
 mod training;
+
+pub use error::ModelError;
 
 pub(crate) use training::Packing;
 
-use crate::config::{ConfigIssue, Qwen3Config};
+use crate::config::Qwen3Config;
 use crate::kernels;
 use crate::lora::{base_weight_name, LoraAdapter, LoraTarget};
 use candle_core::{DType, Device, Tensor, Var};
@@ -37,21 +40,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::sync::PoisonError;
-
-/// Why a model could not be built or run.
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error("invalid configuration: {0}")]
-    Config(#[from] ConfigIssue),
-    #[error("tensor `{name}` is missing")]
-    MissingTensor { name: String },
-    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
-    ShapeMismatch { name: String, expected: Vec<usize>, found: Vec<usize> },
-    #[error("invalid input: {0}")]
-    Input(String),
-    #[error(transparent)]
-    Candle(#[from] candle_core::Error),
-}
 
 fn input_error(message: impl Into<String>) -> ModelError {
     ModelError::Input(message.into())

@@ -7,9 +7,9 @@ use serde::{Deserialize, Serialize};
 use whale_core::{ChatMessage, ModelCall};
 
 use crate::chat_template::ChatTemplateError;
-use crate::remote::RemoteError;
 use crate::sampling::{SamplingError, SamplingParams};
 use crate::tokenizer::TokenizerError;
+use whale_http::HttpError as RemoteError;
 
 /// One chat call: the conversation so far and how to sample the reply.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,27 +1,25 @@
 //! A [`Policy`] behind any OpenAI-compatible `/v1/chat/completions` server: vLLM, SGLang, a
 //! hosted API or `whale serve`.
 //!
-//! Why retries live here: a WHALE step launches hundreds of rollouts against one server, and a
-//! rollout lost to a transient fault (a restart, an overloaded queue, a dropped connection)
-//! would bias the step towards the prompts that happened to get through. So every request is
-//! retried on 408, 429, 5xx, connection failures and timeouts, with exponential backoff and full
-//! jitter (a uniform draw in `[0, min(max, initial * 2^attempt)]`, so that clients that failed
-//! together do not come back together), honouring a `Retry-After` header up to the cap. Other
-//! 4xx statuses are the request's own fault: they are reported at once, with the server's
-//! message. At most `max_concurrency` requests are in flight, which is how a rollout pool of
-//! any size is kept within what the server batches well.
+//! Every request goes through [`whale_http::JsonClient`]: a WHALE step launches hundreds of
+//! rollouts against one server, and a rollout lost to a transient fault would bias the step
+//! towards the prompts that happened to get through, so transient faults are retried with
+//! jittered backoff and other 4xx statuses are reported at once with the server's message. At
+//! most `max_concurrency` requests are in flight, which is how a rollout pool of any size is kept
+//! within what the server batches well.
 //!
 //! The adapter or served model is the `model` of each request: [`RemotePolicy::set_model`]
 //! routes later requests to another one (a LoRA adapter just loaded, a new checkpoint) and bumps
 //! [`Policy::weights_version`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError, RwLock};
+use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+pub use whale_http::{server_message, HttpError as RemoteError, TransportFault};
+use whale_http::{ClientConfig, JsonClient, RetryPolicy};
 
 use crate::policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 
@@ -111,63 +109,6 @@ impl RemoteConfig {
     }
 }
 
-/// How a transport-level attempt failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransportFault {
-    /// No connection could be made (refused, unreachable, connect timeout).
-    Connect,
-    /// The attempt ran past `request_timeout_s`.
-    Timeout,
-    /// The connection broke while sending or reading (reset, closed early).
-    Connection,
-}
-
-impl std::fmt::Display for TransportFault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TransportFault::Connect => "cannot connect",
-            TransportFault::Timeout => "timed out",
-            TransportFault::Connection => "connection failed",
-        })
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RemoteError {
-    #[error("remote config `{key}`: {reason}")]
-    Config { key: &'static str, reason: String },
-    /// The server answered with an error status; its own message when it gave one.
-    #[error("{url}: HTTP {status}: {message}")]
-    Status { url: String, status: u16, message: String, retry_after: Option<Duration> },
-    #[error("{url}: {fault}: {message}")]
-    Transport { url: String, fault: TransportFault, message: String },
-    /// A success status whose body is not the chat completion asked for.
-    #[error("{url}: the reply is not a valid chat completion: {reason}")]
-    Reply { url: String, reason: String },
-    #[error("gave up after {attempts} attempt(s); the last one failed: {last}")]
-    GaveUp { attempts: u32, last: Box<RemoteError> },
-}
-
-impl RemoteError {
-    /// Whether another attempt may succeed: 408, 429, 5xx and transport faults.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            RemoteError::Status { status, .. } => matches!(status, 408 | 429) || *status >= 500,
-            RemoteError::Transport { .. } => true,
-            RemoteError::Config { .. } | RemoteError::Reply { .. } | RemoteError::GaveUp { .. } => false,
-        }
-    }
-
-    /// The HTTP status of the (last) failed attempt, if the server answered.
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            RemoteError::Status { status, .. } => Some(*status),
-            RemoteError::GaveUp { last, .. } => last.status(),
-            _ => None,
-        }
-    }
-}
-
 /// Counters since the policy was made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RemoteStats {
@@ -181,34 +122,33 @@ pub struct RemoteStats {
 
 /// A policy served over HTTP; see the module documentation.
 pub struct RemotePolicy {
-    http: reqwest::blocking::Client,
+    http: JsonClient,
     chat_url: String,
-    api_key: Option<String>,
     config: RemoteConfig,
     model: RwLock<String>,
     weights_version: AtomicU64,
-    slots: Slots,
     stats: Mutex<RemoteStats>,
 }
 
 impl RemotePolicy {
     pub fn new(config: RemoteConfig) -> Result<Self, RemoteError> {
         config.validate()?;
-        let http = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs_f64(config.request_timeout_s))
-            .connect_timeout(Duration::from_secs_f64(config.connect_timeout_s))
-            .build()
-            .map_err(|e| RemoteError::Config {
-                key: "base_url",
-                reason: format!("cannot build the HTTP client: {e}"),
-            })?;
+        let http = JsonClient::new(ClientConfig {
+            request_timeout: Duration::from_secs_f64(config.request_timeout_s),
+            connect_timeout: Duration::from_secs_f64(config.connect_timeout_s),
+            api_key: config.resolved_api_key(),
+            retry: RetryPolicy {
+                max_retries: config.max_retries,
+                backoff_initial: Duration::from_millis(config.backoff_initial_ms),
+                backoff_max: Duration::from_millis(config.backoff_max_ms),
+            },
+            max_in_flight: Some(config.max_concurrency),
+        })?;
         Ok(Self {
             http,
             chat_url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
-            api_key: config.resolved_api_key(),
             model: RwLock::new(config.model.clone()),
             weights_version: AtomicU64::new(0),
-            slots: Slots::new(config.max_concurrency),
             stats: Mutex::new(RemoteStats::default()),
             config,
         })
@@ -231,16 +171,21 @@ impl RemotePolicy {
     }
 
     pub fn stats(&self) -> RemoteStats {
-        *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+        RemoteStats { retries: self.http.retries(), ..*self.stats.lock().unwrap_or_else(PoisonError::into_inner) }
     }
 
     /// `n` completions of one request in a single HTTP call (the server's `n`). How the
     /// choices are seeded is the server's: vLLM draws them in turn from the request's seed,
     /// `whale serve` gives choice `i` the seed `seed + i`.
     pub fn chat_n(&self, request: &ChatRequest, n: usize) -> Result<Vec<Completion>, PolicyError> {
-        let outcome = self.request_body(request, n).and_then(|body| self.post_with_retries(&body)).and_then(|text| {
-            parse_completions(&text, n).map_err(|reason| RemoteError::Reply { url: self.chat_url.clone(), reason })
-        });
+        let outcome =
+            self.request_body(request, n).and_then(|body| self.http.post(&self.chat_url, &body)).and_then(|text| {
+                parse_completions(&text, n).map_err(|reason| RemoteError::Reply {
+                    url: self.chat_url.clone(),
+                    expected: "chat completion",
+                    reason,
+                })
+            });
         let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
         match &outcome {
             Ok(_) => stats.succeeded += 1,
@@ -281,75 +226,6 @@ impl RemotePolicy {
         }
         Ok(body)
     }
-
-    /// The body of the first successful attempt, retrying transient faults.
-    fn post_with_retries(&self, body: &Value) -> Result<String, RemoteError> {
-        let mut attempt = 0;
-        loop {
-            let error = match self.attempt(body) {
-                Ok(text) => return Ok(text),
-                Err(error) if !error.is_transient() => return Err(error),
-                Err(error) => error,
-            };
-            if attempt == self.config.max_retries {
-                return Err(RemoteError::GaveUp { attempts: attempt + 1, last: Box::new(error) });
-            }
-            let retry_after = match &error {
-                RemoteError::Status { retry_after, .. } => *retry_after,
-                _ => None,
-            };
-            std::thread::sleep(self.backoff(attempt, retry_after));
-            attempt += 1;
-            self.stats.lock().unwrap_or_else(PoisonError::into_inner).retries += 1;
-        }
-    }
-
-    /// One HTTP exchange, holding a concurrency slot.
-    fn attempt(&self, body: &Value) -> Result<String, RemoteError> {
-        let _slot = self.slots.acquire();
-        let mut request = self.http.post(&self.chat_url).json(body);
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
-        }
-        let response = request.send().map_err(|e| self.transport_error(&e))?;
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let text = response.text().map_err(|e| self.transport_error(&e))?;
-        if (200..300).contains(&status) {
-            return Ok(text);
-        }
-        Err(RemoteError::Status { url: self.chat_url.clone(), status, message: server_message(&text), retry_after })
-    }
-
-    fn transport_error(&self, error: &reqwest::Error) -> RemoteError {
-        let fault = if error.is_timeout() {
-            TransportFault::Timeout
-        } else if error.is_connect() {
-            TransportFault::Connect
-        } else {
-            TransportFault::Connection
-        };
-        let message = match fault {
-            TransportFault::Timeout => format!("no complete reply within {} s", self.config.request_timeout_s),
-            _ => error_chain(error),
-        };
-        RemoteError::Transport { url: self.chat_url.clone(), fault, message }
-    }
-
-    /// Full jitter: a uniform draw up to `min(max, initial * 2^attempt)`, but at least what the
-    /// server asked for in `Retry-After` (itself capped at the maximum).
-    fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
-        let max = Duration::from_millis(self.config.backoff_max_ms);
-        let ceiling = Duration::from_millis(self.config.backoff_initial_ms.saturating_mul(1 << attempt.min(32)));
-        let ceiling = ceiling.min(max);
-        let drawn = ceiling.mul_f64(rand::thread_rng().gen::<f64>());
-        drawn.max(retry_after.unwrap_or_default().min(max))
-    }
 }
 
 impl Policy for RemotePolicy {
@@ -357,6 +233,7 @@ impl Policy for RemotePolicy {
         let mut completions = self.chat_n(&request, 1)?;
         completions.pop().ok_or(PolicyError::Remote(RemoteError::Reply {
             url: self.chat_url.clone(),
+            expected: "chat completion",
             reason: "no choice".to_string(),
         }))
     }
@@ -368,62 +245,6 @@ impl Policy for RemotePolicy {
     fn weights_version(&self) -> u64 {
         self.weights_version.load(Ordering::SeqCst)
     }
-}
-
-/// A counting semaphore: at most `capacity` holders at once.
-struct Slots {
-    free: Mutex<usize>,
-    freed: Condvar,
-}
-
-struct Slot<'a>(&'a Slots);
-
-impl Slots {
-    fn new(capacity: usize) -> Self {
-        Self { free: Mutex::new(capacity), freed: Condvar::new() }
-    }
-
-    fn acquire(&self) -> Slot<'_> {
-        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        while *free == 0 {
-            free = self.freed.wait(free).unwrap_or_else(PoisonError::into_inner);
-        }
-        *free -= 1;
-        Slot(self)
-    }
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-        self.0.freed.notify_one();
-    }
-}
-
-/// An error and its causes, `: `-separated (reqwest's own message names only the URL).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
-}
-
-/// The message of an error reply: OpenAI's `error.message`, FastAPI's `detail`, a plain
-/// `message` (SGLang's), or the start of the body. The admin client of `whale` reads its
-/// servers' error replies with it too.
-pub fn server_message(body: &str) -> String {
-    let parsed: Option<Value> = serde_json::from_str(body).ok();
-    let field = |pointer: &str| {
-        parsed.as_ref().and_then(|v| v.pointer(pointer)).map(|v| v.as_str().map_or_else(|| v.to_string(), String::from))
-    };
-    field("/error/message")
-        .or_else(|| field("/detail"))
-        .or_else(|| field("/message"))
-        .unwrap_or_else(|| body.chars().take(500).collect())
 }
 
 #[derive(Deserialize)]
@@ -566,26 +387,10 @@ mod tests {
     }
 
     #[test]
-    fn backoff_draws_stay_under_the_doubling_cap_and_respect_retry_after() {
-        let remote = policy(RemoteConfig { backoff_initial_ms: 100, backoff_max_ms: 1000, ..RemoteConfig::default() });
-        for attempt in 0..40 {
-            let cap = Duration::from_millis((100u64 << attempt.min(20)).min(1000));
-            let draws: Vec<Duration> = (0..50).map(|_| remote.backoff(attempt, None)).collect();
-            assert!(draws.iter().all(|draw| *draw <= cap), "attempt {attempt}: {draws:?}");
-            assert!(draws.iter().any(|draw| *draw != draws[0]), "no jitter at attempt {attempt}");
-        }
-        assert_eq!(remote.backoff(0, Some(Duration::from_secs(60))), Duration::from_millis(1000));
-        assert!(remote.backoff(0, Some(Duration::from_millis(700))) >= Duration::from_millis(700));
-    }
-
-    #[test]
     fn errors_are_sorted_into_transient_and_permanent_and_configs_checked() {
         let status = |status| RemoteError::Status { url: "u".into(), status, message: "m".into(), retry_after: None };
         assert!([408, 429, 500, 502, 503].iter().all(|&s| status(s).is_transient()));
         assert!([400, 401, 404, 422].iter().all(|&s| !status(s).is_transient()));
-        assert_eq!(server_message(r#"{"error": {"message": "no such model"}}"#), "no such model");
-        assert_eq!(server_message(r#"{"detail": "bad"}"#), "bad");
-        assert_eq!(server_message("plain"), "plain");
         let bad = RemoteConfig { base_url: "localhost:8000".into(), model: "m".into(), ..RemoteConfig::default() };
         assert!(matches!(RemotePolicy::new(bad), Err(RemoteError::Config { key: "base_url", .. })));
         assert!(matches!(RemotePolicy::new(RemoteConfig::default()), Err(RemoteError::Config { key: "model", .. })));

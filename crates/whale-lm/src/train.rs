@@ -13,13 +13,12 @@
 //! stay bit-for-bit what they were. Such a trainer saves a PEFT adapter directory instead of a
 //! checkpoint, with the optimizer state beside it.
 
-use crate::checkpoint::{
-    load_model, read_tensors, save_model, write_atomic, write_tensors, CheckpointError, GenerationConfig,
-};
+use crate::checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
 use crate::config::optional;
 use crate::kernels;
 use crate::lora::{LoraAdapter, LoraError};
 use crate::model::{ModelError, Packing, Qwen3Model};
+use crate::tensor_file::{read_tensors, write_atomic, write_tensors};
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -16,7 +16,7 @@ use crate::proposer::{Proposal, ProposalContext, Proposer, TokenUsage};
 use crate::score::ScoreCard;
 use serde::{Deserialize, Serialize};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use whale_core::{Domain, ErrorKind, Objectives, Task, Trajectory};
+use whale_core::{Domain, Objectives, Task, Trajectory};
 use whale_harness::{validate, Harness, Limits};
 
 pub type EvaluatorError = Box<dyn std::error::Error + Send + Sync>;
@@ -61,6 +61,10 @@ pub enum SearchError {
     Evaluator(EvaluatorError),
     #[error("the evaluator returned {got} trajectories for {expected} tasks")]
     Trajectories { expected: usize, got: usize },
+    /// The proposer's model server or command failed: no iteration is concluded without the
+    /// candidates it would have written.
+    #[error("iteration {iteration}: the {proposer} proposer failed: {error}")]
+    Proposer { iteration: u64, proposer: String, error: String },
 }
 
 /// What became of one candidate.
@@ -253,7 +257,10 @@ impl HarnessSearch {
         })
     }
 
-    /// The proposals of one iteration; a failing or panicking proposer is recorded and yields none.
+    /// The proposals of one iteration. A proposer that panics, or fails in what it wrote, is
+    /// recorded and yields none; one whose model server or command failed
+    /// ([`ProposerError::is_infrastructure`]) is recorded and stops the search, since an iteration
+    /// without candidates would read as a search that found nothing.
     fn propose(
         &mut self,
         iteration: u64,
@@ -272,13 +279,20 @@ impl HarnessSearch {
             limits: &self.config.limits,
         };
         let proposer = &mut self.proposer;
-        let error = match catch_unwind(AssertUnwindSafe(|| proposer.propose(&ctx))) {
+        let (error, infrastructure) = match catch_unwind(AssertUnwindSafe(|| proposer.propose(&ctx))) {
             Ok(Ok(proposals)) => return Ok((proposals, None)),
-            Ok(Err(error)) => error.to_string(),
-            Err(panic) => format!("the proposer panicked: {}", panic_message(panic.as_ref())),
+            Ok(Err(error)) => (error.to_string(), error.is_infrastructure()),
+            Err(panic) => (format!("the proposer panicked: {}", panic_message(panic.as_ref())), false),
         };
         let proposer = self.proposer.name().to_string();
-        self.archive.append(SummaryEvent::ProposerFailed { iteration, proposer, error: error.clone() })?;
+        self.archive.append(SummaryEvent::ProposerFailed {
+            iteration,
+            proposer: proposer.clone(),
+            error: error.clone(),
+        })?;
+        if infrastructure {
+            return Err(SearchError::Proposer { iteration, proposer, error });
+        }
         Ok((Vec::new(), Some(error)))
     }
 
@@ -345,8 +359,8 @@ impl HarnessSearch {
         Ok((report(result), Some((candidate, scoring.card))))
     }
 
-    /// One rollout on the first search task; the reason to reject if the harness itself
-    /// failed (anything but the policy failing).
+    /// One rollout on the first search task; the reason to reject if it failed (a failed model
+    /// call is no rollout: the evaluator returns an error instead).
     fn smoke(
         &self,
         harness: &Harness,
@@ -357,8 +371,7 @@ impl HarnessSearch {
         spent.add(&trajectories);
         Ok(trajectories
             .iter()
-            .filter_map(|t| t.error.as_ref())
-            .find(|error| error.kind != ErrorKind::Policy)
+            .find_map(|t| t.error.as_ref())
             .map(|error| format!("its smoke rollout failed ({:?}): {}", error.kind, error.message)))
     }
 

@@ -11,7 +11,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use whale_core::Domain;
-use whale_search::{AgentConfig, AgentProposer, Archive, CandidateResult, HarnessSearch, SearchConfig, SummaryEvent};
+use whale_search::{
+    AgentConfig, AgentProposer, Archive, CandidateResult, HarnessSearch, SearchConfig, SearchError, SummaryEvent,
+};
 
 /// One request the server received: its headers (lower-cased names) and JSON body.
 #[derive(Debug, Clone)]
@@ -165,22 +167,20 @@ fn the_agent_reads_the_archive_is_confined_to_it_and_writes_candidates() {
 }
 
 #[test]
-fn a_failing_server_is_recorded_and_the_search_goes_on() {
+fn a_failing_server_is_recorded_and_stops_the_search() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut archive = Archive::open(dir.path()).expect("archive");
     archive.seed(PLAIN, "start").expect("seed");
     let look = calls(&[("c1", "list_dir", json!({}))]);
-    let (url, _) = serve(vec![(200, look), (500, json!({"error": "overloaded"}))]);
+    let (url, _) = serve(vec![(200, look), (400, json!({"error": {"message": "maximum context length exceeded"}}))]);
     let mut search =
         HarnessSearch::new(archive, Domain::Math, tasks(4), agent(&url), SearchConfig::default()).expect("search");
     let evaluator = SumEvaluator::new(1);
-    let report = search.iterate(&evaluator).expect("an API failure does not stop the run");
-    let error = report.proposer_error.expect("recorded");
-    assert!(error.contains("HTTP 500") && error.contains("overloaded"), "{error}");
-    assert_eq!(report.proposer_tokens.requests, 1, "the tokens of the turn before the failure count");
+    let error = search.iterate(&evaluator).expect_err("a refused request stops the search");
+    let SearchError::Proposer { iteration: 1, error, .. } = &error else { panic!("{error}") };
+    assert!(error.contains("HTTP 400") && error.contains("maximum context length"), "{error}");
     assert!(search.archive().events().iter().any(|e| matches!(e, SummaryEvent::ProposerFailed { .. })));
+    assert_eq!(search.archive().next_iteration(), 1, "no iteration concluded without its candidates");
     let session = fs::read_to_string(dir.path().join("sessions/1.json")).expect("session kept");
-    assert!(session.contains("HTTP 500") && session.contains("list_dir"));
-    let next = search.iterate(&evaluator).expect("next iteration");
-    assert!(next.proposer_error.is_some_and(|e| e.contains("the proposer's API")), "the server is gone now");
+    assert!(session.contains("HTTP 400") && session.contains("list_dir"));
 }

@@ -12,7 +12,7 @@ use whale_core::Domain;
 use whale_harness::Limits;
 use whale_search::{
     Archive, CandidateResult, CommandConfig, CommandProposer, HarnessSearch, ProposalContext, Proposer, ProposerError,
-    SearchConfig,
+    SearchConfig, SearchError,
 };
 
 fn seeded(dir: &Path) -> Archive {
@@ -83,17 +83,18 @@ fn a_command_edits_a_scratch_copy_and_its_pending_candidates_are_scored() {
 }
 
 #[test]
-fn a_failing_command_is_an_error_the_search_records() {
+fn a_failing_command_is_recorded_and_stops_the_search() {
     let dir = tempfile::tempdir().expect("tempdir");
     let proposer = command("echo 'the agent crashed' >&2; exit 7", 30);
     let mut search =
         HarnessSearch::new(seeded(dir.path()), Domain::Math, tasks(4), Box::new(proposer), SearchConfig::default())
             .expect("search");
-    let report = search.iterate(&SumEvaluator::new(1)).expect("the run goes on");
-    let error = report.proposer_error.expect("recorded");
+    let error = search.iterate(&SumEvaluator::new(1)).expect_err("a failed proposer command stops the search");
+    let SearchError::Proposer { iteration: 1, error, .. } = &error else { panic!("{error}") };
     assert!(error.contains("exit status: 7") && error.contains("the agent crashed"), "{error}");
     assert!(fs::read_to_string(dir.path().join("summary.jsonl")).expect("summary").contains("proposer_failed"));
     assert!(fs::read_to_string(dir.path().join("sessions/1.json")).expect("session").contains("the agent crashed"));
+    assert_eq!(search.archive().next_iteration(), 1, "the iteration is not concluded: a resumed run repeats it");
 }
 
 #[test]

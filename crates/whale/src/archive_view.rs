@@ -1,10 +1,10 @@
 //! `whale archive`: reading a run's harness archive — the Pareto frontier, the top candidates,
 //! the difference between two candidates' sources, and a candidate's raw traces.
 
-use crate::search_phase::ranking;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use whale_core::Trajectory;
+use whale_loop::search_phase::ranking;
 use whale_search::{Archive, ArchiveError, Candidate, SummaryEvent};
 
 #[derive(Debug, thiserror::Error)]

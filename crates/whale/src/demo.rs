@@ -5,12 +5,12 @@
 //! The setup is [`RunConfig::default`] (the same settings as `examples/math.toml`), sized so the
 //! six conditions finish within about ten minutes on two cores once the base model exists.
 
-use crate::compare::{compare, CompareError, Comparison};
-use crate::condition::Condition;
-use crate::config::RunConfig;
-use crate::experiment::Verbosity;
-use crate::pretrain::{ensure_base_model, PretrainError};
 use std::path::Path;
+use whale_loop::compare::{compare, CompareError, Comparison};
+use whale_loop::condition::Condition;
+use whale_loop::config::RunConfig;
+use whale_loop::experiment::Verbosity;
+use whale_pretrain::{ensure_base_model, PretrainError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {

@@ -11,10 +11,10 @@
 //! 3. generation throughput with 1, 8 and 64 concurrent rollouts, which shows the batching
 //!    engine serving many harnesses at once.
 
-use crate::evaluate::{self, EvalSettings, EvaluateError, Evaluation};
 use serde::Serialize;
 use std::sync::Arc;
 use whale_core::{Domain, Task};
+use whale_harness::scoring::{self as evaluate, EvalSettings, EvaluateError, Evaluation};
 use whale_harness::{StockHarness, STOCK_HARNESSES};
 use whale_lm::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 use whale_tasks::DomainTasks;

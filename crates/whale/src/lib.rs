@@ -1,30 +1,15 @@
-//! WHALE — Weight-Harness Alternating LEarning.
+//! WHALE — Weight-Harness Alternating LEarning: the `whale` command.
 //!
-//! This crate is the experiment driver on top of the domain, model and harness crates, and
-//! the `whale` command. Today it holds the data commands: checking real data files against
-//! their verifiers ([`data::check`]), generating synthetic tasks ([`data::generate`]) and
-//! scoring predictions made anywhere ([`data::score`]), plus their benchmark ([`bench`]).
+//! The experiment engine lives in `whale-loop`, the default base model in `whale-pretrain`;
+//! this crate is the command line on top ([`cli`]), the commands that are only glue between
+//! files and the lower crates ([`data`], [`lm`], [`archive_view`]), the benchmarks ([`bench`],
+//! [`harness_bench`], [`serve_bench`]) and the demo ([`demo`]).
 
 pub mod archive_view;
 pub mod bench;
 pub mod cli;
-pub mod compare;
-pub mod condition;
-pub mod config;
 pub mod data;
 pub mod demo;
-pub mod evaluate;
-pub mod evaluation;
-pub mod experiment;
-pub mod external_weights;
 pub mod harness_bench;
 pub mod lm;
-pub mod pretrain;
-pub mod report;
-pub mod run_dir;
-pub mod scheduler;
-pub mod search_phase;
 pub mod serve_bench;
-pub mod server;
-pub mod trainer_command;
-pub mod weight_phase;

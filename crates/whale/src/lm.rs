@@ -15,14 +15,13 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use whale_core::ChatMessage;
-use whale_lm::chat_template::TOKENIZER_CONFIG_FILE;
-use whale_lm::engine::TOKENIZER_FILE;
 use whale_lm::{
-    load_model, save_model, stored_dtype, ChatRequest, ChatTemplate, ChatTemplateError, CheckpointError, Completion,
-    EngineConfig, EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LoraConfig, LoraError, ModelError, Policy,
-    PolicyError, Qwen3Config, RenderOptions, SamplingParams, SftExample, SftTrainer, TokenizerError, TrainError,
+    load_model, save_model, stored_dtype, ChatCodec, ChatCodecError, ChatRequest, ChatTemplateError, CheckpointError,
+    Completion, EngineConfig, EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LoraConfig, LoraError,
+    ModelError, Policy, PolicyError, Qwen3Config, SamplingParams, SftExample, SftTrainer, TokenizerError, TrainError,
     TrainerConfig,
 };
+use whale_loop::scale_out::external_weights::Sample;
 use whale_tasks::{read_jsonl, RecordError};
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +30,8 @@ pub enum LmError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Template(#[from] ChatTemplateError),
+    #[error(transparent)]
+    Codec(#[from] ChatCodecError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
@@ -43,8 +44,6 @@ pub enum LmError {
     Lora(Box<LoraError>),
     #[error(transparent)]
     Model(#[from] ModelError),
-    #[error("{}: {reason}", path.display())]
-    Io { path: PathBuf, reason: String },
     #[error("{} problem(s) in the SFT data, first: {}", .0.len(), .0[0])]
     Records(Vec<RecordError>),
     #[error("{0}")]
@@ -54,65 +53,6 @@ pub enum LmError {
 impl From<LoraError> for LmError {
     fn from(error: LoraError) -> Self {
         Self::Lora(Box::new(error))
-    }
-}
-
-fn io_error(path: &Path, error: impl std::fmt::Display) -> LmError {
-    LmError::Io { path: path.to_path_buf(), reason: error.to_string() }
-}
-
-/// A model's tokenizer and chat template: chat messages to token ids.
-#[derive(Debug, Clone)]
-pub struct ChatCodec {
-    pub tokenizer: whale_lm::Tokenizer,
-    pub template: ChatTemplate,
-}
-
-impl ChatCodec {
-    /// Reads `tokenizer.json` and `tokenizer_config.json` of a checkpoint directory.
-    pub fn load(dir: &Path) -> Result<Self, LmError> {
-        Ok(Self {
-            tokenizer: whale_lm::Tokenizer::from_file(dir.join(TOKENIZER_FILE))?,
-            template: ChatTemplate::from_model_dir(dir)?,
-        })
-    }
-
-    /// The token ids the model sees before it answers `messages`.
-    pub fn prompt_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, LmError> {
-        let options = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
-        Ok(self.tokenizer.encode(&self.template.render(messages, &options)?)?)
-    }
-
-    /// An example that trains the reply `completion` to `context`; the completion ends with the
-    /// end-of-turn token so the model learns to stop.
-    pub fn example(&self, context: &[ChatMessage], completion: &str) -> Result<SftExample, LmError> {
-        self.example_ending(context, completion, true)
-    }
-
-    /// [`Self::example`], with the end-of-turn token only when `ends_turn` (a reply cut off at
-    /// `max_tokens` did not end its turn, and is trained as it was sampled).
-    pub fn example_ending(
-        &self,
-        context: &[ChatMessage],
-        completion: &str,
-        ends_turn: bool,
-    ) -> Result<SftExample, LmError> {
-        let mut completion_ids = self.tokenizer.encode(completion)?;
-        if ends_turn {
-            completion_ids.push(self.tokenizer.specials().im_end);
-        }
-        Ok(SftExample { prompt: self.prompt_ids(context)?, completion: completion_ids })
-    }
-
-    /// One example per assistant turn of a conversation, each with every earlier turn as its
-    /// prompt: only the assistant's own words are trained on.
-    pub fn conversation_examples(&self, messages: &[ChatMessage]) -> Result<Vec<SftExample>, LmError> {
-        messages
-            .iter()
-            .enumerate()
-            .filter(|(_, message)| message.role == "assistant")
-            .map(|(index, message)| self.example(&messages[..index], &message.content))
-            .collect()
     }
 }
 
@@ -128,7 +68,7 @@ pub struct SftRecord {
 
 impl SftRecord {
     pub fn example(&self, codec: &ChatCodec) -> Result<SftExample, LmError> {
-        codec.example_ending(&self.messages, &self.completion, self.ends_turn)
+        Ok(codec.example_ending(&self.messages, &self.completion, self.ends_turn)?)
     }
 }
 
@@ -165,27 +105,9 @@ fn parse_messages(value: &serde_json::Value) -> Result<Vec<ChatMessage>, (&'stat
 
 /// A `samples.jsonl` line: the last trainable turn is the completion.
 fn parse_sample(value: &serde_json::Value) -> Result<ParsedRecord, (&'static str, String)> {
-    let mut messages = parse_messages(value)?;
-    let trainable: Vec<bool> = serde_json::from_value(value["trainable"].clone())
-        .map_err(|e| ("trainable", format!("expected a list of booleans: {e}")))?;
-    if trainable.len() != messages.len() {
-        let reason = format!("{} flags for {} messages", trainable.len(), messages.len());
-        return Err(("trainable", reason));
-    }
-    let last = trainable.iter().rposition(|&flag| flag).ok_or(("trainable", "no trainable turn".to_string()))?;
-    if last == 0 || messages[last].role != "assistant" {
-        let reason = format!("turn {last} is trainable but is not an assistant reply to earlier messages");
-        return Err(("trainable", reason));
-    }
-    let ends_turn = match value.get("finish_reason") {
-        None => true,
-        Some(serde_json::Value::String(reason)) if reason == "stop" => true,
-        Some(serde_json::Value::String(reason)) if reason == "length" => false,
-        Some(other) => return Err(("finish_reason", format!("expected \"stop\" or \"length\", got {other}"))),
-    };
-    messages.truncate(last + 1);
-    let completion = messages.pop().map(|m| m.content).unwrap_or_default();
-    Ok((messages, completion, ends_turn))
+    let sample: Sample = serde_json::from_value(value.clone()).map_err(|e| ("samples.jsonl line", e.to_string()))?;
+    let reply = sample.reply()?;
+    Ok((reply.context, reply.completion, reply.ends_turn))
 }
 
 fn parse_sft_record(value: &serde_json::Value) -> Result<ParsedRecord, (&'static str, String)> {
@@ -302,7 +224,7 @@ pub fn train_sft(
         )?;
     } else {
         save_model(trainer.model(), &generation_config(model_dir, trainer.model().config())?, output)?;
-        copy_tokenizer_files(model_dir, output)?;
+        ChatCodec::copy_files(model_dir, output)?;
     }
     Ok(SftReport {
         examples: examples.len(),
@@ -356,7 +278,7 @@ pub fn merge_adapter(base_dir: &Path, adapter_dir: &Path, output: &Path) -> Resu
     let adapter = LoraAdapter::load_peft(adapter_dir, base.config(), base.dtype(), base.device())?;
     let merged = base.with_adapter(&adapter)?.merged()?;
     save_model(&merged, &generation_config(base_dir, base.config())?, output)?;
-    copy_tokenizer_files(base_dir, output)?;
+    ChatCodec::copy_files(base_dir, output)?;
     Ok(adapter.targets().len() * adapter.num_layers())
 }
 
@@ -407,14 +329,6 @@ pub fn generate(dir: &Path, prompt: &str, settings: &GenerateSettings) -> Result
     })?;
     policy.shutdown();
     Ok(completions)
-}
-
-/// Copies `tokenizer.json` and `tokenizer_config.json` from one checkpoint directory to another.
-pub fn copy_tokenizer_files(from: &Path, to: &Path) -> Result<(), LmError> {
-    for name in [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
-        std::fs::copy(from.join(name), to.join(name)).map_err(|e| io_error(&from.join(name), e))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

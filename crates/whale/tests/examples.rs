@@ -4,9 +4,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use whale::condition::Condition;
-use whale::config::RunConfig;
-use whale::experiment::{Experiment, Verbosity};
+use whale_loop::condition::Condition;
+use whale_loop::config::RunConfig;
+use whale_loop::experiment::{Experiment, Verbosity};
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")

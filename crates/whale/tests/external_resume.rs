@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::parity::{config, untimed, whale_lm_train};
+use common::parity::{config, whale_lm_train};
+use common::untimed_json as untimed;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
@@ -21,7 +22,7 @@ fn whale(args: &[&str], path: &Path) -> Command {
 }
 
 fn read(path: &Path) -> Value {
-    let mut value = common::parity::read(path);
+    let mut value = common::read_json(path);
     if let Some(served) = value.get_mut("served") {
         served["path"] = Value::Null;
     }

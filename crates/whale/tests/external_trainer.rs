@@ -8,11 +8,11 @@ mod common;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use whale::config::RunConfig;
-use whale::experiment::{Experiment, ExperimentError, Verbosity};
-use whale::external_weights::Sample;
-use whale::trainer_command::{TrainerCommandConfig, TrainerOutput};
 use whale_core::Trajectory;
+use whale_loop::config::RunConfig;
+use whale_loop::experiment::{Experiment, ExperimentError, Verbosity};
+use whale_loop::scale_out::external_weights::Sample;
+use whale_loop::scale_out::trainer_command::{TrainerCommandConfig, TrainerOutput};
 
 /// Two calls per rollout: an untrained note, then the answer after the note as an earlier
 /// assistant turn.
@@ -65,35 +65,16 @@ fn fixture(trainer: &[&str]) -> Fixture {
     Fixture { _dir: dir, root, config }
 }
 
-fn copy_trainer() -> Vec<&'static str> {
-    vec!["sh", "-c", COPY_TRAINER, "trainer", "{data}", "{base}", "{output}", "{run_dir}"]
-}
-
-fn lines(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines().map(|line| serde_json::from_str(line).expect("a JSON line")).collect()
-}
-
-/// Removes every timing field (they differ between any two runs).
-fn untimed(value: &mut Value) {
-    match value {
-        Value::Object(fields) => {
-            fields.retain(|key, _| !key.contains("seconds") && key != "wall_s");
-            fields.values_mut().for_each(untimed);
-        }
-        Value::Array(items) => items.iter_mut().for_each(untimed),
-        _ => {}
+/// The lines of a JSON-lines file.
+fn rows_of(path: &Path) -> Vec<Value> {
+    match common::read_json(path) {
+        Value::Array(rows) => rows,
+        other => panic!("{}: not JSON lines: {other}", path.display()),
     }
 }
 
-fn untimed_file(path: &Path) -> Value {
-    let mut value = if path.extension().is_some_and(|e| e == "jsonl") {
-        Value::Array(lines(path))
-    } else {
-        serde_json::from_str(&std::fs::read_to_string(path).expect("read")).expect("json")
-    };
-    untimed(&mut value);
-    value
+fn copy_trainer() -> Vec<&'static str> {
+    vec!["sh", "-c", COPY_TRAINER, "trainer", "{data}", "{base}", "{output}", "{run_dir}"]
 }
 
 #[test]
@@ -111,8 +92,8 @@ fn the_trainer_gets_each_trained_call_as_a_chat_with_its_completion_as_the_train
     assert!(!run.join("weights/step-000001/checkpoint").exists(), "a replaced checkpoint is removed");
 
     let step = run.join("weights/step-000002");
-    let samples = lines(&step.join("samples.jsonl"));
-    assert_eq!(samples, lines(&step.join("checkpoint/received.jsonl")), "{{data}} is the samples file");
+    let samples = rows_of(&step.join("samples.jsonl"));
+    assert_eq!(samples, rows_of(&step.join("checkpoint/received.jsonl")), "{{data}} is the samples file");
     assert_eq!(samples.len(), 4, "one trained call (the answer) per kept rollout");
     for sample in &samples {
         let roles: Vec<&str> =
@@ -141,7 +122,7 @@ fn the_trainer_gets_each_trained_call_as_a_chat_with_its_completion_as_the_train
     let log = std::fs::read_to_string(step.join("train.log")).expect("train.log");
     assert!(log.contains("training on 4 samples"), "the command's output is logged: {log}");
 
-    let rows = lines(&run.join("metrics.jsonl"));
+    let rows = rows_of(&run.join("metrics.jsonl"));
     let steps: Vec<&Value> = rows.iter().filter(|r| r["kind"] == "weight_step").collect();
     assert_eq!(steps.len(), 2);
     assert!(steps.iter().all(|r| r["updates"] == 1 && r["examples"] == 4 && r["loss"].is_null()));
@@ -175,11 +156,11 @@ fn a_failing_trainer_stops_its_step_naming_the_log_and_a_resumed_run_retries_it_
 
     let mut resumed = Experiment::resume(&run, Verbosity::default()).expect("resumes");
     resumed.run().expect("the retried step succeeds");
-    let rows = lines(&run.join("metrics.jsonl"));
+    let rows = rows_of(&run.join("metrics.jsonl"));
     let first = rows.iter().find(|r| r["kind"] == "weight_step").expect("step 1 row");
     assert_eq!(first["rollout_seconds"], record["report"]["rollout_seconds"], "the retry reused the recorded rollouts");
     for file in ["ledger.json", "metrics.jsonl", "state.json"] {
-        let (mut a, mut b) = (untimed_file(&straight.join(file)), untimed_file(&run.join(file)));
+        let (mut a, mut b) = (common::untimed_file(&straight.join(file)), common::untimed_file(&run.join(file)));
         for value in [&mut a, &mut b] {
             if let Some(served) = value.get_mut("served") {
                 served["path"] = Value::Null;

@@ -6,9 +6,9 @@
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use whale::lm::ChatCodec;
-use whale::pretrain::{self, PretrainSummary};
+use whale_lm::ChatCodec;
 use whale_lm::{load_model, LoraAdapter, Qwen3Model, SftExample, SftTrainer, TrainerConfig};
+use whale_pretrain::{self as pretrain, PretrainSummary};
 
 /// The hidden flags that make pretraining take seconds.
 const TINY: [&str; 10] =
@@ -202,39 +202,23 @@ fn lm_generate_prints_n_completions_and_lm_eval_scores_the_model() {
     let home = tempfile::tempdir().expect("tempdir");
     pretrain_tiny(home.path(), &["--steps", "2"]);
     let dir = model_dir(home.path());
-    let printed = succeed(
-        home.path(),
-        &[
-            "lm",
-            "generate",
-            "--model",
-            dir.to_str().expect("utf-8"),
-            "--prompt",
-            "What is 2 + 3?",
-            "--n",
-            "3",
-            "--max-tokens",
-            "6",
-        ],
-    );
+    let generate = [
+        "lm",
+        "generate",
+        "--model",
+        dir.to_str().expect("utf-8"),
+        "--prompt",
+        "What is 2 + 3?",
+        "--n",
+        "3",
+        "--max-tokens",
+        "6",
+    ];
+    let printed = succeed(home.path(), &generate);
     let headers: Vec<&str> = printed.lines().filter(|l| l.starts_with("--- completion ")).collect();
     assert_eq!(headers.len(), 3, "{printed}");
     assert!(headers.iter().all(|h| h.contains("tokens,")), "{printed}");
-    let again = succeed(
-        home.path(),
-        &[
-            "lm",
-            "generate",
-            "--model",
-            dir.to_str().expect("utf-8"),
-            "--prompt",
-            "What is 2 + 3?",
-            "--n",
-            "3",
-            "--max-tokens",
-            "6",
-        ],
-    );
+    let again = succeed(home.path(), &generate);
     assert_eq!(printed, again, "the same seeds sample the same completions");
 
     let scored = succeed(

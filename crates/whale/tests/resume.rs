@@ -6,7 +6,6 @@ mod common;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -68,29 +67,6 @@ fn whale() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
     command.stdout(Stdio::null()).stderr(Stdio::null());
     command
-}
-
-/// Removes every timing field (they differ between any two runs).
-fn untimed(value: &mut Value) {
-    match value {
-        Value::Object(fields) => {
-            fields.retain(|key, _| !key.contains("seconds") && key != "wall_s");
-            fields.values_mut().for_each(untimed);
-        }
-        Value::Array(items) => items.iter_mut().for_each(untimed),
-        _ => {}
-    }
-}
-
-fn read(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut value = if path.extension().is_some_and(|e| e == "jsonl") {
-        Value::Array(text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect())
-    } else {
-        serde_json::from_str(&text).expect("JSON")
-    };
-    untimed(&mut value);
-    value
 }
 
 struct Fixture {
@@ -165,11 +141,15 @@ fn run_with_kills(fixture: &Fixture, runs: &str, kills: usize, typical: Duration
 fn assert_same_result(fixture: &Fixture, a: &str, b: &str) {
     let (a, b) = (fixture.root.join(a).join("r"), fixture.root.join(b).join("r"));
     for file in ["ledger.json", "metrics.jsonl", "state.json"] {
-        assert_eq!(read(&a.join(file)), read(&b.join(file)), "{file} differs after kills");
+        assert_eq!(
+            common::untimed_file(&a.join(file)),
+            common::untimed_file(&b.join(file)),
+            "{file} differs after kills"
+        );
     }
-    let state = read(&b.join("state.json"));
+    let state = common::untimed_file(&b.join("state.json"));
     assert_eq!(state["finished"], true);
-    let rows = read(&b.join("metrics.jsonl"));
+    let rows = common::untimed_file(&b.join("metrics.jsonl"));
     let evals = rows.as_array().expect("rows").iter().filter(|r| r["kind"] == "evaluation").count();
     assert!(evals >= 3, "start, boundaries and end were evaluated");
     assert!(b.join("report.html").is_file());
@@ -179,7 +159,7 @@ fn assert_same_result(fixture: &Fixture, a: &str, b: &str) {
 fn a_whale_run_killed_at_random_moments_ends_as_if_never_interrupted() {
     let fixture = fixture("whale");
     let typical = run_to_end(&fixture, "straight");
-    let state = read(&fixture.root.join("straight/r/state.json"));
+    let state = common::untimed_file(&fixture.root.join("straight/r/state.json"));
     assert!(state["weights_version"].as_u64().unwrap_or(0) >= 4, "weights were updated: {state}");
     assert!(state["search_iterations"].as_u64().unwrap_or(0) >= 1, "the search iterated: {state}");
     let landed = run_with_kills(&fixture, "killed", 4, typical, 11);
@@ -231,7 +211,7 @@ fn a_lora_run_killed_at_random_moments_ends_as_if_never_interrupted() {
     let fixture = fixture_with("weight-only", "[weights.lora]\nrank = 4\ndropout = 0.1\n");
     let typical = run_to_end(&fixture, "straight");
     let run = fixture.root.join("straight/r");
-    let state = read(&run.join("state.json"));
+    let state = common::untimed_file(&run.join("state.json"));
     assert!(state["weights_version"].as_u64().unwrap_or(0) >= 4, "weights were updated: {state}");
     let checkpoint = run.join(format!("checkpoints/step-{:06}", state["checkpoint_step"].as_u64().expect("a step")));
     for file in ["adapter_config.json", "adapter_model.safetensors", "optimizer.safetensors"] {

@@ -7,46 +7,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use candle_core::{DType, Device};
+use common::serve::Serve;
 use serde_json::Value;
 use whale_core::ChatMessage;
 use whale_lm::{ChatRequest, EngineConfig, LocalPolicy, Policy, SamplingParams};
-
-/// `whale serve` in a child process, killed when dropped.
-struct ServeProcess {
-    child: Child,
-    base_url: String,
-}
-
-impl ServeProcess {
-    fn start(model: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_whale"))
-            .arg("serve")
-            .arg("--model")
-            .arg(model)
-            .args(["--port", "0", "--served-model-name", "tiny"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("whale starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("a first line");
-        let base_url = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line {line:?}"));
-        Self { base_url: base_url.to_string(), child }
-    }
-}
-
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn has_openai(python: &Path) -> bool {
     Command::new(python).args(["-c", "import openai"]).output().is_ok_and(|output| output.status.success())
@@ -91,7 +59,7 @@ fn the_official_openai_client_talks_to_whale_serve() {
     let python = python();
     let dir = tempfile::tempdir().expect("tempdir");
     common::write_tiny_model(dir.path());
-    let server = ServeProcess::start(dir.path(), &[]);
+    let server = Serve::start(dir.path(), "tiny", &[]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
     let output = Command::new(&python).arg(&script).args([&server.base_url, "tiny"]).output().expect("python runs");
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -17,49 +17,18 @@
 mod common;
 
 use common::parity::{
-    assert_same_run, config, in_process_lora, read, run, start, trainer_table, whale_lm_train, whale_lm_train_command,
+    assert_same_run, config, in_process_lora, run, start, trainer_table, whale_lm_train, whale_lm_train_command,
 };
+use common::read_json as read;
+use common::serve::Serve;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use whale::experiment::{Experiment, ExperimentError, Verbosity};
-
-/// `whale serve` in a child process, stopped when dropped.
-struct Serve {
-    child: Child,
-    base_url: String,
-}
-
-impl Serve {
-    fn start(model: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_whale"))
-            .args(["serve", "--host", "127.0.0.1", "--port", "0", "--served-model-name", "base", "--model"])
-            .arg(model)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("whale serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("its first line");
-        let base_url = line.trim().strip_prefix("listening on ").expect("the address").to_string();
-        Self { child, base_url }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        // The test is over either way; a server that already exited needs nothing more.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use whale_loop::experiment::{Experiment, ExperimentError, Verbosity};
 
 #[test]
 fn a_run_on_whale_serve_with_hot_loaded_adapters_ends_where_the_in_process_one_does() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = common::tiny_model_in(dir.path());
-    let serve = Serve::start(&model);
+    let serve = Serve::start(&model, "base", &[]);
     let server = format!("[server]\nbase_url = \"{}\"\nmodel = \"base\"\nkind = \"whale\"\n", serve.base_url);
     let served = run(dir.path(), "served", &config(&model, &format!("{server}{}", whale_lm_train("0.002"))));
     let state = read(&served.join("state.json"));
@@ -70,6 +39,8 @@ fn a_run_on_whale_serve_with_hot_loaded_adapters_ends_where_the_in_process_one_d
         .expect("GET /v1/models");
     let names: Vec<&str> = models["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
     assert_eq!(names, ["base", last.as_str()], "the last adapter is loaded, every earlier one unloaded");
+    let steps = common::parity::rows(&served, "weight_step");
+    assert!(steps.iter().all(|row| row["loss"].as_f64().is_some_and(|l| l > 0.0)), "the trainer's loss: {steps:?}");
     let own = run(dir.path(), "own", &config(&model, &in_process_lora()));
     assert_same_run(&own, &served);
 

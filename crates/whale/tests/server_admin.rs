@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use whale::server::{ServerAdmin, ServerConfig, ServerError, ServerKind};
+use whale_loop::scale_out::server::{ServerAdmin, ServerConfig, ServerError, ServerKind};
 
 /// One request as the recorder saw it.
 #[derive(Debug, Clone, PartialEq)]

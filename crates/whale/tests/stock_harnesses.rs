@@ -7,8 +7,8 @@ mod common;
 
 use common::{real_sample, tiny_policy, untimed};
 use std::sync::Arc;
-use whale::evaluate::{self, EvalSettings, Evaluation};
 use whale_core::{Domain, Task};
+use whale_harness::scoring::{self as evaluate, EvalSettings, Evaluation};
 use whale_harness::{stock_harness, StockHarness, STOCK_HARNESSES};
 use whale_lm::Policy;
 use whale_tasks::DomainTasks;
@@ -74,7 +74,7 @@ fn the_same_seed_gives_the_same_trajectories() {
 
 #[test]
 fn the_stock_prompts_are_the_ones_the_base_model_was_trained_on() {
-    use whale::pretrain::corpus::{CALCULATOR_INSTRUCTION, PLAIN_MATH_INSTRUCTION, SEARCH_INSTRUCTION};
+    use whale_pretrain::corpus::{CALCULATOR_INSTRUCTION, PLAIN_MATH_INSTRUCTION, SEARCH_INSTRUCTION};
     let source = |name: &str| stock_harness(name).expect("a stock harness").source;
     assert!(source("math/plain").contains(&format!("\\n{PLAIN_MATH_INSTRUCTION}`")));
     for name in ["math/vote", "math/verify"] {

@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::parity::{read, run};
+use common::parity::run;
+use common::read_json as read;
 use std::path::Path;
 
 #[test]

@@ -6,11 +6,13 @@ mod common;
 
 use candle_core::{Device, Var};
 use std::sync::Arc;
-use whale::config::WeightConfig;
-use whale::weight_phase::{call_example, kept, new_trainer, resume_trainer, save_trainer, trainer_config, WeightPhase};
 use whale_core::Domain;
 use whale_harness::{stock_harness, Limits};
 use whale_lm::{LoraConfig, SamplingParams, SftTrainer};
+use whale_loop::config::WeightConfig;
+use whale_loop::weight_phase::{
+    call_example, kept, new_trainer, resume_trainer, save_trainer, trainer_config, WeightPhase,
+};
 use whale_tasks::{DomainTasks, Environment};
 
 /// Every parameter of the model, flattened, in a fixed order.
@@ -52,22 +54,24 @@ fn config(threshold: f64) -> WeightConfig {
     }
 }
 
+/// The weight phase under test: 4 threads, seed 3, no progress bar.
+fn phase<'a>(
+    config: &'a WeightConfig,
+    environment: &'a Environment,
+    train: &'a [whale_core::Task],
+    sampling: &'a SamplingParams,
+    limits: &'a Limits,
+) -> WeightPhase<'a> {
+    WeightPhase { config, environment, train, limits, sampling, threads: 4, seed: 3, progress: false }
+}
+
 #[test]
 fn a_step_trains_on_the_completion_tokens_of_kept_rollouts_only() {
     let mut s = setup();
     let config = config(-1.0);
     let sampling = SamplingParams { max_tokens: 12, ..SamplingParams::default() };
     let limits = Limits::default();
-    let phase = WeightPhase {
-        config: &config,
-        environment: &s.environment,
-        train: &s.tasks,
-        limits: &limits,
-        sampling: &sampling,
-        threads: 4,
-        seed: 3,
-        progress: false,
-    };
+    let phase = phase(&config, &s.environment, &s.tasks, &sampling, &limits);
     let harness = stock_harness("math/plain").expect("stock").harness();
     let before = weights(&s.trainer);
     let (report, journal, kept_rollouts) = phase.step(1, &[harness], &s.policy, &mut s.trainer).expect("step");
@@ -103,16 +107,7 @@ fn an_empty_kept_set_changes_nothing() {
     let config = config(1.0);
     let sampling = SamplingParams { max_tokens: 8, ..SamplingParams::default() };
     let limits = Limits::default();
-    let phase = WeightPhase {
-        config: &config,
-        environment: &s.environment,
-        train: &s.tasks,
-        limits: &limits,
-        sampling: &sampling,
-        threads: 4,
-        seed: 3,
-        progress: false,
-    };
+    let phase = phase(&config, &s.environment, &s.tasks, &sampling, &limits);
     let harness = stock_harness("math/plain").expect("stock").harness();
     let before = weights(&s.trainer);
     let steps_before = s.trainer.state().step;
@@ -131,16 +126,7 @@ fn the_threshold_is_strict_and_steps_draw_every_task_once_per_epoch() {
     let config = config(0.5);
     let sampling = SamplingParams::default();
     let limits = Limits::default();
-    let phase = WeightPhase {
-        config: &config,
-        environment: &s.environment,
-        train: &s.tasks,
-        limits: &limits,
-        sampling: &sampling,
-        threads: 1,
-        seed: 9,
-        progress: false,
-    };
+    let phase = WeightPhase { threads: 1, seed: 9, ..phase(&config, &s.environment, &s.tasks, &sampling, &limits) };
     let mut drawn: Vec<String> = (1..=4).flat_map(|step| phase.draw(step)).map(|t| t.id.clone()).collect();
     assert_eq!(drawn.len(), 12);
     drawn.sort();
@@ -177,16 +163,7 @@ fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     let environment = Environment::for_tasks(Domain::Math, &tasks).expect("environment");
     let sampling = SamplingParams { max_tokens: 12, ..SamplingParams::default() };
     let limits = Limits::default();
-    let phase = WeightPhase {
-        config: &config,
-        environment: &environment,
-        train: &tasks,
-        limits: &limits,
-        sampling: &sampling,
-        threads: 4,
-        seed: 3,
-        progress: false,
-    };
+    let phase = phase(&config, &environment, &tasks, &sampling, &limits);
     let harness = stock_harness("math/plain").expect("stock").harness();
     let (report, _, _) = phase.step(1, &[harness], &policy, &mut trainer).expect("step");
     assert!(report.updates > 0, "{report:?}");

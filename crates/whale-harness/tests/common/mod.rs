@@ -220,7 +220,7 @@ pub fn arithmetic_job(harness: &Arc<Harness>, id: &str, view: Value, a: i64, b: 
 
 pub fn run(jobs: Vec<RolloutJob>, policy: Arc<dyn Policy>, limits: &Limits, threads: usize) -> Vec<Trajectory> {
     let options = RunOptions { threads, progress: false, ..RunOptions::default() };
-    run_rollouts(jobs, policy, limits, options).expect("no sink, so the run cannot fail")
+    run_rollouts(jobs, policy, limits, options).expect("no sink to fail and a policy that answers")
 }
 
 /// The trajectory without its timing fields, which differ from run to run.

@@ -29,7 +29,9 @@ pub enum SummaryEvent {
         reused: bool,
         rollouts: usize,
     },
-    /// A proposer failed (an error or a panic); its iteration goes on without candidates.
+    /// A proposer failed. After a panic or bad output its iteration goes on without candidates;
+    /// after a failure of its server or command the search stops, and the iteration (not
+    /// concluded) runs again when the run resumes.
     ProposerFailed { iteration: u64, proposer: String, error: String },
     /// A candidate entered the archive; `rejection` says why it was not scored.
     Proposed {

@@ -105,6 +105,14 @@ pub enum ProposerError {
     Config(String),
 }
 
+impl ProposerError {
+    /// Whether the proposer's infrastructure failed (its model server after retries, its
+    /// command, the disk) rather than what it wrote.
+    pub fn is_infrastructure(&self) -> bool {
+        matches!(self, ProposerError::Api { .. } | ProposerError::Command(_) | ProposerError::Io { .. })
+    }
+}
+
 /// Writes candidate harnesses for one iteration.
 pub trait Proposer: Send {
     /// A short name recorded with every candidate (`mutate`, `agent`, `command`).

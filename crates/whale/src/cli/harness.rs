@@ -1,7 +1,6 @@
 //! `whale harness ...`: list the stock harnesses, check a harness file, run a harness over
 //! tasks, benchmark the runtime.
 
-use crate::evaluate::{self, EvalSettings, Evaluation};
 use crate::harness_bench::{self, BenchReport, BenchSettings};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
@@ -10,7 +9,8 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use whale_core::{Domain, ErrorKind, Task};
+use whale_core::{Domain, Task};
+use whale_harness::scoring::{self as evaluate, EvalSettings, Evaluation};
 use whale_harness::{stock_harness, validate, Harness, HarnessError, Limits, HARNESS_FILE, STOCK_HARNESSES};
 use whale_lm::{EngineConfig, LocalPolicy, Policy};
 use whale_tasks::DomainTasks;
@@ -179,7 +179,7 @@ fn resolve(argument: &str, domain: Option<Domain>) -> Result<NamedHarness> {
 fn load_policy(args: &ModelArgs) -> Result<Arc<dyn Policy>> {
     let dir = match &args.model {
         Some(dir) => dir.clone(),
-        None => crate::pretrain::ensure_base_model().context("cannot prepare the default base model")?,
+        None => whale_pretrain::ensure_base_model().context("cannot prepare the default base model")?,
     };
     let policy = LocalPolicy::load(&dir, DType::F32, &Device::Cpu, EngineConfig::default())
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
@@ -204,7 +204,7 @@ fn check(argument: &str, domain: Option<Domain>, model: &ModelArgs, seed: u64) -
     for (task, trajectory) in tasks.iter().zip(&run.trajectories) {
         match &trajectory.error {
             Some(error) => {
-                failed |= error.kind != ErrorKind::Policy;
+                failed = true;
                 let message = error.message.replace(HARNESS_FILE, &named.display);
                 println!("{}: {}: {message}", task.id, evaluate::error_kind_name(error.kind));
             }

@@ -1,13 +1,13 @@
 //! `whale lm ...`: the local language model.
 
 use crate::lm::{self, GenerateSettings, SftSettings};
-use crate::pretrain::eval::{self, EvalSpec};
-use crate::pretrain::{self, PretrainConfig, PretrainOptions, PretrainOutcome, SizeName};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Subcommand;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use whale_lm::LoraConfig;
+use whale_pretrain::eval::{self, EvalSpec};
+use whale_pretrain::{self as pretrain, PretrainConfig, PretrainOptions, PretrainOutcome, SizeName};
 
 #[derive(Debug, Subcommand)]
 pub enum LmCommand {
@@ -136,6 +136,10 @@ pub enum LmCommand {
         /// samples.jsonl in its own trainer's order, cut into mini-batches of --batch.
         #[arg(long)]
         keep_order: bool,
+        /// Also write `{"loss": L}` to this file, L the mean loss per completion token over this
+        /// run's updates (a WHALE run passes `{metrics}` here and shows L in its weight-step line).
+        #[arg(long, value_name = "FILE")]
+        metrics: Option<PathBuf>,
     },
     /// Fold a LoRA adapter into its base model: writes a full checkpoint (config.json,
     /// model.safetensors in the base's dtype, generation_config.json, tokenizer files).
@@ -218,6 +222,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             lora_targets,
             resume_adapter,
             keep_order,
+            metrics,
         } => {
             let lora = lora_rank.map(|rank| {
                 let defaults = LoraConfig::default();
@@ -231,10 +236,18 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             let resume_adapter = resume_adapter.filter(|dir| !dir.is_empty()).map(PathBuf::from);
             let settings =
                 SftSettings { epochs, learning_rate: lr, batch_size: batch, seed, lora, resume_adapter, keep_order };
+            let (mut loss_sum, mut tokens) = (0.0, 0usize);
             let mut on_step = |stats: &whale_lm::StepStats, total: u64| {
                 eprintln!("step {}/{total} loss {:.4} ({} tokens)", stats.step, stats.loss, stats.tokens);
+                loss_sum += stats.loss * stats.tokens as f64;
+                tokens += stats.tokens;
             };
             let report = lm::train_sft(&model, &data, &output, &settings, &mut on_step)?;
+            if let Some(file) = metrics {
+                let loss = (tokens > 0).then(|| loss_sum / tokens as f64);
+                std::fs::write(&file, serde_json::json!({ "loss": loss }).to_string())
+                    .with_context(|| format!("writing {}", file.display()))?;
+            }
             println!(
                 "trained {} {} on {} examples, {} steps in all: loss {:.4} -> {:.4}; wrote {}",
                 report.trained_parameters,

@@ -1,18 +1,18 @@
 //! `whale run`, `whale compare`, `whale report` and `whale demo`: the WHALE loop and its
 //! baselines, their run directories and their reports.
 
-use crate::compare::{compare, Comparison};
-use crate::condition::Condition;
-use crate::config::RunConfig;
 use crate::demo::demo;
-use crate::experiment::{Experiment, Verbosity};
-use crate::report::{self, comparison, table_text};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
+use whale_loop::compare::{compare, Comparison};
+use whale_loop::condition::Condition;
+use whale_loop::config::RunConfig;
+use whale_loop::experiment::{Experiment, Verbosity};
+use whale_loop::report::{self, comparison, table_text};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -77,8 +77,8 @@ pub struct ReportArgs {
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let verbosity = args.common.verbosity();
     let started = Instant::now();
-    let mut experiment = match (&args.resume, &args.config) {
-        (Some(dir), _) => Experiment::resume(dir, verbosity)?,
+    let (mut experiment, dir) = match (&args.resume, &args.config) {
+        (Some(dir), _) => (Experiment::resume(dir, verbosity)?, dir.clone()),
         (None, Some(file)) => {
             let mut config = RunConfig::load(file)?;
             if let Some(condition) = args.condition {
@@ -89,15 +89,21 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                 config.name = name.clone();
             }
             let dir = args.common.runs.join(&config.name);
-            Experiment::create(config, &dir, verbosity)?
+            (Experiment::create(config, &dir, verbosity)?, dir)
         }
         (None, None) => bail!("give a config file or --resume DIR"),
     };
-    let outcome = experiment.run()?;
+    let outcome = experiment.run().with_context(|| {
+        format!(
+            "the run stopped; every unit it completed is kept, and once the cause is fixed \
+             `whale run --resume {}` continues from there",
+            dir.display()
+        )
+    })?;
     let series = report::Series::read(&outcome.dir)?;
     print!("{}", table_text(&comparison(&[series])));
     println!("run directory: {}", outcome.dir.display());
-    println!("report: {}", outcome.dir.join(crate::run_dir::REPORT_FILE).display());
+    println!("report: {}", outcome.dir.join(whale_loop::run_dir::REPORT_FILE).display());
     println!("wall time: {:.0} s", started.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
 }
@@ -117,8 +123,8 @@ pub fn compare_command(args: CompareArgs) -> Result<ExitCode> {
 pub fn report_command(args: ReportArgs) -> Result<ExitCode> {
     let out = match (&args.out, args.dirs.as_slice()) {
         (Some(out), _) => out.clone(),
-        (None, [one]) => one.join(crate::run_dir::REPORT_FILE),
-        (None, _) => PathBuf::from(crate::run_dir::REPORT_FILE),
+        (None, [one]) => one.join(whale_loop::run_dir::REPORT_FILE),
+        (None, _) => PathBuf::from(whale_loop::run_dir::REPORT_FILE),
     };
     let title = args.dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ");
     let series = report::write_report(&args.dirs, &out, &format!("whale report: {title}"))

@@ -1,6 +1,5 @@
 //! `whale serve ...`: the OpenAI-compatible server and its benchmark.
 
-use crate::pretrain::{self, PretrainConfig};
 use crate::serve_bench::{self, ServeBenchSettings, LISTENING};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
@@ -9,6 +8,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use whale_lm::EngineConfig;
+use whale_pretrain::{self as pretrain, PretrainConfig};
 use whale_serve::{LoadSettings, ModelRegistry, ServeConfig, Server};
 
 #[derive(Debug, Args)]

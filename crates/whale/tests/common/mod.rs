@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod parity;
+pub mod serve;
 
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
@@ -126,4 +127,36 @@ pub fn untimed(trajectory: &Trajectory) -> serde_json::Value {
         }
     }
     value
+}
+
+/// Without its timing fields, which differ between any two runs.
+pub fn untimed_json(mut value: serde_json::Value) -> serde_json::Value {
+    fn strip(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                let timing = |key: &str| key.contains("seconds") || ["wall_s", "wall", "latency_ms"].contains(&key);
+                fields.retain(|key, _| !timing(key));
+                fields.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut value);
+    value
+}
+
+/// A JSON file, or a JSON-lines file as an array of its lines.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if path.extension().is_some_and(|e| e == "jsonl") {
+        serde_json::Value::Array(text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect())
+    } else {
+        serde_json::from_str(&text).expect("JSON")
+    }
+}
+
+/// [`read_json`] without the timing fields.
+pub fn untimed_file(path: &Path) -> serde_json::Value {
+    untimed_json(read_json(path))
 }

@@ -1,10 +1,11 @@
 //! Two runs of the same tiny WHALE config that differ only in how the weights are trained or
 //! served, and the comparison of everything they record.
 
+use super::{read_json, untimed_json};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use whale::config::RunConfig;
-use whale::experiment::{Experiment, ExperimentError, Verbosity};
+use whale_loop::config::RunConfig;
+use whale_loop::experiment::{Experiment, ExperimentError, Verbosity};
 
 pub const SEED: u64 = 9;
 
@@ -86,6 +87,8 @@ pub fn whale_lm_train_command(learning_rate: &str) -> Vec<String> {
         learning_rate,
         "--seed",
         &seed,
+        "--metrics",
+        "{metrics}",
     ];
     command.iter().map(|a| a.to_string()).collect()
 }
@@ -112,35 +115,9 @@ pub fn start(root: &Path, name: &str, text: &str) -> Result<(), ExperimentError>
     experiment.run().map(|_| ())
 }
 
-pub fn read(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    if path.extension().is_some_and(|e| e == "jsonl") {
-        Value::Array(text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect())
-    } else {
-        serde_json::from_str(&text).expect("JSON")
-    }
-}
-
-/// Without its timing fields, which differ between any two runs.
-pub fn untimed(mut value: Value) -> Value {
-    fn strip(value: &mut Value) {
-        match value {
-            Value::Object(fields) => {
-                let timing = |key: &str| key.contains("seconds") || ["wall_s", "wall", "latency_ms"].contains(&key);
-                fields.retain(|key, _| !timing(key));
-                fields.values_mut().for_each(strip);
-            }
-            Value::Array(items) => items.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
-    strip(&mut value);
-    value
-}
-
 /// The rows of `metrics.jsonl` of one kind, untimed.
 pub fn rows(dir: &Path, kind: &str) -> Vec<Value> {
-    let rows = untimed(read(&dir.join("metrics.jsonl")));
+    let rows = untimed_json(read_json(&dir.join("metrics.jsonl")));
     rows.as_array().expect("rows").iter().filter(|row| row["kind"] == kind).cloned().collect()
 }
 
@@ -162,7 +139,7 @@ pub fn traces(dir: &Path) -> Vec<(PathBuf, Value)> {
     files.sort();
     files
         .into_iter()
-        .map(|file| (file.strip_prefix(dir).expect("inside").to_path_buf(), untimed(read(&file))))
+        .map(|file| (file.strip_prefix(dir).expect("inside").to_path_buf(), untimed_json(read_json(&file))))
         .collect()
 }
 
@@ -171,11 +148,11 @@ pub fn traces(dir: &Path) -> Vec<(PathBuf, Value)> {
 /// archived completion. Only what the trainers report of themselves (updates, loss, trained
 /// tokens) may differ.
 pub fn assert_same_run(own: &Path, other: &Path) {
-    let state = read(&other.join("state.json"));
+    let state = read_json(&other.join("state.json"));
     assert!(state["weights_version"].as_u64().unwrap_or(0) >= 2, "the weights were updated: {state}");
     assert!(state["search_iterations"].as_u64().unwrap_or(0) >= 1, "a search phase ran: {state}");
-    assert_eq!(state["weights_version"], read(&own.join("state.json"))["weights_version"]);
-    assert_eq!(untimed(read(&own.join("ledger.json"))), untimed(read(&other.join("ledger.json"))));
+    assert_eq!(state["weights_version"], read_json(&own.join("state.json"))["weights_version"]);
+    assert_eq!(untimed_json(read_json(&own.join("ledger.json"))), untimed_json(read_json(&other.join("ledger.json"))));
     let evaluations = rows(own, "evaluation");
     assert!(evaluations.len() >= 3);
     assert_eq!(evaluations, rows(other, "evaluation"), "every test evaluation, the final mean@k included");

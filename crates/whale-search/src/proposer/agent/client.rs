@@ -3,7 +3,7 @@
 
 use crate::proposer::{ProposerError, TokenUsage};
 use serde_json::{json, Value};
-use std::time::Duration;
+use whale_http::{ClientConfig, HttpError, JsonClient};
 
 /// A tool call the model asked for.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,10 +24,9 @@ pub(crate) struct Turn {
 }
 
 pub(crate) struct ChatClient {
-    http: reqwest::blocking::Client,
+    http: JsonClient,
     url: String,
     model: String,
-    api_key: Option<String>,
     sampling: Sampling,
 }
 
@@ -38,22 +37,12 @@ pub(crate) struct Sampling {
 }
 
 impl ChatClient {
-    pub fn new(
-        base_url: &str,
-        model: &str,
-        api_key: Option<String>,
-        timeout: Duration,
-        sampling: Sampling,
-    ) -> Result<Self, ProposerError> {
-        let http = reqwest::blocking::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|e| ProposerError::Config(format!("cannot build the HTTP client: {e}")))?;
+    pub fn new(base_url: &str, model: &str, http: ClientConfig, sampling: Sampling) -> Result<Self, ProposerError> {
+        let http = JsonClient::new(http).map_err(|e| ProposerError::Config(e.to_string()))?;
         Ok(Self {
             http,
             url: format!("{}/chat/completions", base_url.trim_end_matches('/')),
             model: model.to_string(),
-            api_key,
             sampling,
         })
     }
@@ -67,24 +56,13 @@ impl ChatClient {
         if let Some(max_tokens) = self.sampling.max_tokens {
             body["max_tokens"] = json!(max_tokens);
         }
-        let mut request = self.http.post(&self.url).json(&body);
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
-        }
-        let response = request.send().map_err(|e| ProposerError::Api { status: None, message: e.to_string() })?;
-        let status = response.status();
-        let text = response
-            .text()
-            .map_err(|e| ProposerError::Api { status: Some(status.as_u16()), message: e.to_string() })?;
-        if !status.is_success() {
-            let excerpt: String = text.chars().take(500).collect();
-            return Err(ProposerError::Api { status: Some(status.as_u16()), message: excerpt });
-        }
+        let api_error = |error: HttpError| ProposerError::Api { status: error.status(), message: error.to_string() };
+        let text = self.http.post(&self.url, &body).map_err(api_error)?;
         let reply: Value = serde_json::from_str(&text).map_err(|e| ProposerError::Api {
-            status: Some(status.as_u16()),
-            message: format!("reply is not JSON: {e}"),
+            status: None,
+            message: format!("{}: reply is not JSON: {e}", self.url),
         })?;
-        parse_turn(&reply).map_err(|message| ProposerError::Api { status: Some(status.as_u16()), message })
+        parse_turn(&reply).map_err(|message| ProposerError::Api { status: None, message })
     }
 }
 

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tools::ArchiveTools;
+use whale_http::{ClientConfig, RetryPolicy};
 
 /// Where the proposer's model is served and how a session runs. `base_url`, `model` and
 /// `api_key` fall back to `WHALE_PROPOSER_BASE_URL`, `WHALE_PROPOSER_MODEL` and
@@ -31,6 +32,9 @@ pub struct AgentConfig {
     pub max_turns: usize,
     /// Seconds one request may take.
     pub timeout_s: u64,
+    /// Retries of a request after a transient fault (a 408, 429 or 5xx, a refused or broken
+    /// connection), with jittered backoff from 1 s up to 30 s.
+    pub max_retries: u32,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
 }
@@ -43,6 +47,7 @@ impl Default for AgentConfig {
             api_key: None,
             max_turns: 40,
             timeout_s: 600,
+            max_retries: 4,
             temperature: None,
             max_tokens: None,
         }
@@ -71,8 +76,19 @@ impl AgentProposer {
             .ok_or_else(|| ProposerError::Config("no model (set it or WHALE_PROPOSER_MODEL)".into()))?;
         let api_key = config.api_key.or_else(|| env("WHALE_PROPOSER_API_KEY")).or_else(|| env("OPENAI_API_KEY"));
         let sampling = Sampling { temperature: config.temperature, max_tokens: config.max_tokens };
-        let client =
-            ChatClient::new(&base_url, &model, api_key, Duration::from_secs(config.timeout_s.max(1)), sampling)?;
+        let retry = RetryPolicy {
+            max_retries: config.max_retries,
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(30),
+        };
+        let http = ClientConfig {
+            request_timeout: Duration::from_secs(config.timeout_s.max(1)),
+            connect_timeout: Duration::from_secs(10),
+            api_key,
+            retry,
+            max_in_flight: None,
+        };
+        let client = ChatClient::new(&base_url, &model, http, sampling)?;
         Ok(Self { client, model, base_url, max_turns: config.max_turns.max(1), usage: TokenUsage::default() })
     }
 

@@ -21,8 +21,10 @@
 //! last committed update are installed again (the server may have restarted meanwhile).
 
 use crate::run_dir::{read_json, write_atomic, write_json, RunDirError, ServedWeights};
-use crate::server::{ServedPolicy, ServerAdmin, ServerError};
-use crate::trainer_command::{Placeholders, TrainerCommandConfig, TrainerCommandError, TrainerOutput, TrainerRun};
+use crate::scale_out::server::{ServedPolicy, ServerAdmin, ServerError};
+use crate::scale_out::trainer_command::{
+    Placeholders, TrainerCommandConfig, TrainerCommandError, TrainerOutput, TrainerRun,
+};
 use crate::weight_phase::StepReport;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -37,8 +39,22 @@ pub struct Sample {
     pub messages: Vec<ChatMessage>,
     /// One flag per message: true for the turns to train on.
     pub trainable: Vec<bool>,
-    /// `stop` (the model ended its turn) or `length` (cut off at `max_tokens`).
+    /// `stop` (the model ended its turn) or `length` (cut off at `max_tokens`); absent: `stop`.
+    #[serde(default = "stop")]
     pub finish_reason: String,
+}
+
+fn stop() -> String {
+    "stop".to_string()
+}
+
+/// What a trainer learns from a [`Sample`]: the reply to its context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleReply {
+    pub context: Vec<ChatMessage>,
+    pub completion: String,
+    /// Whether the reply ended its turn (`stop`): trained with the end-of-turn token.
+    pub ends_turn: bool,
 }
 
 impl Sample {
@@ -52,6 +68,29 @@ impl Sample {
 
     pub fn to_json_line(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The last trainable turn (an assistant message) as the reply, the messages before it as
+    /// its context; or the field at fault and why.
+    pub fn reply(mut self) -> Result<SampleReply, (&'static str, String)> {
+        if self.trainable.len() != self.messages.len() {
+            let reason = format!("{} flags for {} messages", self.trainable.len(), self.messages.len());
+            return Err(("trainable", reason));
+        }
+        let last =
+            self.trainable.iter().rposition(|&flag| flag).ok_or(("trainable", "no trainable turn".to_string()))?;
+        if last == 0 || self.messages[last].role != "assistant" {
+            let reason = format!("turn {last} is trainable but is not an assistant reply to earlier messages");
+            return Err(("trainable", reason));
+        }
+        let ends_turn = match self.finish_reason.as_str() {
+            "stop" => true,
+            "length" => false,
+            other => return Err(("finish_reason", format!("expected \"stop\" or \"length\", got {other:?}"))),
+        };
+        self.messages.truncate(last + 1);
+        let completion = self.messages.pop().map(|m| m.content).unwrap_or_default();
+        Ok(SampleReply { context: self.messages, completion, ends_turn })
     }
 }
 
@@ -89,6 +128,30 @@ impl StepFiles {
         self.dir.join("train.log")
     }
 
+    /// `{metrics}`: what the trainer says of its own update, if it says anything.
+    pub fn trainer_metrics(&self) -> PathBuf {
+        self.dir.join("trainer_metrics.json")
+    }
+
+    /// The mean loss the trainer wrote to [`Self::trainer_metrics`] (`{"loss": x}`), if it wrote
+    /// the file; a file that is there but not of that form is an error naming it.
+    pub fn trainer_loss(&self) -> Result<Option<f64>, ExternalWeightsError> {
+        let path = self.trainer_metrics();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(ExternalWeightsError::Metrics { path, reason: error.to_string() }),
+        };
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| ExternalWeightsError::Metrics { path: path.clone(), reason: e.to_string() })?;
+        match value.get("loss") {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(loss) => loss.as_f64().filter(|l| l.is_finite()).map(Some).ok_or_else(|| {
+                ExternalWeightsError::Metrics { path, reason: format!("`loss` must be a finite number, not {loss}") }
+            }),
+        }
+    }
+
     pub fn output(&self, kind: TrainerOutput) -> PathBuf {
         self.dir.join(kind.dir_name())
     }
@@ -121,6 +184,8 @@ pub enum ExternalWeightsError {
     Load { step: u64, path: PathBuf, reason: String },
     #[error("weight step {step}: the server did not take the new weights: {source}")]
     Server { step: u64, source: ServerError },
+    #[error("{}: the trainer's metrics: {reason}", path.display())]
+    Metrics { path: PathBuf, reason: String },
 }
 
 /// Where new weights go.
@@ -165,9 +230,16 @@ impl ExternalTrainer {
             base: self.base.clone(),
             previous: update.previous.map(|weights| weights.path.clone()),
             output: output.clone(),
+            metrics: update.files.trainer_metrics(),
             step: update.step,
             run_dir: update.run_dir.to_path_buf(),
         };
+        // A metrics file left by an earlier attempt of this step is not this attempt's.
+        let metrics = update.files.trainer_metrics();
+        if metrics.exists() {
+            std::fs::remove_file(&metrics)
+                .map_err(|e| ExternalWeightsError::Metrics { path: metrics.clone(), reason: e.to_string() })?;
+        }
         let log = update.files.log();
         let run =
             TrainerRun { config: &self.config, placeholders: &placeholders, log: &log, progress: update.progress };

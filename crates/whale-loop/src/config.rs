@@ -8,8 +8,8 @@
 //! directory keeps.
 
 use crate::condition::Condition;
-use crate::server::ServerConfig;
-use crate::trainer_command::{TrainerCommandConfig, TrainerOutput};
+use crate::scale_out::server::ServerConfig;
+use crate::scale_out::trainer_command::{TrainerCommandConfig, TrainerOutput};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use whale_core::Domain;
@@ -383,8 +383,10 @@ impl RunConfig {
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(file).map_err(|source| ConfigError::Read { file: file.to_path_buf(), source })?;
-        let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
-        let base = std::path::absolute(&base).unwrap_or(base);
+        // A bare file name's parent is the empty path: the current directory.
+        let base = file.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let base =
+            std::path::absolute(base).map_err(|source| ConfigError::Read { file: file.to_path_buf(), source })?;
         Self::parse(&text, file, &base)
     }
 
@@ -652,7 +654,10 @@ mod tests {
         assert_eq!(names[..7], expected, "{names:?}");
         let served = RunConfig::load(&examples.join("qa-qwen3.5.toml")).expect("qa-qwen3.5");
         let server = served.server.expect("rollouts on a server");
-        assert_eq!((server.model.as_str(), server.kind), ("Qwen/Qwen3.5-2B", crate::server::ServerKind::Vllm));
+        assert_eq!(
+            (server.model.as_str(), server.kind),
+            ("Qwen/Qwen3.5-2B", crate::scale_out::server::ServerKind::Vllm)
+        );
         let trainer = served.weights.trainer.expect("an external trainer");
         let workdir = trainer.workdir.expect("resolved").canonicalize().expect("a directory");
         assert_eq!(workdir, examples.canonicalize().expect("examples/"), "the command runs beside the file");

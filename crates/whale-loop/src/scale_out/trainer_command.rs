@@ -15,7 +15,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// The placeholders a command's arguments and environment may use.
-pub const PLACEHOLDERS: [&str; 6] = ["data", "base", "previous", "output", "step", "run_dir"];
+pub const PLACEHOLDERS: [&str; 7] = ["data", "base", "previous", "output", "metrics", "step", "run_dir"];
 
 /// What the trainer writes into `{output}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,7 +43,9 @@ impl TrainerOutput {
 pub struct TrainerCommandConfig {
     /// The program and its arguments, with placeholders: `{data}` (the step's samples.jsonl),
     /// `{base}`, `{previous}` (the last update's output directory; empty before the first),
-    /// `{output}` (where to write), `{step}`, `{run_dir}`; `{{` and `}}` are literal braces.
+    /// `{output}` (where to write), `{metrics}` (where the trainer may write `{"loss": x}`, shown
+    /// in the weight step's line and metrics row), `{step}`, `{run_dir}`; `{{` and `}}` are
+    /// literal braces.
     pub command: Vec<String>,
     pub output: TrainerOutput,
     /// Seconds the command may run before it is stopped and the step fails.
@@ -123,6 +125,7 @@ pub struct Placeholders {
     pub base: String,
     pub previous: Option<PathBuf>,
     pub output: PathBuf,
+    pub metrics: PathBuf,
     pub step: u64,
     pub run_dir: PathBuf,
 }
@@ -135,6 +138,7 @@ impl Placeholders {
             "base" => self.base.clone(),
             "previous" => self.previous.as_deref().map(path).unwrap_or_default(),
             "output" => path(&self.output),
+            "metrics" => path(&self.metrics),
             "step" => self.step.to_string(),
             "run_dir" => path(&self.run_dir),
             _ => return None,
@@ -484,6 +488,7 @@ mod tests {
             base: "Qwen/Qwen3-8B".to_string(),
             previous: None,
             output: PathBuf::from("/r/weights/step-000001/adapter"),
+            metrics: PathBuf::from("/r/weights/step-000001/trainer_metrics.json"),
             step: 1,
             run_dir: PathBuf::from("/r"),
         };

@@ -9,12 +9,12 @@
 //! and `whale archive top`).
 
 use crate::config::{ProposerKind, RunConfig};
-use crate::evaluate::rollout_seed;
 use crate::run_dir::{RunDir, SearchSpend};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 use whale_core::{pareto, Objectives, Spend, Task, Trajectory};
+use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, RolloutJob, RunOptions};
 use whale_lm::Policy;
 use whale_search::{

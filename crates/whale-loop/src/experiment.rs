@@ -8,21 +8,20 @@
 //! and the unit's number, weights come from the last checkpoint plus the journal), so a run
 //! resumed after a kill takes the same decisions and reaches the same result as one that was
 //! never interrupted. With `[server]` the rollouts go to an inference server, and with
-//! `[weights.trainer]` the weights change by an external command ([`crate::external_weights`]):
+//! `[weights.trainer]` the weights change by an external command ([`crate::scale_out::external_weights`]):
 //! its last committed update is installed again on resume, and a step it did not finish is
 //! retried from its recorded rollouts.
 
 use crate::condition::Condition;
 use crate::config::RunConfig;
-use crate::evaluate::{environment, EvaluateError};
-use crate::evaluation::{EvalReason, EvalRecord, EvalSchedule, TestSet};
-use crate::external_weights::{
+use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE};
+use crate::scale_out::external_weights::{
     ExternalTrainer, ExternalWeightsError, RolloutRecord, Sample, StepFiles, Update, WeightsTarget,
 };
-use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE};
-use crate::scheduler::{Outcome, Phase, Scheduler, Spent};
+use crate::scale_out::server::{ServedPolicy, ServerAdmin, ServerConfig};
+use crate::schedule::{Outcome, Phase, Plan, Scheduler, Spent};
 use crate::search_phase::{iteration_row, open_search, ranking, SearchPhaseError, SearchRollouts};
-use crate::server::{ServedPolicy, ServerAdmin, ServerConfig};
+use crate::test_eval::{EvalReason, EvalRecord, EvalSchedule, TestSet};
 use crate::weight_phase::{self, StepJournal, StepReport, WeightPhase, WeightPhaseError};
 use candle_core::{DType, Device};
 use serde_json::{json, Value};
@@ -30,7 +29,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use whale_core::{Ledger, Purpose, Spend, Task, Trajectory};
-use whale_harness::{stock_harness, Harness};
+use whale_harness::scoring::{environment, EvaluateError};
+use whale_harness::{stock_harness, validate, Harness};
 use whale_lm::{EngineConfig, LocalPolicy, Policy, SftTrainer};
 use whale_search::HarnessSearch;
 use whale_tasks::split::{split, SplitSizes, Splits};
@@ -105,14 +105,17 @@ pub fn task_splits(config: &RunConfig) -> Result<Splits, ExperimentError> {
     split(tasks, sizes, config.seed).map_err(|e| ExperimentError::Tasks(e.to_string()))
 }
 
-/// The initial harness: a stock harness by name, or a file.
+/// The initial harness: a stock harness by name, or a file. A file that does not compile, whose
+/// top-level code fails, or that exports no `solve` is refused before any rollout: every rollout
+/// under it would fail, and those failures would be the harness file's, not the model's.
 pub fn initial_harness(config: &RunConfig) -> Result<Harness, ExperimentError> {
     if let Some(stock) = stock_harness(&config.harness.initial) {
         return Ok(stock.harness());
     }
-    std::fs::read_to_string(&config.harness.initial)
-        .map(Harness::from_source)
-        .map_err(|e| ExperimentError::Harness(format!("{}: {e}", config.harness.initial)))
+    let path = &config.harness.initial;
+    let source = std::fs::read_to_string(path).map_err(|e| ExperimentError::Harness(format!("{path}: {e}")))?;
+    validate(&source, &config.harness.limits).map_err(|e| ExperimentError::Harness(format!("{path}: {e}")))?;
+    Ok(Harness::from_source(source))
 }
 
 fn device(config: &RunConfig) -> Result<Device, ExperimentError> {
@@ -133,7 +136,7 @@ fn dtype(config: &RunConfig) -> DType {
 fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
     match &config.model.path {
         Some(path) => Ok(path.clone()),
-        None => crate::pretrain::ensure_base_model().map_err(|e| ExperimentError::Model(e.to_string())),
+        None => whale_pretrain::ensure_base_model().map_err(|e| ExperimentError::Model(e.to_string())),
     }
 }
 
@@ -329,7 +332,7 @@ impl Experiment {
         let weight_step_cost = (config.weights.tasks_per_step * config.weights.rollouts_per_task) as u64;
         let search_iteration_cost = (config.search.candidates * (config.tasks.search + 1)) as u64;
         let scheduler = Scheduler {
-            plan: condition.plan(&config.schedule, weight_step_cost, search_iteration_cost),
+            plan: Plan::of(condition, &config.schedule, weight_step_cost, search_iteration_cost),
             budget: config.schedule.budget,
             adaptive: config.schedule.adaptive.clone(),
             search_stale_limit: config.schedule.search_stale_limit,
@@ -607,6 +610,7 @@ impl Experiment {
         let (weights, seconds) = trainer.update(&update).map_err(trainer_failed(self.dir.root()))?;
         report.updates = 1;
         report.train_seconds = seconds;
+        report.loss = files.trainer_loss().map_err(trainer_failed(self.dir.root()))?;
         self.state.weights_version += 1;
         let replaced = self.state.served.replace(weights);
         Ok((report, record.examples, replaced))

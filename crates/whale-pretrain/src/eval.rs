@@ -144,7 +144,7 @@ fn ask(policy: &dyn Policy, spec: &EvalSpec, task: &Task, seed: u64) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pretrain::corpus::PLAIN_MATH_INSTRUCTION;
+    use crate::corpus::PLAIN_MATH_INSTRUCTION;
     use std::collections::HashMap;
     use whale_lm::{Completion, FinishReason};
 

@@ -18,7 +18,6 @@
 //! directories ([`save_trainer`], [`resume_trainer`]).
 
 use crate::config::WeightConfig;
-use crate::evaluate::rollout_seed;
 use candle_core::Device;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -28,6 +27,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use whale_core::{ModelCall, Task, Trajectory};
+use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use whale_lm::{
     EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LrSchedule, Policy, PolicyError, SamplingParams,

@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use whale_lm::remote::server_message;
+use whale_http::{ClientConfig, HttpError, JsonClient, RetryPolicy};
 use whale_lm::{ChatRequest, Completion, Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
 
 /// How the server hot-loads new weights.
@@ -125,7 +125,7 @@ impl ServerConfig {
             ("server.connect_timeout_s", self.connect_timeout_s),
             ("server.load_timeout_s", self.load_timeout_s),
         ] {
-            if !(seconds.is_finite() && seconds > 0.0 && seconds <= crate::trainer_command::MAX_SECONDS) {
+            if !(seconds.is_finite() && seconds > 0.0 && seconds <= crate::scale_out::trainer_command::MAX_SECONDS) {
                 return Err((key, "must be a positive number of seconds, at most a year".to_string()));
             }
         }
@@ -222,16 +222,25 @@ pub enum ServerError {
     CheckpointUnsupported { kind: ServerKind },
 }
 
-impl ServerError {
-    /// Worth another attempt: no answer, or a 5xx / 408 / 429.
-    fn is_transient(&self) -> bool {
-        match self {
-            ServerError::Transport { .. } => true,
-            ServerError::Status { status, .. } => matches!(status, 408 | 429) || *status >= 500,
-            _ => false,
+impl From<HttpError> for ServerError {
+    fn from(error: HttpError) -> Self {
+        let attempts = match &error {
+            HttpError::GaveUp { attempts, .. } => format!(" (after {attempts} attempts)"),
+            _ => String::new(),
+        };
+        match error.last() {
+            HttpError::Status { url, status, message, .. } => {
+                ServerError::Status { url: url.clone(), status: *status, message: format!("{message}{attempts}") }
+            }
+            HttpError::Transport { url, .. } | HttpError::Reply { url, .. } => {
+                ServerError::Transport { url: url.clone(), message: error.to_string() }
+            }
+            HttpError::Config { .. } | HttpError::GaveUp { .. } => ServerError::Client(error.to_string()),
         }
     }
+}
 
+impl ServerError {
     /// The server answered the request as invalid.
     fn is_client_error(&self) -> bool {
         matches!(self, ServerError::Status { status, .. } if (400..500).contains(status))
@@ -248,33 +257,35 @@ impl ServerError {
     }
 }
 
+/// `path` as the server must get it: absolute, since the server's working directory is not
+/// whale's.
+fn absolute(path: &Path) -> Result<String, ServerError> {
+    std::path::absolute(path)
+        .map(|path| path.display().to_string())
+        .map_err(|e| ServerError::Client(format!("cannot make {} absolute: {e}", path.display())))
+}
+
 /// The admin endpoints of one server.
 pub struct ServerAdmin {
-    http: reqwest::blocking::Client,
+    http: JsonClient,
     root: String,
     kind: ServerKind,
-    api_key: Option<String>,
-    max_retries: u32,
-    backoff_initial: Duration,
-    backoff_max: Duration,
 }
 
 impl ServerAdmin {
     pub fn new(config: &ServerConfig) -> Result<Self, ServerError> {
-        let http = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs_f64(config.load_timeout_s))
-            .connect_timeout(Duration::from_secs_f64(config.connect_timeout_s))
-            .build()
-            .map_err(|e| ServerError::Client(e.to_string()))?;
-        Ok(Self {
-            http,
-            root: config.admin_root(),
-            kind: config.kind,
+        let http = JsonClient::new(ClientConfig {
+            request_timeout: Duration::from_secs_f64(config.load_timeout_s),
+            connect_timeout: Duration::from_secs_f64(config.connect_timeout_s),
             api_key: config.api_key(),
-            max_retries: config.max_retries,
-            backoff_initial: Duration::from_millis(config.backoff_initial_ms),
-            backoff_max: Duration::from_millis(config.backoff_max_ms),
-        })
+            retry: RetryPolicy {
+                max_retries: config.max_retries,
+                backoff_initial: Duration::from_millis(config.backoff_initial_ms),
+                backoff_max: Duration::from_millis(config.backoff_max_ms),
+            },
+            max_in_flight: None,
+        })?;
+        Ok(Self { http, root: config.admin_root(), kind: config.kind })
     }
 
     /// Loads the PEFT adapter in `path` under `name`. A server that already holds an adapter
@@ -282,7 +293,7 @@ impl ServerAdmin {
     /// 4xx; the stale one is then unloaded and the load repeated once.
     pub fn load_adapter(&self, name: &str, path: &Path) -> Result<(), ServerError> {
         let endpoint = self.kind.adapter_endpoint("load");
-        let body = json!({"lora_name": name, "lora_path": path.display().to_string()});
+        let body = json!({"lora_name": name, "lora_path": absolute(path)?});
         match self.post(&endpoint, &body) {
             Err(error) if error.is_client_error() => {
                 self.unload_adapter(name)?;
@@ -305,42 +316,17 @@ impl ServerAdmin {
         if !self.kind.loads_checkpoints() {
             return Err(ServerError::CheckpointUnsupported { kind: self.kind });
         }
-        self.post("/update_weights_from_disk", &json!({"model_path": path.display().to_string()}))
+        self.post("/update_weights_from_disk", &json!({"model_path": absolute(path)?}))
     }
 
-    /// POSTs `body`, retrying transient faults with capped exponential backoff.
+    /// POSTs `body`, retrying transient faults; a success whose body says `"success": false`
+    /// (SGLang's way) is a refusal.
     fn post(&self, endpoint: &str, body: &Value) -> Result<(), ServerError> {
         let url = format!("{}{endpoint}", self.root);
-        let mut delay = self.backoff_initial;
-        let mut attempt = 0;
-        loop {
-            match self.post_once(&url, body) {
-                Err(error) if error.is_transient() && attempt < self.max_retries => {
-                    std::thread::sleep(delay);
-                    delay = (delay * 2).min(self.backoff_max);
-                    attempt += 1;
-                }
-                outcome => return outcome,
-            }
-        }
-    }
-
-    fn post_once(&self, url: &str, body: &Value) -> Result<(), ServerError> {
-        let mut request = self.http.post(url).json(body);
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
-        }
-        let transport = |e: reqwest::Error| ServerError::Transport { url: url.to_string(), message: e.to_string() };
-        let response = request.send().map_err(transport)?;
-        let status = response.status().as_u16();
-        let text = response.text().map_err(transport)?;
-        let message = || server_message(&text);
-        if !(200..300).contains(&status) {
-            return Err(ServerError::Status { url: url.to_string(), status, message: message() });
-        }
+        let text = self.http.post(&url, body)?;
         let refused = serde_json::from_str::<Value>(&text).is_ok_and(|reply| reply["success"] == json!(false));
         if refused {
-            return Err(ServerError::Refused { url: url.to_string(), message: message() });
+            return Err(ServerError::Refused { url, message: whale_http::server_message(&text) });
         }
         Ok(())
     }
@@ -389,12 +375,5 @@ mod tests {
     fn timeouts_beyond_a_year_are_refused() {
         let config = ServerConfig { model: "m".to_string(), load_timeout_s: 1e20, ..ServerConfig::default() };
         assert_eq!(config.validate().map_err(|(key, _)| key), Err("server.load_timeout_s"));
-    }
-
-    #[test]
-    fn server_messages_are_taken_from_the_usual_error_shapes() {
-        assert_eq!(server_message(r#"{"error": {"message": "no such adapter"}}"#), "no such adapter");
-        assert_eq!(server_message(r#"{"success": false, "message": "bad path"}"#), "bad path");
-        assert_eq!(server_message("plain text"), "plain text");
     }
 }

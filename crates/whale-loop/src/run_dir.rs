@@ -23,7 +23,7 @@
 //! nothing counted twice.
 
 use crate::condition::Condition;
-use crate::scheduler::Outcome;
+use crate::schedule::Outcome;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};

@@ -8,9 +8,55 @@
 //! least `weight_min` steps and stops when the sliding mean of its training reward (window
 //! `weight_window`) has not improved for `weight_patience` steps, or after `weight_max` steps.
 
-use crate::condition::Plan;
-use crate::config::AdaptiveConfig;
+use crate::condition::Condition;
+use crate::config::{AdaptiveConfig, ScheduleConfig};
 use serde::{Deserialize, Serialize};
+
+/// The order of phases a condition follows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Plan {
+    /// `weight_steps` weight steps, then `search_iterations` search iterations, repeated.
+    Fixed {
+        weight_steps: u64,
+        search_iterations: u64,
+    },
+    /// Phases switched by the adaptive rules.
+    Adaptive,
+    WeightsOnly,
+    SearchOnly,
+    /// Weight steps until `weight_rollouts` are spent on them, then search.
+    Sequential {
+        weight_rollouts: u64,
+    },
+}
+
+impl Plan {
+    /// The phase plan of `condition` under `schedule`, for search iterations of about
+    /// `search_iteration_cost` rollouts and weight steps of `weight_step_cost`.
+    pub fn of(
+        condition: Condition,
+        schedule: &ScheduleConfig,
+        weight_step_cost: u64,
+        search_iteration_cost: u64,
+    ) -> Plan {
+        match condition {
+            Condition::Whale | Condition::FastSlow => {
+                Plan::Fixed { weight_steps: schedule.weight_steps, search_iterations: schedule.search_iterations }
+            }
+            Condition::WhaleAdaptive => Plan::Adaptive,
+            Condition::WeightOnly => Plan::WeightsOnly,
+            Condition::HarnessOnly => Plan::SearchOnly,
+            Condition::Sequential => {
+                let share = schedule.sequential_weight_share.unwrap_or_else(|| {
+                    let weights = schedule.weight_steps * weight_step_cost;
+                    let search = schedule.search_iterations * search_iteration_cost;
+                    weights as f64 / (weights + search).max(1) as f64
+                });
+                Plan::Sequential { weight_rollouts: (share * schedule.budget as f64).round() as u64 }
+            }
+        }
+    }
+}
 
 /// The two halves of the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -302,5 +348,18 @@ mod tests {
         let sequential = Scheduler { plan: Plan::Sequential { weight_rollouts: 100 }, ..only };
         let step = Outcome::Weights { reward: 0.1 };
         assert_eq!(sequential.next(&[step, free, free, free], Spent { training: 150, weights: 100 }), None);
+    }
+
+    #[test]
+    fn sequential_spends_the_fixed_schedules_weight_share_on_weights_first() {
+        let schedule = ScheduleConfig { budget: 1000, weight_steps: 4, search_iterations: 2, ..Default::default() };
+        // 4 steps x 50 = 200 rollouts on weights, 2 x 100 = 200 on search: half the budget.
+        assert_eq!(Plan::of(Condition::Sequential, &schedule, 50, 100), Plan::Sequential { weight_rollouts: 500 });
+        let fixed = ScheduleConfig { sequential_weight_share: Some(0.25), ..schedule.clone() };
+        assert_eq!(Plan::of(Condition::Sequential, &fixed, 50, 100), Plan::Sequential { weight_rollouts: 250 });
+        assert_eq!(
+            Plan::of(Condition::FastSlow, &schedule, 50, 100),
+            Plan::Fixed { weight_steps: 4, search_iterations: 2 }
+        );
     }
 }

@@ -7,12 +7,12 @@
 //! are reused and no rollout is counted. Where the run takes its best and final figures, and
 //! when it evaluates (start, every N steps or iterations, phase boundaries, end), is decided here.
 
-use crate::evaluate::{evaluate, EvalSettings, EvaluateError};
 use crate::run_dir::EvalMemo;
-use crate::scheduler::{Outcome, Phase};
+use crate::schedule::{Outcome, Phase};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use whale_core::{Scores, Spend, Task};
+use whale_harness::scoring::{evaluate, EvalSettings, EvaluateError};
 use whale_harness::{Harness, Limits};
 use whale_lm::{Policy, SamplingParams};
 use whale_tasks::Environment;

@@ -1,8 +1,7 @@
 //! The experimental conditions: WHALE and the baselines it is compared with. A condition
-//! decides which phases run and in what order ([`Plan`]); everything else (tasks, model,
+//! decides which phases run and in what order (its [`crate::schedule::Plan`]); everything else (tasks, model,
 //! budget, seeds) is shared, so conditions differ only in how they spend the same budget.
 
-use crate::config::ScheduleConfig;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -47,27 +46,6 @@ impl Condition {
         }
     }
 
-    /// The phase plan of this condition under `schedule`, for search iterations of about
-    /// `search_iteration_cost` rollouts and weight steps of `weight_step_cost`.
-    pub fn plan(self, schedule: &ScheduleConfig, weight_step_cost: u64, search_iteration_cost: u64) -> Plan {
-        match self {
-            Condition::Whale | Condition::FastSlow => {
-                Plan::Fixed { weight_steps: schedule.weight_steps, search_iterations: schedule.search_iterations }
-            }
-            Condition::WhaleAdaptive => Plan::Adaptive,
-            Condition::WeightOnly => Plan::WeightsOnly,
-            Condition::HarnessOnly => Plan::SearchOnly,
-            Condition::Sequential => {
-                let share = schedule.sequential_weight_share.unwrap_or_else(|| {
-                    let weights = schedule.weight_steps * weight_step_cost;
-                    let search = schedule.search_iterations * search_iteration_cost;
-                    weights as f64 / (weights + search).max(1) as f64
-                });
-                Plan::Sequential { weight_rollouts: (share * schedule.budget as f64).round() as u64 }
-            }
-        }
-    }
-
     /// Whether weight steps sample their harness from a population.
     pub fn uses_population(self) -> bool {
         self == Condition::FastSlow
@@ -91,24 +69,6 @@ impl FromStr for Condition {
     }
 }
 
-/// The order of phases a condition follows.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Plan {
-    /// `weight_steps` weight steps, then `search_iterations` search iterations, repeated.
-    Fixed {
-        weight_steps: u64,
-        search_iterations: u64,
-    },
-    /// Phases switched by the adaptive rules.
-    Adaptive,
-    WeightsOnly,
-    SearchOnly,
-    /// Weight steps until `weight_rollouts` are spent on them, then search.
-    Sequential {
-        weight_rollouts: u64,
-    },
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,15 +82,5 @@ mod tests {
         }
         let error = "whales".parse::<Condition>().expect_err("unknown");
         assert!(error.contains("fast-slow"), "{error}");
-    }
-
-    #[test]
-    fn sequential_spends_the_fixed_schedules_weight_share_on_weights_first() {
-        let schedule = ScheduleConfig { budget: 1000, weight_steps: 4, search_iterations: 2, ..Default::default() };
-        // 4 steps x 50 = 200 rollouts on weights, 2 x 100 = 200 on search: half the budget.
-        assert_eq!(Condition::Sequential.plan(&schedule, 50, 100), Plan::Sequential { weight_rollouts: 500 });
-        let fixed = ScheduleConfig { sequential_weight_share: Some(0.25), ..schedule.clone() };
-        assert_eq!(Condition::Sequential.plan(&fixed, 50, 100), Plan::Sequential { weight_rollouts: 250 });
-        assert_eq!(Condition::FastSlow.plan(&schedule, 50, 100), Plan::Fixed { weight_steps: 4, search_iterations: 2 });
     }
 }

@@ -7,6 +7,7 @@
 //! its parent on the same draws. The same code serves `whale harness run`, the smoke test of
 //! `whale harness check` and the benchmark.
 
+use crate::{run_rollouts, EngineError, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -15,7 +16,6 @@ use std::sync::Arc;
 use std::time::Instant;
 use whale_core::metrics::{self, Scores, TaskSamples};
 use whale_core::{Domain, ErrorKind, Task, Trajectory};
-use whale_harness::{run_rollouts, EngineError, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use whale_lm::{Policy, SamplingParams};
 use whale_tasks::{math, qa, DomainTasks, Environment, EnvironmentError, QaCorpus};
 
@@ -40,7 +40,7 @@ impl Default for EvalSettings {
         Self {
             k: 8,
             seed: 0,
-            threads: whale_harness::DEFAULT_THREADS,
+            threads: crate::DEFAULT_THREADS,
             limits: Limits::default(),
             sampling: SamplingParams::default(),
             progress: false,

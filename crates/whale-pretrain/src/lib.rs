@@ -18,7 +18,6 @@
 pub mod corpus;
 pub mod eval;
 
-use crate::lm::{ChatCodec, LmError};
 use candle_core::{DType, Device};
 use corpus::{Conversation, CorpusSpec};
 use eval::{EvalReport, EvalSpec};
@@ -35,8 +34,8 @@ use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
 use whale_lm::engine::TOKENIZER_FILE;
 use whale_lm::train::TRAINER_STATE_FILE;
 use whale_lm::{
-    save_model, GenerationConfig, LrSchedule, ModelSize, Qwen3Config, Qwen3Model, SftExample, SftTrainer, StepStats,
-    TrainerConfig,
+    save_model, ChatCodec, GenerationConfig, LrSchedule, ModelSize, Qwen3Config, Qwen3Model, SftExample, SftTrainer,
+    StepStats, TrainerConfig,
 };
 
 /// Bumped whenever the corpus, the tokenizer or the training recipe changes, so that a cached
@@ -175,7 +174,7 @@ impl PretrainConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum PretrainError {
     #[error(transparent)]
-    Lm(Box<LmError>),
+    Codec(#[from] whale_lm::ChatCodecError),
     #[error(transparent)]
     Tokenizer(#[from] whale_lm::TokenizerError),
     #[error(transparent)]
@@ -194,12 +193,6 @@ pub enum PretrainError {
     Io { path: PathBuf, reason: String },
     #[error("the corpus gave no training example of at most {0} tokens")]
     EmptyCorpus(usize),
-}
-
-impl From<LmError> for PretrainError {
-    fn from(error: LmError) -> Self {
-        PretrainError::Lm(Box::new(error))
-    }
 }
 
 fn io_error(path: &Path, error: impl std::fmt::Display) -> PretrainError {
@@ -659,7 +652,7 @@ fn save_checkpoint(
 fn write_model(trainer: &SftTrainer, tokenizer_dir: &Path, dir: &Path) -> Result<(), PretrainError> {
     let generation = GenerationConfig::for_model(trainer.model().config());
     save_model(trainer.model(), &generation, dir)?;
-    crate::lm::copy_tokenizer_files(tokenizer_dir, dir)?;
+    ChatCodec::copy_files(tokenizer_dir, dir)?;
     Ok(())
 }
 

@@ -1,0 +1,359 @@
+//! whale's one HTTP client for the JSON APIs it talks to: the policy's chat server, the
+//! proposer LLM, and the admin endpoints that load adapters and checkpoints.
+//!
+//! Why one: every caller needs the same care. A WHALE step launches hundreds of requests at one
+//! server, and a request lost to a transient fault (a restart, an overloaded queue, a dropped
+//! connection) must be retried, not turned into a result. So [`JsonClient::post`] retries 408,
+//! 429, 5xx, connection failures and timeouts with exponential backoff and full jitter (a
+//! uniform draw in `[0, min(max, initial * 2^attempt)]`, so that clients that failed together do
+//! not come back together), honouring a `Retry-After` header up to the cap. Other 4xx statuses
+//! are the request's own fault and are reported at once, with the server's own message
+//! ([`server_message`]). An optional bound on requests in flight keeps a rollout pool of any
+//! size within what the server batches well.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::Duration;
+
+use rand::Rng;
+use serde_json::Value;
+
+/// How often and how patiently a request is repeated after a transient fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// Cap of the first backoff draw, doubled per retry up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl RetryPolicy {
+    /// No retry: the first failure is the answer.
+    pub const NONE: RetryPolicy =
+        RetryPolicy { max_retries: 0, backoff_initial: Duration::ZERO, backoff_max: Duration::ZERO };
+
+    /// Full jitter: a uniform draw up to `min(max, initial * 2^attempt)`, but at least what the
+    /// server asked for in `Retry-After` (itself capped at the maximum).
+    fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        let ceiling = self.backoff_initial.saturating_mul(1 << attempt.min(31)).min(self.backoff_max);
+        let drawn = ceiling.mul_f64(rand::thread_rng().gen::<f64>());
+        drawn.max(retry_after.unwrap_or_default().min(self.backoff_max))
+    }
+}
+
+/// What a [`JsonClient`] is built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// How long one attempt may take, from connecting to the last byte of the reply.
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Sent as a bearer token.
+    pub api_key: Option<String>,
+    pub retry: RetryPolicy,
+    /// Most requests in flight at once; more callers wait for a free slot. `None`: no bound.
+    pub max_in_flight: Option<usize>,
+}
+
+/// How a transport-level attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportFault {
+    /// No connection could be made (refused, unreachable, connect timeout).
+    Connect,
+    /// The attempt ran past the request timeout.
+    Timeout,
+    /// The connection broke while sending or reading (reset, closed early).
+    Connection,
+}
+
+impl std::fmt::Display for TransportFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportFault::Connect => "cannot connect",
+            TransportFault::Timeout => "timed out",
+            TransportFault::Connection => "connection failed",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// A setting of the client is invalid.
+    #[error("remote config `{key}`: {reason}")]
+    Config { key: &'static str, reason: String },
+    /// The server answered with an error status; its own message when it gave one.
+    #[error("{url}: HTTP {status}: {message}")]
+    Status { url: String, status: u16, message: String, retry_after: Option<Duration> },
+    #[error("{url}: {fault}: {message}")]
+    Transport { url: String, fault: TransportFault, message: String },
+    /// A success status whose body is not what was asked for.
+    #[error("{url}: the reply is not a valid {expected}: {reason}")]
+    Reply { url: String, expected: &'static str, reason: String },
+    #[error("gave up after {attempts} attempt(s); the last one failed: {last}")]
+    GaveUp { attempts: u32, last: Box<HttpError> },
+}
+
+impl HttpError {
+    /// Whether another attempt may succeed: 408, 429, 5xx and transport faults.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            HttpError::Status { status, .. } => matches!(status, 408 | 429) || *status >= 500,
+            HttpError::Transport { .. } => true,
+            HttpError::Config { .. } | HttpError::Reply { .. } | HttpError::GaveUp { .. } => false,
+        }
+    }
+
+    /// The HTTP status of the (last) failed attempt, if the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            HttpError::Status { status, .. } => Some(*status),
+            HttpError::GaveUp { last, .. } => last.status(),
+            _ => None,
+        }
+    }
+
+    /// The failure of the last attempt (the error itself unless retries ran out).
+    pub fn last(&self) -> &HttpError {
+        match self {
+            HttpError::GaveUp { last, .. } => last.last(),
+            other => other,
+        }
+    }
+}
+
+/// A blocking JSON-over-HTTP client with retries; see the module documentation.
+pub struct JsonClient {
+    http: reqwest::blocking::Client,
+    api_key: Option<String>,
+    retry: RetryPolicy,
+    request_timeout: Duration,
+    slots: Option<Slots>,
+    retries: AtomicU64,
+}
+
+impl JsonClient {
+    pub fn new(config: ClientConfig) -> Result<Self, HttpError> {
+        if config.max_in_flight == Some(0) {
+            return Err(HttpError::Config { key: "max_concurrency", reason: "must be positive".to_string() });
+        }
+        let http = reqwest::blocking::Client::builder()
+            .timeout(config.request_timeout)
+            .connect_timeout(config.connect_timeout)
+            .build()
+            .map_err(|e| HttpError::Config { key: "client", reason: format!("cannot build the HTTP client: {e}") })?;
+        Ok(Self {
+            http,
+            api_key: config.api_key,
+            retry: config.retry,
+            request_timeout: config.request_timeout,
+            slots: config.max_in_flight.map(Slots::new),
+            retries: AtomicU64::new(0),
+        })
+    }
+
+    /// Attempts repeated after a transient fault since the client was made.
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    /// POSTs `body` to `url` and returns the body of the first successful attempt, retrying
+    /// transient faults under the client's [`RetryPolicy`].
+    pub fn post(&self, url: &str, body: &Value) -> Result<String, HttpError> {
+        let mut attempt = 0;
+        loop {
+            let error = match self.post_once(url, body) {
+                Ok(text) => return Ok(text),
+                Err(error) if !error.is_transient() => return Err(error),
+                Err(error) => error,
+            };
+            if attempt >= self.retry.max_retries {
+                return Err(HttpError::GaveUp { attempts: attempt + 1, last: Box::new(error) });
+            }
+            let retry_after = match &error {
+                HttpError::Status { retry_after, .. } => *retry_after,
+                _ => None,
+            };
+            std::thread::sleep(self.retry.backoff(attempt, retry_after));
+            attempt += 1;
+            self.retries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// One HTTP exchange, holding a slot when in-flight requests are bounded.
+    pub fn post_once(&self, url: &str, body: &Value) -> Result<String, HttpError> {
+        let _slot = self.slots.as_ref().map(Slots::acquire);
+        let mut request = self.http.post(url).json(body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().map_err(|e| self.transport_error(url, &e))?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let text = response.text().map_err(|e| self.transport_error(url, &e))?;
+        if (200..300).contains(&status) {
+            return Ok(text);
+        }
+        Err(HttpError::Status { url: url.to_string(), status, message: server_message(&text), retry_after })
+    }
+
+    fn transport_error(&self, url: &str, error: &reqwest::Error) -> HttpError {
+        let fault = if error.is_timeout() {
+            TransportFault::Timeout
+        } else if error.is_connect() {
+            TransportFault::Connect
+        } else {
+            TransportFault::Connection
+        };
+        let message = match fault {
+            TransportFault::Timeout => format!("no complete reply within {} s", self.request_timeout.as_secs_f64()),
+            _ => error_chain(error),
+        };
+        HttpError::Transport { url: url.to_string(), fault, message }
+    }
+}
+
+/// A counting semaphore: at most `capacity` holders at once.
+struct Slots {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+struct Slot<'a>(&'a Slots);
+
+impl Slots {
+    fn new(capacity: usize) -> Self {
+        Self { free: Mutex::new(capacity), freed: Condvar::new() }
+    }
+
+    fn acquire(&self) -> Slot<'_> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(PoisonError::into_inner);
+        }
+        *free -= 1;
+        Slot(self)
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// An error and its causes, `: `-separated (reqwest's own message names only the URL).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// The message of an error reply: OpenAI's `error.message`, FastAPI's `detail`, a plain
+/// `message` (SGLang's), or the start of the body.
+pub fn server_message(body: &str) -> String {
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let field = |pointer: &str| {
+        parsed.as_ref().and_then(|v| v.pointer(pointer)).map(|v| v.as_str().map_or_else(|| v.to_string(), String::from))
+    };
+    field("/error/message")
+        .or_else(|| field("/detail"))
+        .or_else(|| field("/message"))
+        .unwrap_or_else(|| body.chars().take(500).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    #[test]
+    fn server_messages_are_taken_from_the_usual_error_shapes() {
+        assert_eq!(server_message(r#"{"error": {"message": "no such adapter"}}"#), "no such adapter");
+        assert_eq!(server_message(r#"{"detail": "bad path"}"#), "bad path");
+        assert_eq!(server_message(r#"{"success": false, "message": "bad path"}"#), "bad path");
+        assert_eq!(server_message("plain text"), "plain text");
+    }
+
+    #[test]
+    fn backoff_draws_stay_under_the_doubling_ceiling_and_honour_retry_after() {
+        let retry = RetryPolicy {
+            max_retries: 5,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_millis(1000),
+        };
+        for attempt in 0..8 {
+            let ceiling = Duration::from_millis((100u64 << attempt).min(1000));
+            assert!(retry.backoff(attempt, None) <= ceiling);
+        }
+        assert_eq!(retry.backoff(0, Some(Duration::from_secs(60))), Duration::from_millis(1000));
+        assert!(retry.backoff(0, Some(Duration::from_millis(500))) >= Duration::from_millis(500));
+    }
+
+    /// A loopback server that answers each connection with the next of `replies`.
+    fn serve(replies: Vec<&'static str>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        std::thread::spawn(move || {
+            for reply in replies {
+                let (mut stream, _) = listener.accept().expect("accept");
+                let mut buffer = [0u8; 4096];
+                let _ = stream.read(&mut buffer);
+                let response = format!(
+                    "HTTP/1.1 {reply}\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+                );
+                stream.write_all(response.as_bytes()).expect("write");
+            }
+        });
+        format!("http://{address}/x")
+    }
+
+    fn client(max_retries: u32) -> JsonClient {
+        JsonClient::new(ClientConfig {
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+            api_key: None,
+            retry: RetryPolicy {
+                max_retries,
+                backoff_initial: Duration::from_millis(1),
+                backoff_max: Duration::from_millis(5),
+            },
+            max_in_flight: Some(2),
+        })
+        .expect("client")
+    }
+
+    #[test]
+    fn transient_statuses_are_retried_and_client_errors_are_not() {
+        let client = client(3);
+        let url = serve(vec!["503 Service Unavailable", "429 Too Many Requests", "200 OK"]);
+        assert_eq!(client.post(&url, &Value::Null).expect("third attempt"), "{}");
+        assert_eq!(client.retries(), 2);
+        let url = serve(vec!["400 Bad Request", "200 OK"]);
+        let error = client.post(&url, &Value::Null).expect_err("400 is final");
+        assert_eq!(error.status(), Some(400));
+        assert_eq!(client.retries(), 2);
+    }
+
+    #[test]
+    fn exhausted_retries_name_the_attempts_and_the_last_fault() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}/x", listener.local_addr().expect("address"));
+        drop(listener);
+        let error = client(1).post(&url, &Value::Null).expect_err("nothing listens");
+        let HttpError::GaveUp { attempts: 2, last } = &error else { panic!("{error}") };
+        assert!(matches!(**last, HttpError::Transport { fault: TransportFault::Connect, .. }), "{last}");
+        assert!(matches!(error.last(), HttpError::Transport { .. }));
+    }
+}
