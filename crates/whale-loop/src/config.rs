@@ -378,15 +378,19 @@ pub enum ConfigError {
     Write(String),
 }
 
+/// The absolute directory of a config file, which its relative paths resolve against; a bare
+/// file name's parent is the empty path, meaning the current directory.
+fn config_dir(file: &Path) -> std::io::Result<PathBuf> {
+    let dir = file.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::path::absolute(dir)
+}
+
 impl RunConfig {
     /// Reads, resolves (paths against the file's directory) and validates a config file.
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(file).map_err(|source| ConfigError::Read { file: file.to_path_buf(), source })?;
-        // A bare file name's parent is the empty path: the current directory.
-        let base = file.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let base =
-            std::path::absolute(base).map_err(|source| ConfigError::Read { file: file.to_path_buf(), source })?;
+        let base = config_dir(file).map_err(|source| ConfigError::Read { file: file.to_path_buf(), source })?;
         Self::parse(&text, file, &base)
     }
 
@@ -661,6 +665,15 @@ mod tests {
         let trainer = served.weights.trainer.expect("an external trainer");
         let workdir = trainer.workdir.expect("resolved").canonicalize().expect("a directory");
         assert_eq!(workdir, examples.canonicalize().expect("examples/"), "the command runs beside the file");
+    }
+
+    #[test]
+    fn a_bare_file_name_resolves_against_the_current_directory() {
+        let here = std::env::current_dir().expect("cwd");
+        let bare = config_dir(Path::new("run.toml")).expect("absolute");
+        assert!(bare.is_absolute() && bare.starts_with(&here), "{}", bare.display());
+        assert_eq!(config_dir(Path::new("sub/run.toml")).expect("absolute"), here.join("sub"));
+        assert_eq!(config_dir(Path::new("/etc/run.toml")).expect("absolute"), Path::new("/etc"));
     }
 
     #[test]

@@ -372,6 +372,14 @@ mod tests {
     }
 
     #[test]
+    fn servers_get_absolute_paths_whatever_whale_s_directory() {
+        let sent = absolute(Path::new("runs/r/weights/step-000001/adapter")).expect("absolute");
+        assert!(Path::new(&sent).is_absolute(), "{sent}");
+        assert!(sent.ends_with("runs/r/weights/step-000001/adapter"), "{sent}");
+        assert_eq!(absolute(Path::new("/data/a")).expect("absolute"), "/data/a");
+    }
+
+    #[test]
     fn timeouts_beyond_a_year_are_refused() {
         let config = ServerConfig { model: "m".to_string(), load_timeout_s: 1e20, ..ServerConfig::default() };
         assert_eq!(config.validate().map_err(|(key, _)| key), Err("server.load_timeout_s"));
