@@ -29,9 +29,14 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// No retry: the first failure is the answer.
-    pub const NONE: RetryPolicy =
-        RetryPolicy { max_retries: 0, backoff_initial: Duration::ZERO, backoff_max: Duration::ZERO };
+    /// The policy of a config's `max_retries`, `backoff_initial_ms` and `backoff_max_ms`.
+    pub fn from_millis(max_retries: u32, backoff_initial_ms: u64, backoff_max_ms: u64) -> Self {
+        Self {
+            max_retries,
+            backoff_initial: Duration::from_millis(backoff_initial_ms),
+            backoff_max: Duration::from_millis(backoff_max_ms),
+        }
+    }
 
     /// Full jitter: a uniform draw up to `min(max, initial * 2^attempt)`, but at least what the
     /// server asked for in `Retry-After` (itself capped at the maximum).
@@ -287,15 +292,13 @@ mod tests {
     }
 
     #[test]
-    fn backoff_draws_stay_under_the_doubling_ceiling_and_honour_retry_after() {
-        let retry = RetryPolicy {
-            max_retries: 5,
-            backoff_initial: Duration::from_millis(100),
-            backoff_max: Duration::from_millis(1000),
-        };
-        for attempt in 0..8 {
-            let ceiling = Duration::from_millis((100u64 << attempt).min(1000));
-            assert!(retry.backoff(attempt, None) <= ceiling);
+    fn backoff_draws_are_jittered_under_the_doubling_ceiling_and_honour_retry_after() {
+        let retry = RetryPolicy::from_millis(5, 100, 1000);
+        for attempt in 0..40 {
+            let ceiling = Duration::from_millis((100u64 << attempt.min(20)).min(1000));
+            let draws: Vec<Duration> = (0..50).map(|_| retry.backoff(attempt, None)).collect();
+            assert!(draws.iter().all(|draw| *draw <= ceiling), "attempt {attempt}: {draws:?}");
+            assert!(draws.iter().any(|draw| *draw != draws[0]), "no jitter at attempt {attempt}");
         }
         assert_eq!(retry.backoff(0, Some(Duration::from_secs(60))), Duration::from_millis(1000));
         assert!(retry.backoff(0, Some(Duration::from_millis(500))) >= Duration::from_millis(500));

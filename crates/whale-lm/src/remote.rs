@@ -137,11 +137,7 @@ impl RemotePolicy {
             request_timeout: Duration::from_secs_f64(config.request_timeout_s),
             connect_timeout: Duration::from_secs_f64(config.connect_timeout_s),
             api_key: config.resolved_api_key(),
-            retry: RetryPolicy {
-                max_retries: config.max_retries,
-                backoff_initial: Duration::from_millis(config.backoff_initial_ms),
-                backoff_max: Duration::from_millis(config.backoff_max_ms),
-            },
+            retry: RetryPolicy::from_millis(config.max_retries, config.backoff_initial_ms, config.backoff_max_ms),
             max_in_flight: Some(config.max_concurrency),
         })?;
         Ok(Self {

@@ -167,6 +167,23 @@ fn the_agent_reads_the_archive_is_confined_to_it_and_writes_candidates() {
 }
 
 #[test]
+fn a_malformed_tool_call_is_the_proposers_output_not_an_outage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut archive = Archive::open(dir.path()).expect("archive");
+    archive.seed(PLAIN, "start").expect("seed");
+    let broken = json!({"choices": [{"message": {"role": "assistant", "content": null,
+        "tool_calls": [{"type": "function", "function": {"arguments": "{}"}}]}}]});
+    let (url, _) = serve(vec![(200, broken)]);
+    let mut search =
+        HarnessSearch::new(archive, Domain::Math, tasks(4), agent(&url), SearchConfig::default()).expect("search");
+    let report = search.iterate(&SumEvaluator::new(1)).expect("a poor reply does not stop the run");
+    let error = report.proposer_error.expect("recorded");
+    assert!(error.contains("unusable reply") && error.contains("lacks an id"), "{error}");
+    assert!(report.candidates.is_empty() && report.accepted.is_none());
+    assert_eq!(search.archive().next_iteration(), 2, "the iteration is concluded");
+}
+
+#[test]
 fn a_failing_server_is_recorded_and_stops_the_search() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut archive = Archive::open(dir.path()).expect("archive");

@@ -16,8 +16,8 @@
 //!
 //! with the JSON bodies `{"lora_name", "lora_path"}`, `{"lora_name"}` and `{"model_path"}`.
 //! vLLM accepts them only when started with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` and
-//! `--enable-lora`. The paths are the trainer's output directories as whale sees them: the
-//! server must see the same paths (a shared filesystem).
+//! `--enable-lora`. The paths are the trainer's output directories, sent absolute (the server's
+//! working directory is not whale's): the server must see the same paths (a shared filesystem).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -278,11 +278,7 @@ impl ServerAdmin {
             request_timeout: Duration::from_secs_f64(config.load_timeout_s),
             connect_timeout: Duration::from_secs_f64(config.connect_timeout_s),
             api_key: config.api_key(),
-            retry: RetryPolicy {
-                max_retries: config.max_retries,
-                backoff_initial: Duration::from_millis(config.backoff_initial_ms),
-                backoff_max: Duration::from_millis(config.backoff_max_ms),
-            },
+            retry: RetryPolicy::from_millis(config.max_retries, config.backoff_initial_ms, config.backoff_max_ms),
             max_in_flight: None,
         })?;
         Ok(Self { http, root: config.admin_root(), kind: config.kind })

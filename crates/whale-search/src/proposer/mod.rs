@@ -103,6 +103,10 @@ pub enum ProposerError {
     Io { context: String, source: std::io::Error },
     #[error("proposer configuration: {0}")]
     Config(String),
+    /// The proposer's model answered, but with no usable turn (a tool call without an id or a
+    /// name): its output is poor, not its server.
+    #[error("the proposer's model gave an unusable reply: {0}")]
+    Reply(String),
 }
 
 impl ProposerError {

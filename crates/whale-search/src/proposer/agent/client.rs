@@ -62,7 +62,7 @@ impl ChatClient {
             status: None,
             message: format!("{}: reply is not JSON: {e}", self.url),
         })?;
-        parse_turn(&reply).map_err(|message| ProposerError::Api { status: None, message })
+        parse_turn(&reply).map_err(ProposerError::Reply)
     }
 }
 

@@ -76,11 +76,7 @@ impl AgentProposer {
             .ok_or_else(|| ProposerError::Config("no model (set it or WHALE_PROPOSER_MODEL)".into()))?;
         let api_key = config.api_key.or_else(|| env("WHALE_PROPOSER_API_KEY")).or_else(|| env("OPENAI_API_KEY"));
         let sampling = Sampling { temperature: config.temperature, max_tokens: config.max_tokens };
-        let retry = RetryPolicy {
-            max_retries: config.max_retries,
-            backoff_initial: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(30),
-        };
+        let retry = RetryPolicy::from_millis(config.max_retries, 1_000, 30_000);
         let http = ClientConfig {
             request_timeout: Duration::from_secs(config.timeout_s.max(1)),
             connect_timeout: Duration::from_secs(10),
