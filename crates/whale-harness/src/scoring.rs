@@ -249,7 +249,7 @@ pub fn error_kind_name(kind: ErrorKind) -> String {
 /// The rollout's answer in a form where equal answers are equal strings, for maj@k: math
 /// answers as exact numbers where they are numbers (`1,000.0` and `1000` vote together), QA
 /// answers SQuAD-normalised, chess answers as the moves played.
-fn answer_key(domain: Domain, trajectory: &Trajectory) -> Option<String> {
+pub fn answer_key(domain: Domain, trajectory: &Trajectory) -> Option<String> {
     let answer = trajectory.answer.as_ref()?;
     let key = match (domain, answer) {
         (Domain::Chess, serde_json::Value::Array(moves)) => {

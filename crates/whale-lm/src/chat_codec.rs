@@ -74,6 +74,15 @@ impl ChatCodec {
         Ok(SftExample { prompt: self.prompt_ids(context)?, completion: completion_ids })
     }
 
+    /// The whole conversation as one example whose every token after the first is trained on
+    /// (language-model pretraining's loss: the prompts too, where names repeat and a model
+    /// learns to copy).
+    pub fn whole_conversation_example(&self, messages: &[ChatMessage]) -> Result<SftExample, ChatCodecError> {
+        let mut ids = self.tokenizer.encode(&self.template.render(messages, &RenderOptions::default())?)?;
+        let completion = ids.split_off(ids.len().min(1));
+        Ok(SftExample { prompt: ids, completion })
+    }
+
     /// One example per assistant turn of a conversation, each with every earlier turn as its
     /// prompt: only the assistant's own words are trained on.
     pub fn conversation_examples(&self, messages: &[ChatMessage]) -> Result<Vec<SftExample>, ChatCodecError> {
@@ -83,5 +92,31 @@ impl ChatCodec {
             .filter(|(_, message)| message.role == "assistant")
             .map(|(index, message)| self.example(&messages[..index], &message.content))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn codec() -> ChatCodec {
+        let texts = ["user asks a question", "assistant gives the answer 42", "Zorbex Quil was born in Thrak"];
+        let tokenizer = Tokenizer::train_bpe(texts, 300).expect("a tokenizer");
+        ChatCodec { tokenizer, template: ChatTemplate::chatml() }
+    }
+
+    #[test]
+    fn a_whole_conversation_trains_every_token_but_the_first() {
+        let codec = codec();
+        let messages = [ChatMessage::new("user", "Who is Zorbex Quil?"), ChatMessage::new("assistant", "Zorbex Quil")];
+        let whole = codec.whole_conversation_example(&messages).expect("an example");
+        assert_eq!(whole.prompt.len(), 1);
+        let rendered = codec.template.render(&messages, &RenderOptions::default()).expect("rendered");
+        let ids: Vec<u32> = [whole.prompt.as_slice(), &whole.completion].concat();
+        assert_eq!(ids, codec.tokenizer.encode(&rendered).expect("ids"));
+        let [reply] = codec.conversation_examples(&messages).expect("examples").try_into().expect("one reply");
+        assert!(whole.completion.len() > reply.completion.len(), "the prompt is trained on too");
+        let im_end = codec.tokenizer.specials().im_end;
+        assert_eq!(whole.completion.iter().filter(|&&id| id == im_end).count(), 2, "both turns' ends are trained");
     }
 }

@@ -654,6 +654,11 @@ mod tests {
             }
         }
         names.sort();
+        for domain in Domain::ALL {
+            let config = RunConfig::load(&examples.join(format!("{domain}.toml"))).expect("a domain's example");
+            let starting = whale_pretrain::eval::starting_harness(domain);
+            assert_eq!(config.harness.initial, starting, "pretraining measures the example's starting harness");
+        }
         let expected = ["chess", "chess-qwen3", "chess-qwen3.5", "math", "math-qwen3", "math-qwen3.5", "qa"];
         assert_eq!(names[..7], expected, "{names:?}");
         let served = RunConfig::load(&examples.join("qa-qwen3.5.toml")).expect("qa-qwen3.5");

@@ -136,7 +136,9 @@ fn dtype(config: &RunConfig) -> DType {
 fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
     match &config.model.path {
         Some(path) => Ok(path.clone()),
-        None => whale_pretrain::ensure_base_model().map_err(|e| ExperimentError::Model(e.to_string())),
+        None => {
+            whale_pretrain::ensure_base_model(config.tasks.domain).map_err(|e| ExperimentError::Model(e.to_string()))
+        }
     }
 }
 
@@ -490,6 +492,7 @@ impl Experiment {
                 harness_id: record.harness_id.clone(),
                 weights_version: record.weights_version,
                 scores: record.scores,
+                task_means: record.task_means.clone(),
             });
         }
         self.state.ledger.record(Purpose::TestEval, record.spend());

@@ -1,7 +1,7 @@
 //! The report of one or more runs: test mean@k against cumulative training rollouts, one line
 //! per condition with its phase boundaries marked, and a table of the best and final mean@k
-//! (with bootstrap intervals), pass@k and maj@k, the spend, and the rollouts each condition
-//! needed to reach the weight-only peak.
+//! (with bootstrap intervals), the final-minus-start gain paired over test tasks, pass@k and
+//! maj@k, the spend, and the rollouts each condition needed to reach the weight-only peak.
 //!
 //! Everything is read back from the run directories' `metrics.jsonl` and `ledger.json`, so a
 //! report can be drawn for any set of finished (or unfinished) runs; the plot is an SVG drawn
@@ -36,6 +36,8 @@ pub struct CurvePoint {
     pub pass: f64,
     pub maj: f64,
     pub k: usize,
+    /// Each test task's mean reward (empty for runs from before it was recorded).
+    pub task_means: Vec<f64>,
 }
 
 /// Where a phase starts, in cumulative training rollouts before it.
@@ -106,7 +108,19 @@ fn curve_point(row: &Value) -> Option<CurvePoint> {
         pass: scores["pass"]["value"].as_f64()?,
         maj: scores["maj"]["value"].as_f64()?,
         k: scores["k"].as_u64()? as usize,
+        task_means: serde_json::from_value(row["task_means"].clone()).unwrap_or_default(),
     })
+}
+
+/// The mean of `after - before` over the same test tasks with its 95% bootstrap interval
+/// (tasks resampled, each keeping its pair); `None` unless both list every task.
+pub fn paired_gain(before: &CurvePoint, after: &CurvePoint) -> Option<Estimate> {
+    let (a, b) = (&before.task_means, &after.task_means);
+    if a.is_empty() || a.len() != b.len() {
+        return None;
+    }
+    let differences: Vec<f64> = a.iter().zip(b).map(|(x, y)| y - x).collect();
+    Some(whale_core::metrics::bootstrap_mean(&differences, 1000, 0x9A1D))
 }
 
 /// The run directories under `path`: itself if it is one, else its subdirectories that are
@@ -142,6 +156,8 @@ pub struct ComparisonRow {
     pub test_rollouts: u64,
     /// Training rollouts spent when the curve first reached the weight-only peak (`None`: never).
     pub to_weight_only_peak: Option<u64>,
+    /// Final minus start mean@k, paired over test tasks ([`paired_gain`]).
+    pub gain: Option<Estimate>,
 }
 
 /// The comparison of `series`; the weight-only peak comes from the weight-only run, if any.
@@ -162,6 +178,7 @@ pub fn comparison(series: &[Series]) -> Vec<ComparisonRow> {
                 training_rollouts: s.ledger.training_rollouts(),
                 test_rollouts: s.ledger.get(Purpose::TestEval).rollouts,
                 to_weight_only_peak: peak.and_then(|p| s.rollouts_to_reach(p)),
+                gain: s.points.first().zip(s.points.last()).and_then(|(start, end)| paired_gain(start, end)),
             }
         })
         .collect()
@@ -171,10 +188,11 @@ pub fn comparison(series: &[Series]) -> Vec<ComparisonRow> {
 pub fn table_text(rows: &[ComparisonRow]) -> String {
     let k = rows.iter().find_map(|r| r.last.as_ref().map(|p| p.k)).unwrap_or(8);
     let mut out = format!(
-        "{:<15} {:>24} {:>24} {:>8} {:>8} {:>9} {:>13}\n",
+        "{:<15} {:>24} {:>24} {:>26} {:>8} {:>8} {:>9} {:>13}\n",
         "condition",
         format!("best mean@{k} [95% CI]"),
         format!("final mean@{k} [95% CI]"),
+        "final - start [paired CI]",
         format!("pass@{k}"),
         format!("maj@{k}"),
         "rollouts",
@@ -185,10 +203,11 @@ pub fn table_text(rows: &[ComparisonRow]) -> String {
         let last = row.last.as_ref();
         let _ = writeln!(
             out,
-            "{:<15} {:>24} {:>24} {:>8} {:>8} {:>9} {:>13}",
+            "{:<15} {:>24} {:>24} {:>26} {:>8} {:>8} {:>9} {:>13}",
             row.label,
             estimate(&row.best),
             estimate(&row.last),
+            gain_text(row.gain),
             last.map_or("-".to_string(), |p| format!("{:.3}", p.pass)),
             last.map_or("-".to_string(), |p| format!("{:.3}", p.maj)),
             row.training_rollouts,
@@ -196,6 +215,11 @@ pub fn table_text(rows: &[ComparisonRow]) -> String {
         );
     }
     out
+}
+
+/// A paired gain as `+0.031 [+0.008, +0.055]`, or `-` when it cannot be paired.
+fn gain_text(gain: Option<Estimate>) -> String {
+    gain.map_or("-".to_string(), |g| format!("{:+.3} [{:+.3}, {:+.3}]", g.value, g.lo, g.hi))
 }
 
 const PALETTE: [RGBColor; 6] = [
@@ -315,18 +339,20 @@ pub fn html(title: &str, series: &[Series]) -> Result<String, ReportError> {
 fn comparison_table_html(rows: &[ComparisonRow], k: usize) -> String {
     let mut out = format!(
         "<h2>Best and final</h2>\n<table><tr><th>condition</th><th>best mean@{k} [95% CI]</th><th>at rollouts</th>\
-         <th>final mean@{k} [95% CI]</th><th>final pass@{k}</th><th>final maj@{k}</th>\
+         <th>final mean@{k} [95% CI]</th><th>final - start [95% CI, paired over tasks]</th>\
+         <th>final pass@{k}</th><th>final maj@{k}</th>\
          <th>training rollouts</th><th>rollouts to reach the weight-only peak</th></tr>\n"
     );
     for row in rows {
         let cell = |p: &Option<CurvePoint>| p.as_ref().map_or("-".to_string(), |p| p.mean.to_string());
         let _ = writeln!(
             out,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&row.label),
             cell(&row.best),
             row.best.as_ref().map_or("-".to_string(), |p| p.training_rollouts.to_string()),
             cell(&row.last),
+            gain_text(row.gain),
             row.last.as_ref().map_or("-".to_string(), |p| format!("{:.3}", p.pass)),
             row.last.as_ref().map_or("-".to_string(), |p| format!("{:.3}", p.maj)),
             row.training_rollouts,
@@ -395,6 +421,7 @@ mod tests {
             pass: mean,
             maj: mean,
             k: 8,
+            task_means: Vec::new(),
         }
     }
 
@@ -425,6 +452,24 @@ mod tests {
         assert_eq!(rows[0].last.as_ref().map(|p| p.mean.value), Some(0.35));
         let text = table_text(&rows);
         assert!(text.contains("not reached") && text.contains("weight-only"), "{text}");
+    }
+
+    #[test]
+    fn the_gain_is_paired_over_the_same_tasks() {
+        let with = |mean: f64, task_means: Vec<f64>| CurvePoint { task_means, ..point(0, mean) };
+        let start = with(0.5, vec![0.0, 0.25, 0.5, 0.75, 1.0, 0.5, 0.5, 0.5]);
+        let shifted = with(0.6, start.task_means.iter().map(|m| m + 0.1).collect());
+        let gain = paired_gain(&start, &shifted).expect("paired");
+        assert!((gain.value - 0.1).abs() < 1e-12 && (gain.lo - 0.1).abs() < 1e-12, "{gain:?}: every pair moved 0.1");
+        let mixed = with(0.5, vec![1.0, 0.25, 0.5, 0.75, 0.0, 0.5, 0.5, 0.5]);
+        let gain = paired_gain(&start, &mixed).expect("paired");
+        assert!(gain.value.abs() < 1e-12 && gain.lo < 0.0 && gain.hi > 0.0, "{gain:?}");
+        assert_eq!(paired_gain(&start, &point(0, 0.5)), None, "no per-task means, no pairing");
+        let mut all = [series(Condition::WeightOnly, vec![start, shifted])];
+        let rows = comparison(&all);
+        assert!(table_text(&rows).contains("+0.100 [+0.100, +0.100]"), "{}", table_text(&rows));
+        all[0].points.truncate(1);
+        assert!(comparison(&all)[0].gain.is_some_and(|g| g.value == 0.0), "a one-point curve gains nothing");
     }
 
     #[test]

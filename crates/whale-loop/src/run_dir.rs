@@ -63,6 +63,9 @@ pub struct EvalMemo {
     pub harness_id: String,
     pub weights_version: u64,
     pub scores: whale_core::Scores,
+    /// Each test task's mean reward, in test-split order (empty in runs from before it was kept).
+    #[serde(default)]
+    pub task_means: Vec<f64>,
 }
 
 /// Weights an external trainer wrote and the policy now answers with.

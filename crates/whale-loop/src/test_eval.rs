@@ -36,6 +36,10 @@ pub struct EvalRecord {
     pub harness_id: String,
     pub weights_version: u64,
     pub scores: Scores,
+    /// Each test task's mean reward, in test-split order: what paired comparisons of two
+    /// evaluations (the same tasks and seeds) are computed from.
+    #[serde(default)]
+    pub task_means: Vec<f64>,
     /// The scores were taken from an earlier evaluation of the same agent.
     pub reused: bool,
     pub rollouts: usize,
@@ -86,6 +90,7 @@ impl TestSet<'_> {
                 harness_id: harness.id.clone(),
                 weights_version,
                 scores: memo.scores,
+                task_means: memo.task_means.clone(),
                 reused: true,
                 rollouts: 0,
                 prompt_tokens: 0,
@@ -102,11 +107,17 @@ impl TestSet<'_> {
             progress: self.progress,
         };
         let evaluation = evaluate(harness, self.environment, self.tasks, policy.clone(), &settings, None)?;
+        let task_means = evaluation
+            .trajectories
+            .chunks(self.k)
+            .map(|rollouts| rollouts.iter().map(|t| t.reward).sum::<f64>() / rollouts.len() as f64)
+            .collect();
         Ok(EvalRecord {
             reason,
             harness_id: harness.id.clone(),
             weights_version,
             scores: evaluation.scores,
+            task_means,
             reused: false,
             rollouts: evaluation.usage.rollouts,
             prompt_tokens: evaluation.usage.prompt_tokens,

@@ -41,9 +41,22 @@ pub struct CorpusSpec {
     pub qa_share: f64,
     /// Math difficulties drawn from, each with the given relative weight.
     pub math_difficulties: Vec<(u32, f64)>,
-    /// Questions never put in the corpus (the held-out evaluation questions).
+    /// The chess generator's difficulties of a mate in one (60% of the puzzles) and of a mate
+    /// in two: endgames (1, 2) or positions from random play (3, 4).
+    #[serde(default = "random_play")]
+    pub chess_difficulties: [u32; 2],
+    /// The styles added for the single-domain models: chess legal moves in SAN, and QA's
+    /// "repeat the passage about X" (dense copying, from which a small model learns to copy
+    /// names out of passages). Off in the math recipe, whose corpus stays as it was.
+    #[serde(default)]
+    pub extended_styles: bool,
+    /// Tasks never put in the corpus (the held-out evaluation tasks), by [`identity`].
     #[serde(skip)]
-    pub excluded_questions: HashSet<String>,
+    pub held_out: HashSet<String>,
+}
+
+fn random_play() -> [u32; 2] {
+    [3, 4]
 }
 
 /// One training conversation: alternating turns ending with an assistant turn.
@@ -64,8 +77,8 @@ pub fn build(spec: &CorpusSpec, seed: u64) -> Vec<Conversation> {
     let math_count = spec.conversations.saturating_sub(chess_count + qa_count);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut corpus = math_conversations(spec, math_count, seed, &mut rng);
-    corpus.extend(chess_conversations(chess_count, seed, &mut rng));
-    corpus.extend(qa_conversations(qa_count, seed, &mut rng));
+    corpus.extend(chess_conversations(spec, chess_count, seed, &mut rng));
+    corpus.extend(qa_conversations(spec, qa_count, seed, &mut rng));
     corpus.shuffle(&mut rng);
     corpus
 }
@@ -89,6 +102,17 @@ fn system(content: impl Into<String>) -> ChatMessage {
 
 fn text_field<'a>(task: &'a Task, field: &str) -> Option<&'a str> {
     task.payload.get(field).and_then(Value::as_str)
+}
+
+/// What identifies a task in the corpus: a chess puzzle's starting FEN, any other task's
+/// question.
+pub fn identity(task: &Task) -> Option<String> {
+    let field = if task.domain == Domain::Chess { "fen" } else { "question" };
+    text_field(task, field).map(str::to_string)
+}
+
+fn held_out(spec: &CorpusSpec, task: &Task) -> bool {
+    identity(task).is_some_and(|key| spec.held_out.contains(&key))
 }
 
 /// Picks an item by relative weight (`None` only from an empty list).
@@ -217,10 +241,7 @@ fn math_conversations(spec: &CorpusSpec, count: usize, seed: u64, rng: &mut ChaC
         let Some(difficulty) = weighted(rng, &spec.math_difficulties) else { return Vec::new() };
         let mut conversations = Vec::new();
         for task in math::generate(chunk, sub_seed(seed, 1, part), difficulty) {
-            let Some(problem) = MathProblem::from_task(&task) else { continue };
-            if spec.excluded_questions.contains(&problem.question) {
-                continue;
-            }
+            let Some(problem) = MathProblem::from_task(&task).filter(|_| !held_out(spec, &task)) else { continue };
             let style = weighted(rng, &MATH_STYLES).unwrap_or(MathStyle::Plain);
             let messages = render_math(&problem, style, rng);
             conversations.push(Conversation { domain: Domain::Math, style: style.name(), messages });
@@ -319,10 +340,13 @@ struct ChessTurn {
     board: String,
     side: String,
     legal_uci: Vec<String>,
+    /// The same moves in SAN, whose `+` and `#` mark checks and mates.
+    legal_san: Vec<String>,
     /// The opponent's move just before this turn, in UCI.
     last_uci: String,
-    /// The solver's stored move.
+    /// The solver's stored move, in UCI and in SAN.
     best_uci: String,
+    best_san: String,
 }
 
 fn chess_turns(task: &Task) -> Option<Vec<ChessTurn>> {
@@ -331,7 +355,11 @@ fn chess_turns(task: &Task) -> Option<Vec<ChessTurn>> {
     for best in chess::gold_actions(task) {
         let tool = |episode: &mut chess::ChessEpisode, name: &str| episode.call_tool(name, &[]).ok();
         let legal = tool(&mut episode, "legal_moves")?;
-        let legal_uci = legal.get("uci")?.as_array()?.iter().filter_map(|m| m.as_str().map(str::to_string)).collect();
+        let moves = |notation: &str| -> Option<Vec<String>> {
+            Some(legal.get(notation)?.as_array()?.iter().filter_map(|m| m.as_str().map(str::to_string)).collect())
+        };
+        let (legal_uci, legal_san) = (moves("uci")?, moves("san")?);
+        let best_san = legal_san.get(legal_uci.iter().position(|m| *m == best)?)?.clone();
         let last = tool(&mut episode, "last_move")?;
         turns.push(ChessTurn {
             observation: episode.observation(),
@@ -339,8 +367,10 @@ fn chess_turns(task: &Task) -> Option<Vec<ChessTurn>> {
             board: tool(&mut episode, "board")?.as_str()?.to_string(),
             side: tool(&mut episode, "side_to_move")?.as_str()?.to_string(),
             legal_uci,
+            legal_san,
             last_uci: last.get("uci")?.as_str()?.to_string(),
             best_uci: best.clone(),
+            best_san,
         });
         if episode.act(&best).done {
             break;
@@ -352,11 +382,13 @@ fn chess_turns(task: &Task) -> Option<Vec<ChessTurn>> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ChessStyle {
     LegalMoves,
+    SanMoves,
     Observation,
     Board,
     ListMoves,
 }
 
+/// The chess styles of the math recipe's corpus.
 const CHESS_STYLES: [(ChessStyle, f64); 4] = [
     (ChessStyle::LegalMoves, 4.0),
     (ChessStyle::Observation, 2.0),
@@ -364,10 +396,20 @@ const CHESS_STYLES: [(ChessStyle, f64); 4] = [
     (ChessStyle::ListMoves, 2.0),
 ];
 
+/// The chess styles of the chess model's corpus ([`CorpusSpec::extended_styles`]).
+const EXTENDED_CHESS_STYLES: [(ChessStyle, f64); 5] = [
+    (ChessStyle::LegalMoves, 4.0),
+    (ChessStyle::SanMoves, 3.0),
+    (ChessStyle::Observation, 1.5),
+    (ChessStyle::Board, 0.5),
+    (ChessStyle::ListMoves, 1.0),
+];
+
 impl ChessStyle {
     fn name(self) -> &'static str {
         match self {
             ChessStyle::LegalMoves => "chess/legal-moves",
+            ChessStyle::SanMoves => "chess/san-moves",
             ChessStyle::Observation => "chess/observation",
             ChessStyle::Board => "chess/board",
             ChessStyle::ListMoves => "chess/list-moves",
@@ -375,13 +417,18 @@ impl ChessStyle {
     }
 }
 
-fn chess_conversations(count: usize, seed: u64, rng: &mut ChaCha8Rng) -> Vec<Conversation> {
+fn chess_conversations(spec: &CorpusSpec, count: usize, seed: u64, rng: &mut ChaCha8Rng) -> Vec<Conversation> {
     fill(count, 32, |part, chunk| {
-        let difficulty = if rng.gen_bool(0.6) { 1 } else { 2 };
+        let [one, two] = spec.chess_difficulties;
+        let difficulty = if rng.gen_bool(0.6) { one } else { two };
         let mut conversations = Vec::new();
         for task in chess::generate(chunk, sub_seed(seed, 2, part), difficulty) {
+            if held_out(spec, &task) {
+                continue;
+            }
             let Some(turns) = chess_turns(&task).filter(|turns| !turns.is_empty()) else { continue };
-            let style = weighted(rng, &CHESS_STYLES).unwrap_or(ChessStyle::LegalMoves);
+            let styles: &[_] = if spec.extended_styles { &EXTENDED_CHESS_STYLES } else { &CHESS_STYLES };
+            let style = weighted(rng, styles).unwrap_or(ChessStyle::LegalMoves);
             let messages = render_chess(&turns, style);
             conversations.push(Conversation { domain: Domain::Chess, style: style.name(), messages });
         }
@@ -395,16 +442,20 @@ fn render_chess(turns: &[ChessTurn], style: ChessStyle) -> Vec<ChatMessage> {
     for (index, turn) in turns.iter().enumerate() {
         let first = index == 0;
         let ask = match style {
-            ChessStyle::LegalMoves => {
+            ChessStyle::LegalMoves | ChessStyle::SanMoves => {
                 let opening = if first {
                     format!("Chess puzzle: {} to move and mate in {mate_in}.", turn.side)
                 } else {
                     format!("The opponent replied {}.", turn.last_uci)
                 };
+                let (label, moves, notation) = match style {
+                    ChessStyle::SanMoves => ("Legal moves (SAN)", &turn.legal_san, "SAN"),
+                    _ => ("Legal moves", &turn.legal_uci, "UCI"),
+                };
                 format!(
-                    "{opening}\nFEN: {}\nLegal moves: {}\nReply with the best move in UCI.",
+                    "{opening}\nFEN: {}\n{label}: {}\nReply with the best move in {notation}.",
                     turn.fen,
-                    turn.legal_uci.join(" ")
+                    moves.join(" ")
                 )
             }
             ChessStyle::Observation => {
@@ -423,8 +474,11 @@ fn render_chess(turns: &[ChessTurn], style: ChessStyle) -> Vec<ChatMessage> {
             }
         };
         messages.push(user(ask));
-        let reply =
-            if style == ChessStyle::Board { format!("Best move: {}", turn.best_uci) } else { turn.best_uci.clone() };
+        let reply = match style {
+            ChessStyle::Board => format!("Best move: {}", turn.best_uci),
+            ChessStyle::SanMoves => turn.best_san.clone(),
+            _ => turn.best_uci.clone(),
+        };
         messages.push(assistant(reply));
     }
     messages
@@ -438,9 +492,15 @@ enum QaStyle {
     Passages,
     ShortForm,
     Search,
+    Recall,
 }
 
+/// The QA styles of the math recipe's corpus.
 const QA_STYLES: [(QaStyle, f64); 3] = [(QaStyle::Passages, 4.0), (QaStyle::ShortForm, 2.0), (QaStyle::Search, 3.0)];
+
+/// The QA styles of the QA model's corpus ([`CorpusSpec::extended_styles`]).
+const EXTENDED_QA_STYLES: [(QaStyle, f64); 4] =
+    [(QaStyle::Passages, 4.0), (QaStyle::ShortForm, 2.0), (QaStyle::Search, 3.0), (QaStyle::Recall, 3.0)];
 
 impl QaStyle {
     fn name(self) -> &'static str {
@@ -448,6 +508,7 @@ impl QaStyle {
             QaStyle::Passages => "qa/passages",
             QaStyle::ShortForm => "qa/short-form",
             QaStyle::Search => "qa/search",
+            QaStyle::Recall => "qa/recall",
         }
     }
 }
@@ -460,14 +521,18 @@ line `SEARCH: <query>` and wait for the RESULTS. Answer with the short answer on
 /// Passages shown with a QA question: the supporting ones plus distractors.
 const QA_PASSAGES: usize = 3;
 
-fn qa_conversations(count: usize, seed: u64, rng: &mut ChaCha8Rng) -> Vec<Conversation> {
+fn qa_conversations(spec: &CorpusSpec, count: usize, seed: u64, rng: &mut ChaCha8Rng) -> Vec<Conversation> {
     fill(count, 64, |part, chunk| {
         let difficulty = if rng.gen_bool(0.7) { 1 } else { 3 };
         let mut conversations = Vec::new();
         for task in qa::generate(chunk, sub_seed(seed, 3, part), difficulty) {
+            if held_out(spec, &task) {
+                continue;
+            }
             let Ok(payload) = QaPayload::from_task(&task) else { continue };
             let Some(answer) = payload.answers.first() else { continue };
-            let style = weighted(rng, &QA_STYLES).unwrap_or(QaStyle::Passages);
+            let styles: &[_] = if spec.extended_styles { &EXTENDED_QA_STYLES } else { &QA_STYLES };
+            let style = weighted(rng, styles).unwrap_or(QaStyle::Passages);
             let messages = render_qa(&payload, answer, style, rng);
             conversations.push(Conversation { domain: Domain::Qa, style: style.name(), messages });
         }
@@ -490,6 +555,14 @@ fn render_qa(payload: &QaPayload, answer: &str, style: QaStyle, rng: &mut ChaCha
     distractors.shuffle(rng);
     let question = &payload.question;
     match style {
+        QaStyle::Recall => {
+            let mut shown: Vec<&qa::ContextParagraph> = supporting.iter().take(1).copied().collect();
+            let Some(wanted) = shown.first().copied() else { return vec![user(question), assistant(answer)] };
+            shown.extend(distractors.iter().take(QA_PASSAGES - 1));
+            shown.shuffle(rng);
+            let ask = format!("{}\nRepeat the passage about {}.", passage_text(&shown), wanted.title);
+            vec![user(ask), assistant(&wanted.text)]
+        }
         QaStyle::Passages | QaStyle::ShortForm => {
             let mut shown: Vec<&qa::ContextParagraph> = supporting.clone();
             shown.extend(distractors.iter().take(QA_PASSAGES.saturating_sub(supporting.len())));
@@ -528,7 +601,9 @@ mod tests {
             chess_share: 0.1,
             qa_share: 0.15,
             math_difficulties: vec![(1, 1.0), (2, 1.0)],
-            excluded_questions: HashSet::new(),
+            chess_difficulties: [1, 2],
+            extended_styles: true,
+            held_out: HashSet::new(),
         }
     }
 
@@ -544,6 +619,18 @@ mod tests {
         }
         let math = a.iter().filter(|c| c.domain == Domain::Math).count();
         assert!(math > 200, "math should dominate: {math}");
+    }
+
+    #[test]
+    fn a_single_domain_corpus_holds_only_that_domain_and_is_deterministic() {
+        for (domain, shares) in [(Domain::Chess, (0.0, 1.0, 0.0)), (Domain::Qa, (0.0, 0.0, 1.0))] {
+            let spec = CorpusSpec { math_share: shares.0, chess_share: shares.1, qa_share: shares.2, ..spec(120) };
+            let corpus = build(&spec, 5);
+            assert_eq!(corpus.len(), 120);
+            assert!(corpus.iter().all(|c| c.domain == domain));
+            assert_eq!(corpus, build(&spec, 5));
+            assert_ne!(corpus, build(&spec, 6));
+        }
     }
 
     #[test]
@@ -594,14 +681,27 @@ mod tests {
 
     #[test]
     fn chess_replies_are_the_stored_solutions_and_legal() {
-        for conversation in build(&spec(400), 13).iter().filter(|c| c.domain == Domain::Chess) {
-            if conversation.style == "chess/list-moves" {
-                continue;
-            }
+        let corpus = build(&spec(600), 13);
+        let styles: HashSet<&str> = corpus.iter().map(|c| c.style).collect();
+        assert!(styles.contains("chess/san-moves") && styles.contains("chess/legal-moves"), "{styles:?}");
+        for conversation in corpus.iter().filter(|c| c.domain == Domain::Chess && c.style != "chess/list-moves") {
+            let replies: Vec<&str> =
+                conversation.messages.iter().filter(|m| m.role == "assistant").map(|m| m.content.as_str()).collect();
             for pair in conversation.messages.windows(2).filter(|p| p[1].role == "assistant") {
                 let reply = pair[1].content.trim_start_matches("Best move: ");
-                assert!(pair[0].content.contains(&format!(" {reply}")) || conversation.style != "chess/legal-moves");
-                assert!((4..=5).contains(&reply.len()), "{reply}");
+                let listed = pair[0]
+                    .content
+                    .lines()
+                    .find_map(|line| line.split_once("moves: ").or_else(|| line.split_once("(SAN): ")));
+                if let Some((_, moves)) = listed {
+                    assert!(moves.split(' ').any(|m| m == reply), "{reply} not in {moves}");
+                }
+                if conversation.style != "chess/san-moves" {
+                    assert!((4..=5).contains(&reply.len()), "{reply}");
+                }
+            }
+            if conversation.style == "chess/san-moves" {
+                assert!(replies.last().is_some_and(|r| r.ends_with('#')), "the last solver move mates: {replies:?}");
             }
         }
     }
@@ -619,7 +719,7 @@ mod tests {
         everything_excluded.qa_share = 0.0;
         everything_excluded.math_difficulties = vec![(1, 1.0)];
         let questions = (0..21).flat_map(|part| math::generate(64, sub_seed(1, 1, part), 1));
-        everything_excluded.excluded_questions =
+        everything_excluded.held_out =
             questions.filter_map(|t| text_field(&t, "question").map(str::to_string)).collect();
         assert!(build(&everything_excluded, 1).is_empty());
     }
@@ -633,7 +733,7 @@ mod tests {
             .trim_end_matches(PLAIN_MATH_INSTRUCTION)
             .trim_end()
             .to_string();
-        spec.excluded_questions.insert(question.clone());
+        spec.held_out.insert(question.clone());
         let second = build(&spec, 2);
         assert!(second.iter().all(|c| c.messages.iter().all(|m| !m.content.contains(&question))));
     }

@@ -1,6 +1,8 @@
-//! The base model's headline figure: mean@k on held-out synthetic math tasks with the plain
-//! one-call prompt ([`super::corpus::plain_math_prompt`]), sampled with the paper's settings
-//! (temperature 1.0, top_p 1.0, top_k 20) and scored by the math verifier.
+//! A base model's headline figure: mean@k on held-out generated tasks of its domain, under the
+//! domain's starting harness, sampled with the paper's settings (temperature 1.0, top_p 1.0,
+//! top_k 20). Math asks the plain one-call prompt ([`super::corpus::plain_math_prompt`]) and
+//! scores it with the math verifier; chess and QA run their starting stock harness
+//! ([`starting_harness`]) through the sandbox, as a WHALE run would.
 //!
 //! The figure has to sit well inside (0, 1) for WHALE to have something to improve on both
 //! sides (weights and harness), so pretraining reports it with its bootstrap interval.
@@ -10,27 +12,55 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use whale_core::metrics::{self, Scores, TaskSamples};
-use whale_core::{ChatMessage, Task};
+use whale_core::{ChatMessage, Domain, Task};
+use whale_harness::scoring::{self, EvalSettings};
 use whale_lm::{ChatRequest, EngineConfig, LocalPolicy, Policy, PolicyError, SamplingParams};
-use whale_tasks::math;
+use whale_tasks::{math, DomainTasks};
 
 /// Which tasks, how many samples, how long an answer may be.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalSpec {
+    /// The domain of the tasks (and so the harness they are run with).
+    #[serde(default = "math_domain")]
+    pub domain: Domain,
     pub tasks: usize,
     pub samples: usize,
     pub difficulty: u32,
     /// The generator seed of the evaluation tasks (kept out of the corpus).
     pub seed: u64,
+    /// The reply budget of the math prompt (harnesses set their own).
     pub max_tokens: usize,
+}
+
+fn math_domain() -> Domain {
+    Domain::Math
 }
 
 impl Default for EvalSpec {
     fn default() -> Self {
-        Self { tasks: 64, samples: 8, difficulty: 1, seed: 0xE7A1, max_tokens: 192 }
+        Self::for_domain(Domain::Math)
+    }
+}
+
+impl EvalSpec {
+    /// 64 tasks x 8 samples of the domain's evaluation difficulty: math word problems of
+    /// difficulty 1, endgame mates in one, QA questions with one and two hops mixed.
+    pub fn for_domain(domain: Domain) -> Self {
+        let difficulty = if domain == Domain::Qa { 2 } else { 1 };
+        Self { domain, tasks: 64, samples: 8, difficulty, seed: 0xE7A1, max_tokens: 192 }
+    }
+}
+
+/// The stock harness a domain's base model is measured with: the `initial` harness of the
+/// domain's example config (`examples/<domain>.toml`), one model call per task or per move.
+pub fn starting_harness(domain: Domain) -> &'static str {
+    match domain {
+        Domain::Math => "math/plain",
+        Domain::Chess => "chess/legal-moves",
+        Domain::Qa => "qa/search",
     }
 }
 
@@ -48,7 +78,8 @@ pub struct TaskResult {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalReport {
     pub spec: EvalSpec,
-    /// The user message sent for a question `Q` (with `{question}` standing for it).
+    /// The user message sent for a math question (with `{question}` standing for it), or
+    /// `harness <name>` for the stock harness the tasks were run with.
     pub prompt: String,
     pub scores: Scores,
     pub completion_tokens: usize,
@@ -58,20 +89,58 @@ pub struct EvalReport {
 
 /// The evaluation tasks of `spec`.
 pub fn tasks(spec: &EvalSpec) -> Vec<Task> {
-    math::generate(spec.tasks, spec.seed, spec.difficulty)
+    spec.domain.generate(spec.tasks, spec.seed, spec.difficulty)
 }
 
-/// The questions of `tasks`, to keep them out of the training corpus.
-pub fn questions(tasks: &[Task]) -> HashSet<String> {
-    tasks.iter().filter_map(|t| t.payload.get("question")?.as_str().map(str::to_string)).collect()
+/// What identifies each of `tasks` in a corpus (its question; a chess puzzle's starting FEN),
+/// to keep them out of the training corpus.
+pub fn held_out(tasks: &[Task]) -> HashSet<String> {
+    tasks.iter().filter_map(super::corpus::identity).collect()
 }
 
 /// Serves the checkpoint in `dir` and evaluates it on `tasks`.
 pub fn evaluate_dir(dir: &Path, spec: &EvalSpec, tasks: &[Task]) -> Result<EvalReport, super::PretrainError> {
     let policy = LocalPolicy::load(dir, candle_core::DType::F32, &candle_core::Device::Cpu, EngineConfig::default())?;
-    let report = evaluate(&policy, spec, tasks)?;
+    let policy = Arc::new(policy);
+    let report = match spec.domain {
+        Domain::Math => evaluate(policy.as_ref(), spec, tasks)?,
+        _ => evaluate_harness(policy.clone(), spec, tasks)?,
+    };
     policy.shutdown();
     Ok(report)
+}
+
+/// Runs the domain's starting harness ([`starting_harness`]) `spec.samples` times per task.
+pub fn evaluate_harness(
+    policy: Arc<dyn Policy>,
+    spec: &EvalSpec,
+    tasks: &[Task],
+) -> Result<EvalReport, super::PretrainError> {
+    let started = Instant::now();
+    let name = starting_harness(spec.domain);
+    let harness =
+        whale_harness::stock_harness(name).map(|stock| stock.harness()).ok_or(super::PretrainError::NoHarness(name))?;
+    let environment = scoring::environment(spec.domain, tasks, None, None)?;
+    let settings = EvalSettings { k: spec.samples, seed: spec.seed, ..EvalSettings::default() };
+    let run = scoring::evaluate(&harness, &environment, tasks, policy, &settings, None)?;
+    let per_task: Vec<TaskResult> = tasks
+        .iter()
+        .zip(run.trajectories.chunks(spec.samples))
+        .map(|(task, rollouts)| TaskResult {
+            id: task.id.clone(),
+            gold: spec.domain.gold_actions(task).join(" "),
+            rewards: rollouts.iter().map(|t| t.reward).collect(),
+            answers: rollouts.iter().map(|t| scoring::answer_key(spec.domain, t)).collect(),
+        })
+        .collect();
+    Ok(EvalReport {
+        spec: spec.clone(),
+        prompt: format!("harness {name}"),
+        scores: run.scores,
+        completion_tokens: run.usage.completion_tokens,
+        seconds: started.elapsed().as_secs_f64(),
+        per_task,
+    })
 }
 
 /// The seed of sample `sample` of task `task`: distinct for every pair.

@@ -1,19 +1,22 @@
-//! The default base model: `whale lm pretrain` and [`ensure_base_model`].
+//! The base models: `whale lm pretrain` and [`ensure_base_model`].
 //!
 //! whale must run end to end on a laptop without downloading weights, so it trains its own
-//! tiny chat model once, from the synthetic corpus of [`corpus`], and caches it under
-//! `$WHALE_HOME/models/` (default `~/.cache/whale`). Every later command reuses it.
+//! tiny chat models once, from the synthetic corpus of [`corpus`], and caches them under
+//! `$WHALE_HOME/models/` (default `~/.cache/whale`). Every later command reuses them. Each
+//! domain has its own base model ([`PretrainConfig::for_domain`]): a model this small has
+//! room for one domain's skills, not three (docs/base-model.md has the measurements).
 //!
 //! The pipeline, every stage a function of the seed:
 //! 1. build the corpus (math problems in many answer styles, chess puzzles, QA passages);
 //! 2. train a byte-level BPE tokenizer on it and write the ChatML template beside it;
-//! 3. train a Qwen3-architecture model from scratch with the SFT trainer: loss on assistant
-//!    turns only (prompts are random problem statements the model cannot predict and need not
-//!    produce; spending capacity on them trains nothing a harness can use), warm-up then cosine
-//!    decay, a checkpoint every 100 steps so that a killed run resumes where it stopped;
-//! 4. write the final Hugging Face checkpoint, measure mean@8 on held-out math tasks with the
-//!    plain one-call prompt ([`eval`]), and publish the directory atomically (a rename), with
-//!    `whale_pretrain.json` inside as the marker of a complete model.
+//! 3. train a Qwen3-architecture model from scratch with the SFT trainer ([`LossOn`]: math on
+//!    assistant turns only, whose prompts are random problem statements it need not produce;
+//!    chess and QA on every token, from which a small model learns to read its prompt), warm-up
+//!    then cosine decay, a checkpoint every 100 steps so that a killed run resumes where it
+//!    stopped;
+//! 4. write the final Hugging Face checkpoint, measure mean@8 on held-out tasks of its domain
+//!    under the domain's starting harness ([`eval`]), and publish the directory atomically (a
+//!    rename), with `whale_pretrain.json` inside as the marker of a complete model.
 
 pub mod corpus;
 pub mod eval;
@@ -30,6 +33,7 @@ use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+use whale_core::Domain;
 use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
 use whale_lm::engine::TOKENIZER_FILE;
 use whale_lm::train::TRAINER_STATE_FILE;
@@ -45,6 +49,8 @@ pub const BASE_MODEL_VERSION: &str = "v1";
 pub const DONE_MARKER: &str = "whale_pretrain.json";
 /// The evaluation written beside the weights.
 pub const EVAL_FILE: &str = "whale_eval.json";
+/// The recipe a work directory's checkpoints belong to.
+const RECIPE_FILE: &str = "recipe.json";
 
 /// The seed of the default base model.
 pub const DEFAULT_SEED: u64 = 0;
@@ -96,6 +102,9 @@ impl std::str::FromStr for SizeName {
 /// Everything that determines the base model (and its evaluation).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PretrainConfig {
+    /// The domain the model serves.
+    #[serde(default = "math_domain")]
+    pub domain: Domain,
     pub seed: u64,
     pub size: SizeName,
     pub vocab_size: usize,
@@ -110,16 +119,65 @@ pub struct PretrainConfig {
     pub weight_decay: f64,
     /// Examples longer than this are left out of the corpus.
     pub max_seq_len: usize,
+    /// Which tokens the loss is on.
+    #[serde(default)]
+    pub loss: LossOn,
     /// The model's context window.
     pub context_window: usize,
     pub checkpoint_every: u64,
     pub eval: EvalSpec,
 }
 
+fn math_domain() -> Domain {
+    Domain::Math
+}
+
+/// Which tokens of the corpus the model is trained to predict.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossOn {
+    /// Each assistant turn, given the conversation before it (one example per turn).
+    #[default]
+    Replies,
+    /// Every token of each conversation, prompts included (one example per conversation).
+    Everything,
+}
+
 impl PretrainConfig {
-    /// The default base model's recipe for `seed`.
+    /// The math base model's recipe for `seed` (the default model of `whale demo`).
     pub fn default_for_seed(seed: u64) -> Self {
+        Self::for_domain(Domain::Math, seed)
+    }
+
+    /// The recipe of the base model that serves `domain`. Math keeps a little of the other
+    /// domains in its corpus (the recipe the demo's figures come from); chess and QA models
+    /// learn their own domain only.
+    pub fn for_domain(domain: Domain, seed: u64) -> Self {
+        let mut config = Self::math(seed);
+        config.domain = domain;
+        config.eval = EvalSpec::for_domain(domain);
+        let (chess_share, qa_share, conversations, steps) = match domain {
+            Domain::Math => return config,
+            Domain::Chess => (1.0, 0.0, 16_000, 900),
+            Domain::Qa => (0.0, 1.0, 12_000, 1100),
+        };
+        config.corpus = CorpusSpec {
+            conversations,
+            math_share: 0.0,
+            chess_share,
+            qa_share,
+            chess_difficulties: [1, 2],
+            extended_styles: true,
+            ..config.corpus
+        };
+        config.steps = steps;
+        config.loss = LossOn::Everything;
+        config
+    }
+
+    fn math(seed: u64) -> Self {
         Self {
+            domain: Domain::Math,
             seed,
             size: SizeName::Small,
             vocab_size: 2048,
@@ -129,7 +187,9 @@ impl PretrainConfig {
                 chess_share: 0.06,
                 qa_share: 0.10,
                 math_difficulties: vec![(1, 0.5), (2, 0.35), (3, 0.15)],
-                excluded_questions: HashSet::new(),
+                chess_difficulties: [3, 4],
+                extended_styles: false,
+                held_out: HashSet::new(),
             },
             steps: 900,
             batch_size: 32,
@@ -139,6 +199,7 @@ impl PretrainConfig {
             min_lr_ratio: 0.1,
             weight_decay: 0.01,
             max_seq_len: 384,
+            loss: LossOn::Replies,
             context_window: 2048,
             checkpoint_every: 100,
             eval: EvalSpec::default(),
@@ -158,10 +219,14 @@ impl PretrainConfig {
     }
 
     /// The directory name under `$WHALE_HOME/models/`: `base-<version>-seed<seed>` for the
-    /// default recipe, with a fingerprint of the settings appended for any other.
+    /// math recipe, `base-<version>-<domain>-seed<seed>` for the others, with a fingerprint of
+    /// the settings appended for any other recipe.
     pub fn model_name(&self) -> String {
-        let name = format!("base-{BASE_MODEL_VERSION}-seed{}", self.seed);
-        if *self == Self::default_for_seed(self.seed) {
+        let name = match self.domain {
+            Domain::Math => format!("base-{BASE_MODEL_VERSION}-seed{}", self.seed),
+            domain => format!("base-{BASE_MODEL_VERSION}-{domain}-seed{}", self.seed),
+        };
+        if *self == Self::for_domain(self.domain, self.seed) {
             return name;
         }
         let settings = serde_json::to_string(self).unwrap_or_default();
@@ -193,6 +258,10 @@ pub enum PretrainError {
     Io { path: PathBuf, reason: String },
     #[error("the corpus gave no training example of at most {0} tokens")]
     EmptyCorpus(usize),
+    #[error(transparent)]
+    Evaluate(#[from] whale_harness::scoring::EvaluateError),
+    #[error("no stock harness `{0}` to evaluate with")]
+    NoHarness(&'static str),
 }
 
 fn io_error(path: &Path, error: impl std::fmt::Display) -> PretrainError {
@@ -273,9 +342,10 @@ pub struct PretrainSummary {
     pub eval: EvalReport,
 }
 
-/// The default base model, trained first if it is not cached yet (with a progress bar).
-pub fn ensure_base_model() -> Result<PathBuf, PretrainError> {
-    let config = PretrainConfig::default_for_seed(DEFAULT_SEED);
+/// The base model that serves `domain`, trained first if it is not cached yet (with a
+/// progress bar).
+pub fn ensure_base_model(domain: Domain) -> Result<PathBuf, PretrainError> {
+    let config = PretrainConfig::for_domain(domain, DEFAULT_SEED);
     let options = PretrainOptions { progress: true, ..PretrainOptions::default() };
     let outcome = pretrain(&config, &whale_home(), &options)?;
     outcome.dir().map(Path::to_path_buf).ok_or_else(|| PretrainError::Io {
@@ -310,6 +380,9 @@ pub fn pretrain(
         }
     };
     report(format!("pretraining the base model {} into {}", config.model_name(), final_dir.display()));
+    if claim_work_dir(&work, config)? {
+        report(format!("{}: left by another recipe; starting afresh", work.display()));
+    }
     let eval_tasks = eval::tasks(&config.eval);
     let prepared = prepare(config, &work, &eval_tasks)?;
     report(format!(
@@ -324,8 +397,12 @@ pub fn pretrain(
         TrainEnd::Stopped(step) => return Ok(PretrainOutcome::Stopped { step }),
     };
     report(format!(
-        "evaluating mean@{} on {} math tasks (difficulty {}) with the plain prompt",
-        config.eval.samples, config.eval.tasks, config.eval.difficulty
+        "evaluating mean@{} on {} {} tasks (difficulty {}) with {}",
+        config.eval.samples,
+        config.eval.tasks,
+        config.domain,
+        config.eval.difficulty,
+        eval::starting_harness(config.domain)
     ));
     let staging = home.join("models").join(format!(".{}.partial", config.model_name()));
     let summary = publish(config, &run, &prepared, &eval_tasks, &staging, started)?;
@@ -333,6 +410,24 @@ pub fn pretrain(
     std::fs::rename(&staging, &final_dir).map_err(|e| io_error(&final_dir, e))?;
     remove_dir_if_exists(&checkpoints)?;
     Ok(PretrainOutcome::Trained { dir: final_dir, summary: Box::new(summary) })
+}
+
+/// Marks `work` as the work directory of `config`'s run. The tokenizer and checkpoints that
+/// another recipe left there (the recipe changed under the same name, or an unknown one) are
+/// removed rather than resumed; returns whether anything was.
+fn claim_work_dir(work: &Path, config: &PretrainConfig) -> Result<bool, PretrainError> {
+    let path = work.join(RECIPE_FILE);
+    let recipe = serde_json::to_string_pretty(config).map_err(|e| io_error(&path, e))? + "\n";
+    if std::fs::read_to_string(&path).is_ok_and(|existing| existing == recipe) {
+        return Ok(false);
+    }
+    let leftovers = ["tokenizer", "tokenizer.partial", "checkpoints"].map(|name| work.join(name));
+    let stale = leftovers.iter().any(|dir| dir.exists());
+    for dir in &leftovers {
+        remove_dir_if_exists(dir)?;
+    }
+    std::fs::write(&path, recipe).map_err(|e| io_error(&path, e))?;
+    Ok(stale)
 }
 
 /// The tokenizer and the training examples of a run.
@@ -346,11 +441,11 @@ struct Prepared {
 /// Builds the corpus without the evaluation questions, and its tokenizer (kept in `work`).
 fn prepare(config: &PretrainConfig, work: &Path, eval_tasks: &[whale_core::Task]) -> Result<Prepared, PretrainError> {
     let mut corpus_spec = config.corpus.clone();
-    corpus_spec.excluded_questions = eval::questions(eval_tasks);
+    corpus_spec.held_out = eval::held_out(eval_tasks);
     let corpus = corpus::build(&corpus_spec, config.seed);
     let tokenizer_dir = work.join("tokenizer");
     let codec = prepare_tokenizer(&corpus, config, &tokenizer_dir)?;
-    let examples = training_examples(&codec, &corpus, config.max_seq_len)?;
+    let examples = training_examples(&codec, &corpus, config)?;
     Ok(Prepared { conversations: corpus.len(), tokenizer_dir, codec, examples })
 }
 
@@ -417,22 +512,27 @@ fn prepare_tokenizer(corpus: &[Conversation], config: &PretrainConfig, dir: &Pat
     Ok(ChatCodec::load(dir)?)
 }
 
-/// Every assistant turn of the corpus as an example, those longer than `max_seq_len` left out.
+/// The corpus as training examples ([`LossOn`]), those longer than `max_seq_len` left out.
 fn training_examples(
     codec: &ChatCodec,
     corpus: &[Conversation],
-    max_seq_len: usize,
+    config: &PretrainConfig,
 ) -> Result<Vec<SftExample>, PretrainError> {
     let mut examples = Vec::new();
     for conversation in corpus {
-        for example in codec.conversation_examples(&conversation.messages)? {
-            if example.prompt.len() + example.completion.len() <= max_seq_len {
+        let messages = &conversation.messages;
+        let conversation_examples = match config.loss {
+            LossOn::Replies => codec.conversation_examples(messages)?,
+            LossOn::Everything => vec![codec.whole_conversation_example(messages)?],
+        };
+        for example in conversation_examples {
+            if example.prompt.len() + example.completion.len() <= config.max_seq_len {
                 examples.push(example);
             }
         }
     }
     if examples.is_empty() {
-        return Err(PretrainError::EmptyCorpus(max_seq_len));
+        return Err(PretrainError::EmptyCorpus(config.max_seq_len));
     }
     Ok(examples)
 }
@@ -674,6 +774,38 @@ mod tests {
         assert!(tiny.starts_with(&format!("base-{BASE_MODEL_VERSION}-seed4-")), "{tiny}");
         assert_ne!(tiny, PretrainConfig::tiny(4, 11).model_name());
         assert_eq!(tiny, PretrainConfig::tiny(4, 10).model_name());
+    }
+
+    #[test]
+    fn every_domain_has_its_own_recipe_and_name() {
+        for domain in Domain::ALL {
+            let config = PretrainConfig::for_domain(domain, 2);
+            assert_eq!(config.domain, domain);
+            assert_eq!(config.eval.domain, domain);
+            let expected = match domain {
+                Domain::Math => format!("base-{BASE_MODEL_VERSION}-seed2"),
+                _ => format!("base-{BASE_MODEL_VERSION}-{domain}-seed2"),
+            };
+            assert_eq!(config.model_name(), expected);
+        }
+        assert_eq!(PretrainConfig::for_domain(Domain::Math, 2), PretrainConfig::default_for_seed(2));
+        let chess = PretrainConfig::for_domain(Domain::Chess, 2).corpus;
+        assert_eq!((chess.math_share, chess.qa_share), (0.0, 0.0));
+    }
+
+    #[test]
+    fn a_work_directory_left_by_another_recipe_is_not_resumed() {
+        let work = tempfile::tempdir().expect("tempdir");
+        let config = PretrainConfig::tiny(1, 4);
+        let checkpoint = work.path().join("checkpoints").join("step-000002");
+        std::fs::create_dir_all(&checkpoint).expect("mkdir");
+        assert!(claim_work_dir(work.path(), &config).expect("claimed"), "unknown leftovers are removed");
+        assert!(!checkpoint.exists());
+        std::fs::create_dir_all(&checkpoint).expect("mkdir");
+        assert!(!claim_work_dir(work.path(), &config).expect("claimed"), "the same recipe resumes");
+        assert!(checkpoint.exists());
+        assert!(claim_work_dir(work.path(), &PretrainConfig::tiny(1, 5)).expect("claimed"));
+        assert!(!checkpoint.exists());
     }
 
     #[test]

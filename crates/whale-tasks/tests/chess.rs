@@ -489,8 +489,9 @@ fn assert_real_mate(task: &Task, depth: usize) {
 
 #[test]
 fn generated_mates_are_real_and_gold_solves_them() {
-    for (depth, count, seed) in [(1usize, 200usize, 11u64), (2, 50, 12)] {
-        let tasks = chess::generate(count, seed, depth as u32);
+    for (difficulty, count, seed) in [(1u32, 200usize, 11u64), (2, 50, 12), (3, 100, 11), (4, 30, 12)] {
+        let depth = if difficulty % 2 == 1 { 1 } else { 2 };
+        let tasks = chess::generate(count, seed, difficulty);
         assert_eq!(tasks.len(), count);
         let mut fens: Vec<&str> = tasks.iter().map(|t| t.payload["fen"].as_str().expect("fen")).collect();
         fens.sort_unstable();
@@ -516,5 +517,20 @@ fn generation_is_deterministic_per_seed() {
     assert_eq!(chess::generate(10, 5, 1), chess::generate(10, 5, 1));
     assert_ne!(chess::generate(10, 5, 1), chess::generate(10, 6, 1));
     assert_eq!(chess::generate(3, 5, 2), chess::generate(3, 5, 2));
-    assert_eq!(chess::generate(4, 9, 7), chess::generate(4, 9, 2), "difficulty is clamped to 2");
+    assert_eq!(chess::generate(4, 9, 7), chess::generate(4, 9, 4), "difficulty is clamped to 4");
+    assert_eq!(chess::generate(2, 9, 0), chess::generate(2, 9, 1), "and to 1");
+}
+
+#[test]
+fn endgames_are_sparse_and_random_play_is_not() {
+    let pieces = |task: &whale_core::Task| {
+        let fen = task.payload["fen"].as_str().expect("fen");
+        fen.split(' ').next().expect("placement").chars().filter(char::is_ascii_alphabetic).count()
+    };
+    for difficulty in [1, 2] {
+        assert!(chess::generate(40, 3, difficulty).iter().all(|t| pieces(t) <= 6 && t.id.starts_with("gen-e")));
+    }
+    let middlegame = chess::generate(40, 3, 3);
+    let mean = middlegame.iter().map(pieces).sum::<usize>() as f64 / 40.0;
+    assert!(mean > 12.0, "{mean} pieces on average");
 }

@@ -525,6 +525,31 @@ mod math_bad_input {
     }
 
     #[test]
+    fn a_math_record_with_an_answer_needs_no_solution() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let lines: [&[u8]; 5] = [
+            br#"{"problem": "Find $x$ if $2x = 14$.", "answer": "7"}"#,
+            br#"{"problem": "AIME-style: how many?", "answer": 204, "level": "Level 5"}"#,
+            br#"{"problem": "Neither answer nor solution"}"#,
+            br#"{"problem": "Boxed only", "solution": "It is $\\boxed{12}$."}"#,
+            br#"{"problem": "Area?", "solution": "So $\\boxed{8\\sqrt{3} \\text { square inches}}$."}"#,
+        ];
+        let path = write_file(dir.path(), "aime.jsonl", &lines.join(&b'\n'));
+        let report = math::load(&path);
+        let loaded: Vec<(usize, &str)> = report.tasks.iter().map(|(line, task)| (*line, gold(task))).collect();
+        assert_eq!(loaded, vec![(1, "7"), (2, "204"), (4, "12"), (5, r"8\sqrt{3} \text { square inches}")]);
+        let area = &report.tasks[3].1;
+        assert!(submit(area, area.payload["solution"].as_str().expect("kept")), "the gold verifies against itself");
+        assert!(submit(area, r"\boxed{8\sqrt{3}}"));
+        assert!(report.tasks[0].1.payload.get("solution").is_none());
+        assert_eq!(report.tasks[1].1.payload["level"], 5);
+        assert!(submit(&report.tasks[1].1, "The answer is \\boxed{204}."));
+        let [error] = report.rejected.as_slice() else { panic!("{:#?}", report.rejected) };
+        assert_eq!((error.line, error.field.as_deref()), (3, Some("answer")), "{error}");
+        assert!(error.reason.contains("no `solution`"), "{error}");
+    }
+
+    #[test]
     fn one_problem_per_file() {
         let dir = tempfile::tempdir().expect("temp dir");
         let cases: [(&str, &[u8], Option<&str>, &str); 5] = [

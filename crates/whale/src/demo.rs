@@ -6,6 +6,7 @@
 //! six conditions finish within about ten minutes on two cores once the base model exists.
 
 use std::path::Path;
+use whale_core::Domain;
 use whale_loop::compare::{compare, CompareError, Comparison};
 use whale_loop::condition::Condition;
 use whale_loop::config::RunConfig;
@@ -22,7 +23,7 @@ pub enum DemoError {
 
 /// The demo's config: the defaults, named `demo`, on the default base model.
 pub fn demo_config() -> Result<RunConfig, DemoError> {
-    let model = ensure_base_model().map_err(|e| DemoError::BaseModel(Box::new(e)))?;
+    let model = ensure_base_model(Domain::Math).map_err(|e| DemoError::BaseModel(Box::new(e)))?;
     let mut config = RunConfig { name: "demo".to_string(), ..RunConfig::default() };
     config.model.path = Some(model);
     Ok(config)

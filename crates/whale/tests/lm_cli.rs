@@ -124,6 +124,29 @@ fn an_interrupted_pretrain_resumes_and_ends_where_an_uninterrupted_one_does() {
     }
 }
 
+#[test]
+fn chess_and_qa_pretrain_their_own_models_and_print_their_evaluation() {
+    let home = tempfile::tempdir().expect("tempdir");
+    for (domain, harness) in [("chess", "chess/legal-moves"), ("qa", "qa/search")] {
+        let out = pretrain_tiny(home.path(), &["--steps", "2", "--domain", domain]);
+        let line = format!(
+            "mean@2 on 2 {domain} tasks (difficulty {}, harness {harness})",
+            if domain == "qa" { 2 } else { 1 }
+        );
+        assert!(out.contains(&line), "{out}");
+        let dir = std::fs::read_dir(home.path().join("models"))
+            .expect("models")
+            .map(|entry| entry.expect("entry").path())
+            .find(|path| {
+                path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("base-v1-{domain}-seed3-")))
+            })
+            .expect("the domain's model directory");
+        let summary = pretrain::read_summary(&dir).expect("summary");
+        assert_eq!(summary.eval.prompt, format!("harness {harness}"));
+        assert!(summary.eval.per_task.iter().all(|task| task.rewards.len() == 2 && !task.gold.is_empty()));
+    }
+}
+
 fn sft_line(question: &str, answer: &str) -> String {
     serde_json::json!({"messages": [{"role": "user", "content": question}], "completion": answer}).to_string()
 }

@@ -88,6 +88,8 @@ pub(crate) fn tokenize(text: &str) -> Vec<Token> {
                         name.push(next);
                         chars.next();
                     }
+                    // As in TeX, spaces after a control word are not text: `\text {cm}`.
+                    while chars.next_if(|n| n.is_whitespace()).is_some() {}
                     Token::Command(name)
                 }
                 Some(other) if other.is_whitespace() => Token::Command(" ".into()),
@@ -417,6 +419,8 @@ mod tests {
         assert_eq!(canon("106°"), "106");
         assert_eq!(canon(r"15\mbox{ cm}^2"), "15");
         assert_eq!(canon(r"5.4 \text{ cents}"), "5.4");
+        assert_eq!(canon(r"8\sqrt{3} \text { square inches}"), r"8\sqrt{3}");
+        assert_eq!(canon(r"\frac {1} {2}"), canon(r"\frac{1}{2}"));
         assert_eq!(canon(r"\frac{270}7\text{ degrees}"), r"\frac{270}{7}");
         assert_eq!(canon("10 cm"), "10");
         assert_eq!(canon(r"\text{(C)}"), "(C)");

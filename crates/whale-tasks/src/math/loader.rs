@@ -133,20 +133,20 @@ impl Record<'_> {
     }
 }
 
-/// MATH-style `{problem, solution, [answer], [subject|type], [level]}`.
+/// MATH-style `{problem, [solution], [answer], [subject|type], [level]}`: the answer is
+/// `answer` (text, or a number as AIME sets give it), else the last `\boxed{}` of `solution`.
 fn math_payload(record: &Record) -> Result<Value, RecordError> {
     let question = record.string("problem")?;
-    let solution = record.string("solution")?;
-    let (answer, source) = match record.optional_string("answer")? {
-        Some(answer) => (answer.to_string(), "math500"),
-        None => {
-            let boxed = last_boxed(solution).map(str::trim).filter(|a| !a.is_empty());
-            let answer =
-                boxed.ok_or_else(|| record.error("solution", "has no \\boxed{...} answer (and no `answer` field)"))?;
-            (answer.to_string(), "math")
-        }
+    let solution = record.optional_string("solution")?;
+    let (answer, source) = match record.fields.get("answer") {
+        Some(Value::Number(n)) => (n.to_string(), "math500"),
+        Some(Value::Null) | None => (boxed_answer(record, solution)?, "math"),
+        Some(_) => (record.string("answer")?.trim().to_string(), "math500"),
     };
-    let mut payload = json!({"question": question, "answer": answer, "source": source, "solution": solution});
+    let mut payload = json!({"question": question, "answer": answer, "source": source});
+    if let Some(solution) = solution {
+        payload["solution"] = json!(solution);
+    }
     let subject = match record.optional_string("subject")? {
         Some(subject) => Some(subject),
         None => record.optional_string("type")?,
@@ -158,6 +158,17 @@ fn math_payload(record: &Record) -> Result<Value, RecordError> {
         payload["level"] = level;
     }
     Ok(payload)
+}
+
+/// The last `\boxed{}` of the solution, for a MATH record without an `answer` field.
+fn boxed_answer(record: &Record, solution: Option<&str>) -> Result<String, RecordError> {
+    let Some(solution) = solution else {
+        return Err(record.error("answer", "missing, and there is no `solution` to read a \\boxed{} answer from"));
+    };
+    let boxed = last_boxed(solution).map(str::trim).filter(|a| !a.is_empty());
+    boxed
+        .map(str::to_string)
+        .ok_or_else(|| record.error("solution", "has no \\boxed{...} answer (and no `answer` field)"))
 }
 
 /// `{question, answer}`: GSM8K when the answer is a worked solution ending in `#### x`,

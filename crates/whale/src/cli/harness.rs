@@ -65,8 +65,8 @@ pub enum HarnessCommand {
 
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// A model directory in the Hugging Face layout (default: the base model, trained on
-    /// first use).
+    /// A model directory in the Hugging Face layout (default: the base model of the harness's
+    /// domain, trained on first use).
     #[arg(long)]
     model: Option<PathBuf>,
 }
@@ -123,7 +123,7 @@ pub fn run(command: HarnessCommand) -> Result<ExitCode> {
         HarnessCommand::Run(args) => run_harness(&args),
         HarnessCommand::Bench { model, runtime_rollouts, model_rollouts } => {
             let settings = BenchSettings { runtime_rollouts, model_rollouts, ..BenchSettings::default() };
-            let policy = load_policy(&model)?;
+            let policy = load_policy(&model, Domain::Math)?;
             print_bench(&harness_bench::run(policy, &settings)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -176,10 +176,12 @@ fn resolve(argument: &str, domain: Option<Domain>) -> Result<NamedHarness> {
     Ok(NamedHarness { harness: stock.harness(), display: format!("{}.js", stock.name), domain: stock.domain })
 }
 
-fn load_policy(args: &ModelArgs) -> Result<Arc<dyn Policy>> {
+/// The model of `--model`, else the base model that serves `domain`.
+fn load_policy(args: &ModelArgs, domain: Domain) -> Result<Arc<dyn Policy>> {
     let dir = match &args.model {
         Some(dir) => dir.clone(),
-        None => whale_pretrain::ensure_base_model().context("cannot prepare the default base model")?,
+        None => whale_pretrain::ensure_base_model(domain)
+            .with_context(|| format!("cannot prepare the {domain} base model"))?,
     };
     let policy = LocalPolicy::load(&dir, DType::F32, &Device::Cpu, EngineConfig::default())
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
@@ -199,7 +201,8 @@ fn check(argument: &str, domain: Option<Domain>, model: &ModelArgs, seed: u64) -
     let tasks = named.domain.generate(SMOKE_TASKS, seed, 1);
     let environment = evaluate::environment(named.domain, &tasks, None, None)?;
     let settings = EvalSettings { k: 1, seed, limits, ..EvalSettings::default() };
-    let run = evaluate::evaluate(&named.harness, &environment, &tasks, load_policy(model)?, &settings, None)?;
+    let run =
+        evaluate::evaluate(&named.harness, &environment, &tasks, load_policy(model, named.domain)?, &settings, None)?;
     let mut failed = false;
     for (task, trajectory) in tasks.iter().zip(&run.trajectories) {
         match &trajectory.error {
@@ -251,7 +254,7 @@ fn run_harness(args: &RunArgs) -> Result<ExitCode> {
     }
     let tasks = load_tasks(args, named.domain)?;
     let environment = evaluate::environment(named.domain, &tasks, args.corpus.as_deref(), args.index.as_deref())?;
-    let policy = load_policy(&args.model)?;
+    let policy = load_policy(&args.model, named.domain)?;
     let model = policy.name();
     let settings =
         EvalSettings { k: args.k, seed: args.seed, threads: args.threads, progress: true, ..Default::default() };

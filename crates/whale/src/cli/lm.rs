@@ -5,16 +5,21 @@ use anyhow::{Context, Result};
 use clap::Subcommand;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use whale_core::Domain;
 use whale_lm::LoraConfig;
 use whale_pretrain::eval::{self, EvalSpec};
 use whale_pretrain::{self as pretrain, PretrainConfig, PretrainOptions, PretrainOutcome, SizeName};
 
 #[derive(Debug, Subcommand)]
 pub enum LmCommand {
-    /// Train the default base model on the synthetic corpus and cache it in
+    /// Train a domain's base model on its synthetic corpus and cache it in
     /// $WHALE_HOME/models (default ~/.cache/whale). Reuses a cached model, resumes an
-    /// interrupted run from its last checkpoint, and prints mean@8 on held-out math tasks.
+    /// interrupted run from its last checkpoint, and prints mean@8 on held-out tasks of the
+    /// domain under its starting harness (math/plain, chess/plain, qa/search).
     Pretrain {
+        /// The domain the model serves: math (the demo's), chess or qa.
+        #[arg(long, default_value_t = Domain::Math)]
+        domain: Domain,
         #[arg(long, default_value_t = pretrain::DEFAULT_SEED)]
         seed: u64,
         /// Retrain even if the model is cached.
@@ -62,18 +67,23 @@ pub enum LmCommand {
         #[arg(long)]
         adapter: Option<PathBuf>,
     },
-    /// Measure mean@k of a model on generated math tasks with the plain one-call prompt
-    /// ("<question>\nGive the final answer after ####."), as pretraining does.
+    /// Measure mean@k of a model on generated tasks of a domain, as pretraining does: math with
+    /// the plain one-call prompt ("<question>\nGive the final answer after ####."), chess and
+    /// qa with their starting harness (chess/plain, qa/search).
     Eval {
-        /// A checkpoint directory (default: the base model, pretrained first if needed).
+        /// A checkpoint directory (default: the domain's base model, pretrained first if needed).
         #[arg(long)]
         model: Option<PathBuf>,
+        #[arg(long, default_value_t = Domain::Math)]
+        domain: Domain,
         #[arg(long, default_value_t = EvalSpec::default().tasks)]
         tasks: usize,
         #[arg(long, default_value_t = EvalSpec::default().samples)]
         samples: usize,
-        #[arg(long, default_value_t = EvalSpec::default().difficulty)]
-        difficulty: u32,
+        /// Generator difficulty (default: pretraining's for the domain: 1 for math and chess,
+        /// 2 for qa).
+        #[arg(long)]
+        difficulty: Option<u32>,
         /// Generator seed of the tasks (default: pretraining's held-out tasks).
         #[arg(long, default_value_t = EvalSpec::default().seed)]
         seed: u64,
@@ -158,8 +168,18 @@ pub enum LmCommand {
 
 pub fn run(command: LmCommand) -> Result<ExitCode> {
     match command {
-        LmCommand::Pretrain { seed, force, steps, size, conversations, eval_tasks, eval_samples, stop_after } => {
-            let mut config = PretrainConfig::default_for_seed(seed);
+        LmCommand::Pretrain {
+            domain,
+            seed,
+            force,
+            steps,
+            size,
+            conversations,
+            eval_tasks,
+            eval_samples,
+            stop_after,
+        } => {
+            let mut config = PretrainConfig::for_domain(domain, seed);
             config.steps = steps.unwrap_or(config.steps);
             config.size = size.unwrap_or(config.size);
             config.corpus.conversations = conversations.unwrap_or(config.corpus.conversations);
@@ -171,7 +191,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
         LmCommand::Generate { model, prompt, n, max_tokens, temperature, seed, raw, adapter } => {
             let dir = match model {
                 Some(dir) => dir,
-                None => pretrain::ensure_base_model()?,
+                None => pretrain::ensure_base_model(Domain::Math)?,
             };
             let settings = GenerateSettings { n, max_tokens, temperature, seed, raw, adapter };
             for (i, completion) in lm::generate(&dir, &prompt, &settings)?.iter().enumerate() {
@@ -181,18 +201,21 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        LmCommand::Eval { model, tasks, samples, difficulty, seed } => {
+        LmCommand::Eval { model, domain, tasks, samples, difficulty, seed } => {
             let dir = match model {
                 Some(dir) => dir,
-                None => pretrain::ensure_base_model()?,
+                None => pretrain::ensure_base_model(domain)?,
             };
-            let spec = EvalSpec { tasks, samples, difficulty, seed, ..EvalSpec::default() };
+            let defaults = EvalSpec::for_domain(domain);
+            let difficulty = difficulty.unwrap_or(defaults.difficulty);
+            let spec = EvalSpec { tasks, samples, difficulty, seed, ..defaults };
             let report = eval::evaluate_dir(&dir, &spec, &eval::tasks(&spec))?;
             let scores = &report.scores;
             println!(
-                "{}: {} math tasks (difficulty {difficulty}) x {samples} samples in {:.0}s",
+                "{}: {} {domain} tasks (difficulty {difficulty}) x {samples} samples with {} in {:.0}s",
                 dir.display(),
                 scores.tasks,
+                report.prompt,
                 report.seconds
             );
             println!("mean@{samples} {}  pass@{samples} {}  maj@{samples} {}", scores.mean, scores.pass, scores.maj);
@@ -202,7 +225,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             let model_dir = match (model, random) {
                 (_, true) => None,
                 (Some(dir), false) => Some(dir),
-                (None, false) => Some(pretrain::ensure_base_model()?),
+                (None, false) => Some(pretrain::ensure_base_model(Domain::Math)?),
             };
             let config = whale_lm::BenchConfig { model_dir, ..whale_lm::BenchConfig::default() };
             print!("{}", whale_lm::run_bench(&config, &candle_core::Device::Cpu)?);
@@ -268,12 +291,26 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
     }
 }
 
+/// `mean@8 on 64 chess tasks (difficulty 1, harness chess/plain): ...   pass@8: ...`
+fn eval_line(eval: &eval::EvalReport) -> String {
+    let how = eval.prompt.strip_prefix("harness ").map_or("plain prompt".to_string(), |name| format!("harness {name}"));
+    format!(
+        "mean@{k} on {} {} tasks (difficulty {}, {how}): {}   pass@{k}: {}",
+        eval.spec.tasks,
+        eval.spec.domain,
+        eval.spec.difficulty,
+        eval.scores.mean,
+        eval.scores.pass,
+        k = eval.spec.samples,
+    )
+}
+
 fn print_pretrain(outcome: &PretrainOutcome) -> Result<ExitCode> {
     match outcome {
         PretrainOutcome::Reused { dir } => {
             println!("base model already trained: {}", dir.display());
             let eval = pretrain::read_summary(dir)?.eval;
-            println!("mean@{} on {} math tasks: {}", eval.spec.samples, eval.spec.tasks, eval.scores.mean);
+            println!("{}", eval_line(&eval));
         }
         PretrainOutcome::Trained { dir, summary } => {
             let eval = &summary.eval;
@@ -282,14 +319,7 @@ fn print_pretrain(outcome: &PretrainOutcome) -> Result<ExitCode> {
                 summary.steps, summary.parameters, summary.train_seconds, summary.eval_seconds, summary.final_loss
             );
             println!("model: {}", dir.display());
-            println!(
-                "mean@{k} on {} math tasks (difficulty {}, plain prompt): {}   pass@{k}: {}",
-                eval.spec.tasks,
-                eval.spec.difficulty,
-                eval.scores.mean,
-                eval.scores.pass,
-                k = eval.spec.samples,
-            );
+            println!("{}", eval_line(eval));
         }
         PretrainOutcome::Stopped { step } => println!("stopped after step {step}; run again to resume"),
     }

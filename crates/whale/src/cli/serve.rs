@@ -100,7 +100,7 @@ fn cached_base_model() -> Option<PathBuf> {
 fn serve(options: ServeOptions) -> Result<ExitCode> {
     let dir = match options.model {
         Some(dir) => dir,
-        None => pretrain::ensure_base_model()?,
+        None => pretrain::ensure_base_model(whale_core::Domain::Math)?,
     };
     let device = match options.device.as_str() {
         "cpu" => Device::Cpu,
