@@ -6,8 +6,9 @@
 //! request, formats of the worked answer (`####`, `\boxed{}`, "The answer is", step lists,
 //! GSM8K `<<a*b=c>>` annotations), multi-turn tool transcripts (a calculator for math, a search
 //! tool for QA, move-by-move play for chess) — so harness search has real alternatives to
-//! choose between. Math dominates because the default demo is math; chess and QA are present
-//! so that every domain has a starting point. Everything is a pure function of the seed.
+//! choose between. In the math model's corpus math dominates, with a little chess and QA; the
+//! chess and QA models' corpora hold their own domain only, with the extended styles
+//! ([`CorpusSpec::extended_styles`]). Everything is a pure function of the seed.
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
