@@ -93,6 +93,10 @@ pub struct Evaluation {
     /// Rollouts that ended with an error, by error kind (`exception`, `call_limit`, ...).
     pub errors: BTreeMap<String, usize>,
     pub time: TimeSplit,
+    /// Each task's rewards and answer keys, in task order: what the scores were computed from,
+    /// and what paired comparisons of two evaluations on the same tasks need.
+    #[serde(skip)]
+    pub per_task: Vec<TaskSamples>,
     /// Every rollout, task by task, sample by sample.
     #[serde(skip)]
     pub trajectories: Vec<Trajectory>,
@@ -234,6 +238,7 @@ fn summarise(
         harness_id: harness.id.clone(),
         domain,
         scores: metrics::score(&samples, k),
+        per_task: samples,
         usage,
         errors,
         time,
@@ -249,7 +254,7 @@ pub fn error_kind_name(kind: ErrorKind) -> String {
 /// The rollout's answer in a form where equal answers are equal strings, for maj@k: math
 /// answers as exact numbers where they are numbers (`1,000.0` and `1000` vote together), QA
 /// answers SQuAD-normalised, chess answers as the moves played.
-pub fn answer_key(domain: Domain, trajectory: &Trajectory) -> Option<String> {
+fn answer_key(domain: Domain, trajectory: &Trajectory) -> Option<String> {
     let answer = trajectory.answer.as_ref()?;
     let key = match (domain, answer) {
         (Domain::Chess, serde_json::Value::Array(moves)) => {
@@ -334,6 +339,9 @@ mod tests {
         assert!((evaluation.scores.mean.value - (2.0 / 3.0) / 2.0).abs() < 1e-12);
         assert!((evaluation.scores.pass.value - 0.5).abs() < 1e-12);
         assert!((evaluation.scores.maj.value - 0.5).abs() < 1e-12);
+        let rewards: Vec<&[f64]> = evaluation.per_task.iter().map(|t| t.rewards.as_slice()).collect();
+        assert_eq!(rewards, [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]], "task by task, in order");
+        assert_eq!(evaluation.per_task[1].answers, [Some("9".to_string()), Some("9".to_string()), None]);
         assert_eq!(evaluation.usage.rollouts, 6);
         assert_eq!((evaluation.usage.prompt_tokens, evaluation.usage.completion_tokens), (60, 30));
         let errors: Vec<(&str, usize)> = evaluation.errors.iter().map(|(k, v)| (k.as_str(), *v)).collect();

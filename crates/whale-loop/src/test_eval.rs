@@ -107,11 +107,7 @@ impl TestSet<'_> {
             progress: self.progress,
         };
         let evaluation = evaluate(harness, self.environment, self.tasks, policy.clone(), &settings, None)?;
-        let task_means = evaluation
-            .trajectories
-            .chunks(self.k)
-            .map(|rollouts| rollouts.iter().map(|t| t.reward).sum::<f64>() / rollouts.len() as f64)
-            .collect();
+        let task_means = evaluation.per_task.iter().map(whale_core::metrics::task_mean).collect();
         Ok(EvalRecord {
             reason,
             harness_id: harness.id.clone(),

@@ -125,12 +125,12 @@ pub fn evaluate_harness(
     let run = scoring::evaluate(&harness, &environment, tasks, policy, &settings, None)?;
     let per_task: Vec<TaskResult> = tasks
         .iter()
-        .zip(run.trajectories.chunks(spec.samples))
-        .map(|(task, rollouts)| TaskResult {
+        .zip(run.per_task)
+        .map(|(task, samples)| TaskResult {
             id: task.id.clone(),
             gold: spec.domain.gold_actions(task).join(" "),
-            rewards: rollouts.iter().map(|t| t.reward).collect(),
-            answers: rollouts.iter().map(|t| scoring::answer_key(spec.domain, t)).collect(),
+            rewards: samples.rewards,
+            answers: samples.answers,
         })
         .collect();
     Ok(EvalReport {

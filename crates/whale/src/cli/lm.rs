@@ -293,7 +293,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
 
 /// `mean@8 on 64 chess tasks (difficulty 1, harness chess/plain): ...   pass@8: ...`
 fn eval_line(eval: &eval::EvalReport) -> String {
-    let how = eval.prompt.strip_prefix("harness ").map_or("plain prompt".to_string(), |name| format!("harness {name}"));
+    let how = if eval.prompt.starts_with("harness ") { eval.prompt.as_str() } else { "plain prompt" };
     format!(
         "mean@{k} on {} {} tasks (difficulty {}, {how}): {}   pass@{k}: {}",
         eval.spec.tasks,
