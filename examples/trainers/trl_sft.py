@@ -124,6 +124,8 @@ def read_samples(path):
 
 
 def prompt_completion(sample):
+    if "advantage" in sample:
+        raise ValueError("a policy-gradient sample (GRPO / RLOO): train these with pg_transformers.py")
     messages, trainable = sample["messages"], sample["trainable"]
     if not isinstance(messages, list) or not isinstance(trainable, list) or len(messages) != len(trainable):
         raise ValueError("`messages` and `trainable` must be lists of the same length")

@@ -16,4 +16,6 @@ pub use ledger::{Ledger, Purpose, Spend};
 pub use metrics::{Estimate, Scores, TaskSamples};
 pub use pareto::Objectives;
 pub use task::{Domain, Split, Task};
-pub use trajectory::{ChatMessage, ErrorKind, ModelCall, RolloutError, ToolCall, Trajectory, Verdict, WallTime};
+pub use trajectory::{
+    ChatMessage, ErrorKind, ModelCall, RolloutError, SampledTokens, ToolCall, Trajectory, Verdict, WallTime,
+};

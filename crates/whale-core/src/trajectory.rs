@@ -19,6 +19,14 @@ fn yes() -> bool {
     true
 }
 
+/// The tokens a policy sampled for one call, and the log-probability the sampling policy gave
+/// each (at temperature 1, over the whole vocabulary): what a policy-gradient update needs.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SampledTokens {
+    pub ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+}
+
 /// One call to the policy. Only `trainable` calls feed the weight phase.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelCall {
@@ -32,6 +40,10 @@ pub struct ModelCall {
     pub finish_reason: String,
     #[serde(default)]
     pub latency_ms: f64,
+    /// The sampled tokens, when the policy reported them. Kept in memory for the weight phase
+    /// and never written to traces, which people and the proposer read.
+    #[serde(skip)]
+    pub sampled: Option<SampledTokens>,
 }
 
 /// One call of a domain tool by the harness.
@@ -151,6 +163,7 @@ mod tests {
                 trainable: true,
                 finish_reason: "stop".into(),
                 latency_ms: 1.0,
+                sampled: None,
             }],
             tool_calls: vec![],
             order: vec![("model".into(), 0)],

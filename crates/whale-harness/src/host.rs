@@ -190,6 +190,7 @@ impl HostState {
             trainable: options.trainable,
             finish_reason: finish_reason.into(),
             latency_ms,
+            sampled: completion.sampled(),
         });
         Ok(json!({
             "text": completion.text,

@@ -150,8 +150,15 @@ fn finished_trajectories_stream_to_the_sink_as_json_lines() {
         BufReader::new(file).lines().map(|line| serde_json::from_str(&line.unwrap()).unwrap()).collect();
     assert_eq!(streamed.len(), returned.len());
     streamed.sort_by_key(|t| t.seed);
-    let streamed: Vec<Trajectory> = streamed.into_iter().map(untimed).collect();
-    let returned: Vec<Trajectory> = returned.into_iter().map(untimed).collect();
+    let calls = |ts: &[Trajectory]| ts.iter().flat_map(|t| t.model_calls.clone()).collect::<Vec<_>>();
+    assert!(calls(&returned).iter().all(|c| c.sampled.is_some()), "the returned calls carry their sampled tokens");
+    assert!(calls(&streamed).iter().all(|c| c.sampled.is_none()), "the lines do not: traces stay readable");
+    let without_tokens = |mut t: Trajectory| {
+        t.model_calls.iter_mut().for_each(|c| c.sampled = None);
+        untimed(t)
+    };
+    let streamed: Vec<Trajectory> = streamed.into_iter().map(without_tokens).collect();
+    let returned: Vec<Trajectory> = returned.into_iter().map(without_tokens).collect();
     assert!(streamed == returned, "the returned vector is in job order, which these seeds follow");
 }
 

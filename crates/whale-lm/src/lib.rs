@@ -22,6 +22,10 @@
 //!   [`model::Qwen3Model::packed_hidden`] (each micro-batch's sequences end to end, no padding),
 //!   and updates the shared weights in place with AdamW,
 //!   so every clone of the model (the one the rollout engine holds included) sees them.
+//! - Policy gradient (GRPO, RLOO): the caller passes sampled completions with their advantage
+//!   and the log-probabilities recorded at sampling ([`policy_gradient::PgExample`]);
+//!   [`train::SftTrainer::policy_gradient_step`] takes one update on PPO's clipped surrogate,
+//!   with the same micro-batching, clipping and AdamW as the supervised step.
 //! - [`train::SftTrainer::save`] writes a Hugging Face checkpoint plus the optimizer state;
 //!   [`train::SftTrainer::resume`] continues from it exactly.
 //! - LoRA: a [`lora::LoraAdapter`] holds low-rank matrices under PEFT's tensor names in its own
@@ -46,6 +50,7 @@ mod kernels;
 pub mod lora;
 pub mod model;
 pub mod policy;
+pub mod policy_gradient;
 pub mod remote;
 pub mod runtime;
 pub mod sampling;
@@ -62,6 +67,7 @@ pub use engine::{EngineConfig, EngineError, EngineStats, LocalPolicy};
 pub use lora::{LoraAdapter, LoraConfig, LoraError, LoraTarget};
 pub use model::{KvCache, ModelError, Qwen3Model, SeqStep};
 pub use policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+pub use policy_gradient::{completion_logprobs, PgExample, PgObjective, PgStepStats};
 pub use remote::{RemoteConfig, RemoteError, RemotePolicy};
 pub use sampling::{SampledToken, Sampler, SamplingParams};
 pub use tokenizer::{SpecialTokens, TextStream, Tokenizer, TokenizerError};

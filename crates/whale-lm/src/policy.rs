@@ -4,7 +4,7 @@
 //! scheduling never changes what a rollout samples.
 
 use serde::{Deserialize, Serialize};
-use whale_core::{ChatMessage, ModelCall};
+use whale_core::{ChatMessage, ModelCall, SampledTokens};
 
 use crate::chat_template::ChatTemplateError;
 use crate::sampling::{SamplingError, SamplingParams};
@@ -55,6 +55,13 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// The sampled tokens with their log-probabilities; `None` when the policy did not report
+    /// one log-probability per token (a server that returns neither, or not both).
+    pub fn sampled(&self) -> Option<SampledTokens> {
+        (!self.token_ids.is_empty() && self.token_ids.len() == self.logprobs.len())
+            .then(|| SampledTokens { ids: self.token_ids.clone(), logprobs: self.logprobs.clone() })
+    }
+
     /// The trace record of this call (trainable, as every policy call is by default).
     pub fn model_call(&self, messages: Vec<ChatMessage>, latency_ms: f64) -> ModelCall {
         ModelCall {
@@ -65,6 +72,7 @@ impl Completion {
             trainable: true,
             finish_reason: self.finish_reason.as_str().to_string(),
             latency_ms,
+            sampled: self.sampled(),
         }
     }
 }
@@ -137,6 +145,8 @@ mod tests {
         assert_eq!((call.prompt_tokens, call.completion_tokens), (15, 3));
         assert_eq!(call.finish_reason, "length");
         assert!(call.trainable);
+        let sampled = call.sampled.expect("tokens and log-probabilities");
+        assert_eq!((sampled.ids, sampled.logprobs), (vec![7, 9, 2], vec![-0.1, -0.2, -0.01]));
         assert_eq!(serde_json::to_string(&FinishReason::Stop).expect("json"), "\"stop\"");
     }
 }

@@ -247,6 +247,12 @@ impl SftBatch {
 /// The rows' real tokens run packed end to end ([`Qwen3Model::packed_hidden`]: no padding
 /// reaches a product) and only scored positions reach the LM head.
 pub fn completion_loss(model: &Qwen3Model, batch: &SftBatch) -> Result<Tensor, TrainError> {
+    Ok(scored_cross_entropy(model, batch)?.sum_all()?)
+}
+
+/// The cross-entropy (f32, differentiable) of each scored position of a batch, in row-major
+/// order: row by row, and within a row, completion token by completion token.
+pub fn scored_cross_entropy(model: &Qwen3Model, batch: &SftBatch) -> Result<Tensor, TrainError> {
     batch.check(model.config().vocab_size)?;
     let packing = Packing::of_padded(&batch.input_ids, batch.steps, |at| batch.attention_mask[at] != 0);
     let scored = (0..batch.rows * batch.steps).filter(|&at| batch.loss_mask[at]);
@@ -260,7 +266,7 @@ pub fn completion_loss(model: &Qwen3Model, batch: &SftBatch) -> Result<Tensor, T
         .packed_hidden(&packing.sequence_slices())?
         .index_select(&Tensor::from_vec(rows, count, model.device())?, 0)?;
     let logits = model.logits(&hidden)?;
-    Ok(kernels::cross_entropy(&logits, &targets)?.sum_all()?)
+    Ok(kernels::cross_entropy(&logits, &targets)?)
 }
 
 /// What one update did.
@@ -479,12 +485,38 @@ impl SftTrainer {
         if tokens == 0 {
             return Err(TrainError::NoTrainableTokens);
         }
-        let mut grads: Vec<Option<Tensor>> = vec![None; self.params.len()];
         let mut loss_sum = 0.0;
-        for (index, batch) in batches.iter().filter(|batch| batch.tokens() > 0).enumerate() {
-            let model = self.model.with_dropout(dropout_seed(self.state.step, index));
-            let summed = completion_loss(&model, batch)?;
+        let scored = batches.iter().filter(|batch| batch.tokens() > 0);
+        let grads = self.gradients(scored, tokens, |model, batch| {
+            let summed = completion_loss(model, batch)?;
             loss_sum += f64::from(summed.to_scalar::<f32>()?);
+            Ok(summed)
+        })?;
+        let loss = loss_sum / tokens as f64;
+        let (learning_rate, grad_norm) = self.update(&grads, loss, tokens, examples.len())?;
+        Ok(StepStats {
+            loss,
+            tokens,
+            examples: examples.len(),
+            truncated,
+            learning_rate,
+            grad_norm,
+            step: self.state.step,
+        })
+    }
+
+    /// The gradients of `Σ loss(micro-batch) / tokens` over the parameters, one backward pass
+    /// per micro-batch, each through the model of its pass (its own dropout masks).
+    pub(crate) fn gradients<B>(
+        &self,
+        micro_batches: impl Iterator<Item = B>,
+        tokens: usize,
+        mut loss: impl FnMut(&Qwen3Model, B) -> Result<Tensor, TrainError>,
+    ) -> Result<Vec<Option<Tensor>>, TrainError> {
+        let mut grads: Vec<Option<Tensor>> = vec![None; self.params.len()];
+        for (index, batch) in micro_batches.enumerate() {
+            let model = self.model.with_dropout(dropout_seed(self.state.step, index));
+            let summed = loss(&model, batch)?;
             let store = (summed / tokens as f64)?.backward()?;
             for ((_, var), total) in self.params.iter().zip(grads.iter_mut()) {
                 if let Some(grad) = store.get(var) {
@@ -496,8 +528,20 @@ impl SftTrainer {
                 }
             }
         }
-        let loss = loss_sum / tokens as f64;
-        let grad_norm = global_norm(&grads)?;
+        Ok(grads)
+    }
+
+    /// One AdamW update with the clipped `grads`, counted in the state; returns the learning
+    /// rate and the gradient norm before clipping. Touches nothing when the loss or the norm
+    /// is not finite.
+    pub(crate) fn update(
+        &mut self,
+        grads: &[Option<Tensor>],
+        loss: f64,
+        tokens: usize,
+        examples: usize,
+    ) -> Result<(f64, f64), TrainError> {
+        let grad_norm = global_norm(grads)?;
         if !grad_norm.is_finite() || !loss.is_finite() {
             return Err(TrainError::NonFinite { loss, grad_norm });
         }
@@ -506,19 +550,11 @@ impl SftTrainer {
             _ => 1.0,
         };
         let learning_rate = self.config.learning_rate_at(self.state.step);
-        self.apply_adamw(&grads, clip_scale, learning_rate)?;
+        self.apply_adamw(grads, clip_scale, learning_rate)?;
         self.state.step += 1;
         self.state.tokens_seen += tokens as u64;
-        self.state.examples_seen += examples.len() as u64;
-        Ok(StepStats {
-            loss,
-            tokens,
-            examples: examples.len(),
-            truncated,
-            learning_rate,
-            grad_norm,
-            step: self.state.step,
-        })
+        self.state.examples_seen += examples as u64;
+        Ok((learning_rate, grad_norm))
     }
 
     /// Mean loss per completion token of `examples` under the current weights, no update.

@@ -20,8 +20,9 @@ pub enum Condition {
     HarnessOnly,
     /// All weight steps first, then all search.
     Sequential,
-    /// Fixed alternation where each weight-step task is rolled out with a harness sampled
-    /// from a population of the best harnesses found so far.
+    /// Fast-Slow Training: fixed alternation where the slow weights learn by GRPO and each
+    /// weight-step task is rolled out with a harness drawn from a pool (the per-instance Pareto
+    /// frontier) of harnesses whose prompt text alone the search rewrites.
     FastSlow,
 }
 

@@ -176,16 +176,92 @@ impl Default for HarnessConfig {
     }
 }
 
-/// The weight phase: online rejection-sampling fine-tuning.
+/// How a weight step learns from its rollouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Online rejection-sampling fine-tuning: supervised passes over the rollouts above the
+    /// reward threshold (the paper's weight phase).
+    #[default]
+    Rft,
+    /// Group-relative policy optimisation: each rollout's advantage is its reward less its
+    /// group's mean (the k rollouts of one task), divided by the group's standard deviation.
+    Grpo,
+    /// REINFORCE leave-one-out: each rollout's advantage is its reward less the mean of the
+    /// other k - 1 rollouts of its task.
+    Rloo,
+}
+
+impl Algorithm {
+    pub fn is_policy_gradient(self) -> bool {
+        self != Algorithm::Rft
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Rft => "rft",
+            Algorithm::Grpo => "grpo",
+            Algorithm::Rloo => "rloo",
+        }
+    }
+}
+
+/// `[weights.policy_gradient]`: the settings of GRPO and RLOO.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyGradientConfig {
+    /// PPO's clip range: the ratio of new to sampling probability is clipped to
+    /// `[1 - clip_epsilon, 1 + clip_epsilon]`.
+    pub clip_epsilon: f64,
+    /// GRPO: divide the centred rewards by the group's standard deviation (false: Dr. GRPO's
+    /// unscaled advantages).
+    pub normalize_std: bool,
+    /// The weight of the k3 KL penalty to the run's starting weights; 0 turns it off (and
+    /// spares the reference model's pass).
+    pub kl_coef: f64,
+    /// Passes over a step's samples, each in mini-batches of `weights.mini_batch` (verl's
+    /// `ppo_epochs`).
+    pub epochs: usize,
+}
+
+impl Default for PolicyGradientConfig {
+    fn default() -> Self {
+        Self { clip_epsilon: 0.2, normalize_std: true, kl_coef: 0.0, epochs: 1 }
+    }
+}
+
+impl PolicyGradientConfig {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !(self.clip_epsilon > 0.0 && self.clip_epsilon < 1.0) {
+            return Err(("weights.policy_gradient.clip_epsilon", "must lie in (0, 1)".to_string()));
+        }
+        if !(self.kl_coef >= 0.0 && self.kl_coef.is_finite()) {
+            return Err(("weights.policy_gradient.kl_coef", "must be a number >= 0".to_string()));
+        }
+        if self.epochs == 0 {
+            return Err(("weights.policy_gradient.epochs", "must be positive".to_string()));
+        }
+        Ok(())
+    }
+}
+
+/// The weight phase: online RFT (the paper's) or a policy gradient, over fresh rollouts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WeightConfig {
+    /// `rft` (default), `grpo` or `rloo`.
+    #[serde(skip_serializing_if = "is_rft")]
+    pub algorithm: Algorithm,
+    /// `[weights.policy_gradient]`: used by `grpo` and `rloo`.
+    #[serde(skip_serializing_if = "is_default_policy_gradient")]
+    pub policy_gradient: PolicyGradientConfig,
     /// Training tasks drawn per step (B).
     pub tasks_per_step: usize,
     /// Fresh rollouts per task (k).
     pub rollouts_per_task: usize,
-    /// Rollouts with a reward strictly above this are kept (a negative threshold keeps every
-    /// rollout: plain self-distillation, useful to exercise training on an untrained model).
+    /// RFT: rollouts with a reward strictly above this are kept (a negative threshold keeps
+    /// every rollout: plain self-distillation, useful to exercise training on an untrained
+    /// model). Either algorithm: the kept rollouts are the examples the proposer is shown.
     pub reward_threshold: f64,
     /// Examples (trainable model calls) per optimizer update; one step is one pass over the
     /// kept examples in mini-batches of this size.
@@ -198,8 +274,9 @@ pub struct WeightConfig {
     pub max_grad_norm: f64,
     /// Examples longer than this (prompt plus completion) lose their end.
     pub max_seq_len: usize,
-    /// Leave out model calls cut off at `max_tokens`: a kept rollout's rambling reply would
-    /// teach the model to ramble (its replies grow step after step).
+    /// RFT: leave out model calls cut off at `max_tokens`: a kept rollout's rambling reply would
+    /// teach the model to ramble (its replies grow step after step). A policy gradient trains
+    /// on them, with their rollout's advantage.
     pub skip_truncated: bool,
     /// Write a full checkpoint (weights and optimizer) every this many weight steps; the steps
     /// in between are replayed from their journal on resume.
@@ -215,9 +292,19 @@ pub struct WeightConfig {
     pub trainer: Option<TrainerCommandConfig>,
 }
 
+fn is_rft(algorithm: &Algorithm) -> bool {
+    *algorithm == Algorithm::Rft
+}
+
+fn is_default_policy_gradient(config: &PolicyGradientConfig) -> bool {
+    *config == PolicyGradientConfig::default()
+}
+
 impl Default for WeightConfig {
     fn default() -> Self {
         Self {
+            algorithm: Algorithm::Rft,
+            policy_gradient: PolicyGradientConfig::default(),
             tasks_per_step: 16,
             rollouts_per_task: 4,
             reward_threshold: 0.5,
@@ -430,6 +517,15 @@ impl RunConfig {
         }
     }
 
+    /// The config a run of its condition runs: fast-slow trains its slow weights with a policy
+    /// gradient, as Fast-Slow Training does (GRPO where the config says RFT; RLOO stays).
+    pub fn for_condition(mut self) -> Self {
+        if self.condition == Condition::FastSlow && self.weights.algorithm == Algorithm::Rft {
+            self.weights.algorithm = Algorithm::Grpo;
+        }
+        self
+    }
+
     /// Checks ranges and cross-field rules; the error names the key at fault.
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         let positive = [
@@ -472,6 +568,12 @@ impl RunConfig {
         }
         if !(self.weights.learning_rate > 0.0 && self.weights.learning_rate.is_finite()) {
             return Err(("weights.learning_rate", "must be a positive number".to_string()));
+        }
+        self.weights.policy_gradient.validate()?;
+        if self.weights.algorithm.is_policy_gradient() && self.weights.rollouts_per_task < 2 {
+            let reason =
+                format!("{} compares the rollouts of a task: needs at least 2", self.weights.algorithm.as_str());
+            return Err(("weights.rollouts_per_task", reason));
         }
         if let Some(lora) = &self.weights.lora {
             lora.validate().map_err(|error| ("weights.lora", error.to_string()))?;

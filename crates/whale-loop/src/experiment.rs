@@ -16,13 +16,14 @@ use crate::condition::Condition;
 use crate::config::RunConfig;
 use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE};
 use crate::scale_out::external_weights::{
-    ExternalTrainer, ExternalWeightsError, RolloutRecord, Sample, StepFiles, Update, WeightsTarget,
+    policy_gradient_samples, ExternalTrainer, ExternalWeightsError, RolloutRecord, Sample, StepFiles, Update,
+    WeightsTarget,
 };
 use crate::scale_out::server::{ServedPolicy, ServerAdmin, ServerConfig};
 use crate::schedule::{Outcome, Phase, Plan, Scheduler, Spent};
-use crate::search_phase::{iteration_row, open_search, ranking, SearchPhaseError, SearchRollouts};
+use crate::search_phase::{self, iteration_row, open_search, SearchPhaseError, SearchRollouts};
 use crate::test_eval::{EvalReason, EvalRecord, EvalSchedule, TestSet};
-use crate::weight_phase::{self, StepJournal, StepReport, WeightPhase, WeightPhaseError};
+use crate::weight_phase::{self, PassStats, StepJournal, StepReport, WeightPhase, WeightPhaseError};
 use candle_core::{DType, Device};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -31,10 +32,36 @@ use std::time::Instant;
 use whale_core::{Ledger, Purpose, Spend, Task, Trajectory};
 use whale_harness::scoring::{environment, EvaluateError};
 use whale_harness::{stock_harness, validate, Harness};
-use whale_lm::{EngineConfig, LocalPolicy, Policy, SftTrainer};
+use whale_lm::{load_model, EngineConfig, LocalPolicy, Policy, Qwen3Model, SftTrainer};
 use whale_search::HarnessSearch;
 use whale_tasks::split::{split, SplitSizes, Splits};
 use whale_tasks::{DomainTasks, Environment};
+
+/// The line a weight step prints: RFT's kept share, or a policy gradient's signal, clipping
+/// and KL.
+fn step_line(report: &StepReport) -> String {
+    let loss = report.loss.map_or("-".to_string(), |l| format!("{l:.3}"));
+    let head = format!("weight step {}: reward {:.3}", report.step, report.reward_mean);
+    let Some(pg) = &report.policy_gradient else {
+        return format!(
+            "{head}, kept {}/{} ({:.0}%), {} updates, loss {loss}",
+            report.kept,
+            report.rollouts,
+            100.0 * report.acceptance_rate,
+            report.updates
+        );
+    };
+    let optional = |value: Option<f64>| value.map_or("-".to_string(), |v| format!("{v:.3}"));
+    format!(
+        "{head}, {}/{} tasks with signal, |advantage| {:.3}, {} updates, loss {loss}, clipped {}, KL {}",
+        pg.groups - pg.zero_signal_groups,
+        pg.groups,
+        pg.advantage_abs_mean,
+        report.updates,
+        optional(pg.clip_fraction),
+        optional(pg.kl)
+    )
+}
 
 /// Kept rollouts of the last weight step offered to the proposer as few-shot material.
 const EXAMPLES_KEPT: usize = 16;
@@ -173,7 +200,7 @@ fn local_model(config: &RunConfig) -> Result<Model, ExperimentError> {
             };
             (engine, Weights::External(Box::new(external)))
         }
-        None => (engine.clone(), Weights::InProcess { engine, trainer: None }),
+        None => (engine.clone(), Weights::InProcess { engine, trainer: None, reference: None }),
     };
     Ok(Model { policy, weights, base_model: model_dir })
 }
@@ -206,7 +233,8 @@ fn served_model(config: &RunConfig, server: &ServerConfig) -> Result<Model, Expe
 enum Weights {
     /// The in-process trainer on the in-process engine's model (none before it is restored,
     /// and none for harness-only).
-    InProcess { engine: Arc<LocalPolicy>, trainer: Option<Box<SftTrainer>> },
+    /// `reference` is the starting weights, kept for a policy gradient's KL penalty.
+    InProcess { engine: Arc<LocalPolicy>, trainer: Option<Box<SftTrainer>>, reference: Option<Box<Qwen3Model>> },
     /// The `[weights.trainer]` command.
     External(Box<ExternalTrainer>),
     /// Never: the served weights of a harness-only run on a `[server]` without a trainer.
@@ -264,6 +292,7 @@ impl Experiment {
         verbosity: Verbosity,
         base_evals: Vec<EvalMemo>,
     ) -> Result<Self, ExperimentError> {
+        let config = config.for_condition();
         let dir = RunDir::create(root)?;
         if dir.has_state() {
             return Err(ExperimentError::Exists(root.to_path_buf()));
@@ -377,10 +406,17 @@ impl Experiment {
         .map_err(|e| model_error(&e))?;
         for step in self.state.checkpoint_step + 1..=self.state.weight_steps {
             let journal: StepJournal = self.dir.read_journal(step)?;
-            weight_phase::apply(&mut trainer, &journal).map_err(|e| model_error(&e))?;
+            weight_phase::apply(&mut trainer, &journal, weights).map_err(|e| model_error(&e))?;
         }
         engine.set_weights_version(self.state.weights_version).map_err(|e| model_error(&e))?;
-        self.weights = Weights::InProcess { engine, trainer: Some(Box::new(trainer)) };
+        let reference = if weights.algorithm.is_policy_gradient() && weights.policy_gradient.kl_coef > 0.0 {
+            let model = load_model(&self.base_model, dtype(&self.config), &device)
+                .map_err(|e| ExperimentError::Model(format!("{}: {e}", self.base_model.display())))?;
+            Some(Box::new(model))
+        } else {
+            None
+        };
+        self.weights = Weights::InProcess { engine, trainer: Some(Box::new(trainer)), reference };
         Ok(())
     }
 
@@ -537,15 +573,7 @@ impl Experiment {
                 wall_s: report.rollout_seconds + report.train_seconds,
             },
         );
-        self.say(format!(
-            "weight step {step}: reward {:.3}, kept {}/{} ({:.0}%), {} updates, loss {}",
-            report.reward_mean,
-            report.kept,
-            report.rollouts,
-            100.0 * report.acceptance_rate,
-            report.updates,
-            report.loss.map_or("-".to_string(), |l| format!("{l:.3}"))
-        ));
+        self.say(step_line(&report));
         let row = serde_json::to_value(&report).unwrap_or(Value::Null);
         self.commit_unit("weight_step", row, before)?;
         match (&self.weights, replaced) {
@@ -566,10 +594,10 @@ impl Experiment {
         let sampling = self.config.sampling.params();
         let phase =
             weight_phase(&self.config, &self.environment, &self.splits.train, &sampling, self.verbosity.progress);
-        let Weights::InProcess { engine, trainer: Some(trainer) } = &mut self.weights else {
+        let Weights::InProcess { engine, trainer: Some(trainer), reference } = &mut self.weights else {
             return Err(ExperimentError::Model("no trainer".to_string()));
         };
-        let (report, journal, kept) = phase.step(step, &harnesses, engine, trainer)?;
+        let (report, journal, kept) = phase.step(step, &harnesses, engine, trainer, reference.as_deref())?;
         self.dir.write_journal(step, &journal)?;
         if report.updates > 0 {
             self.state.weights_version += 1;
@@ -629,11 +657,21 @@ impl Experiment {
         let trajectories = phase.rollouts(step, &harnesses, &self.policy)?;
         let rollout_seconds = started.elapsed().as_secs_f64();
         let kept = weight_phase::kept(&trajectories, self.config.weights.reward_threshold);
-        let calls: Vec<_> = weight_phase::trained_calls(&kept, self.config.weights.skip_truncated).collect();
-        let trained_tokens = calls.iter().map(|call| call.completion_tokens).sum();
-        let samples = phase.training_order(step, calls.into_iter().map(Sample::from_call).collect());
+        let (samples, policy_gradient) = if self.config.weights.algorithm.is_policy_gradient() {
+            let signal = phase.signal(&trajectories);
+            let samples = policy_gradient_samples(&trajectories, &signal, self.config.weights.rollouts_per_task)
+                .map_err(|task_id| WeightPhaseError::NoLogprobs { task_id })?;
+            let advantages: Vec<f64> = samples.iter().filter_map(|(s, _)| s.advantage).collect();
+            (samples, Some(signal.report(&advantages, &PassStats::default())))
+        } else {
+            let calls = weight_phase::trained_calls(&kept, self.config.weights.skip_truncated);
+            (calls.map(|call| (Sample::from_call(call), call.completion_tokens)).collect(), None)
+        };
+        let trained_tokens = samples.iter().map(|(_, tokens)| tokens).sum();
+        let samples = phase.training_order(step, samples.into_iter().map(|(sample, _)| sample).collect());
         let report = StepReport {
             trained_tokens,
+            policy_gradient,
             ..weight_phase::rollout_report(step, &trajectories, kept.len(), samples.len(), rollout_seconds)
         };
         let examples = kept.into_iter().take(EXAMPLES_KEPT).cloned().collect();
@@ -717,13 +755,17 @@ impl Experiment {
         self.commit_unit(kind, row, before)
     }
 
-    /// Fast-slow: the best `population` harnesses scored under the current weights.
+    /// Fast-slow: the per-instance Pareto frontier of the harnesses scored under the current
+    /// weights, at most `population` of them.
     fn refresh_population(&mut self) -> Result<(), ExperimentError> {
         if !self.state.condition.uses_population() {
             return Ok(());
         }
-        let ranked = ranking(self.search.archive(), self.policy.weights_version())?;
-        let population: Vec<String> = ranked.into_iter().take(self.config.search.population).map(|r| r.hash).collect();
+        let population = search_phase::population(
+            self.search.archive(),
+            self.policy.weights_version(),
+            self.config.search.population,
+        )?;
         if !population.is_empty() {
             self.state.population = population;
         }

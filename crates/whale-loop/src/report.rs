@@ -59,6 +59,13 @@ pub struct Series {
     pub finished: bool,
 }
 
+/// The weight-phase algorithm in a run's resolved config, if it names one.
+fn algorithm_of(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join(CONFIG_FILE)).ok()?;
+    let table: toml::Table = text.parse().ok()?;
+    Some(table.get("weights")?.get("algorithm")?.as_str()?.to_string())
+}
+
 impl Series {
     /// Reads the curve, boundaries and ledger of the run in `dir`.
     pub fn read(dir: &Path) -> Result<Self, ReportError> {
@@ -76,8 +83,12 @@ impl Series {
             .collect();
         let ledger =
             if dir.join(LEDGER_FILE).is_file() { read_json(&dir.join(LEDGER_FILE))? } else { Ledger::default() };
+        let label = match algorithm_of(dir) {
+            Some(algorithm) if algorithm != "rft" => format!("{}:{algorithm}", state.condition),
+            _ => state.condition.to_string(),
+        };
         Ok(Self {
-            label: state.condition.to_string(),
+            label,
             condition: Some(state.condition),
             dir: dir.to_path_buf(),
             points,
@@ -187,8 +198,9 @@ pub fn comparison(series: &[Series]) -> Vec<ComparisonRow> {
 /// The comparison as a plain-text table.
 pub fn table_text(rows: &[ComparisonRow]) -> String {
     let k = rows.iter().find_map(|r| r.last.as_ref().map(|p| p.k)).unwrap_or(8);
+    let width = rows.iter().map(|r| r.label.len()).max().unwrap_or(0).max(15);
     let mut out = format!(
-        "{:<15} {:>24} {:>24} {:>26} {:>8} {:>8} {:>9} {:>13}\n",
+        "{:<width$} {:>24} {:>24} {:>26} {:>8} {:>8} {:>9} {:>13}\n",
         "condition",
         format!("best mean@{k} [95% CI]"),
         format!("final mean@{k} [95% CI]"),
@@ -203,7 +215,7 @@ pub fn table_text(rows: &[ComparisonRow]) -> String {
         let last = row.last.as_ref();
         let _ = writeln!(
             out,
-            "{:<15} {:>24} {:>24} {:>26} {:>8} {:>8} {:>9} {:>13}",
+            "{:<width$} {:>24} {:>24} {:>26} {:>8} {:>8} {:>9} {:>13}",
             row.label,
             estimate(&row.best),
             estimate(&row.last),

@@ -18,8 +18,8 @@ use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, RolloutJob, RunOptions};
 use whale_lm::Policy;
 use whale_search::{
-    AgentProposer, Archive, ArchiveError, CommandProposer, Evaluator, EvaluatorError, HarnessSearch, MutateProposer,
-    Proposer, SearchConfig, SearchError, SummaryEvent,
+    instance_frontier, AgentProposer, Archive, ArchiveError, CommandProposer, Evaluator, EvaluatorError, HarnessSearch,
+    MutateProposer, Proposer, ScoreCard, SearchConfig, SearchError, SummaryEvent,
 };
 use whale_tasks::split::Splits;
 use whale_tasks::{DomainTasks, Environment};
@@ -68,6 +68,26 @@ pub fn ranking(archive: &Archive, version: u64) -> Result<Vec<Ranked>, ArchiveEr
         ranked.push(scored.remove(best));
     }
     Ok(ranked)
+}
+
+/// The fast-slow population under weights `version`: the per-instance Pareto frontier of the
+/// archive's scored candidates ([`instance_frontier`], at most `cap`), or, while no candidate
+/// solves any search task, the best of the [`ranking`].
+pub fn population(archive: &Archive, version: u64, cap: usize) -> Result<Vec<String>, ArchiveError> {
+    let mut cards: Vec<ScoreCard> = Vec::new();
+    for candidate in archive.candidates().filter(|c| c.meta.rejection.is_none()) {
+        if cards.iter().any(|card| card.hash == candidate.meta.hash) {
+            continue;
+        }
+        if let Some(card) = archive.scores(&candidate.meta.hash, version)? {
+            cards.push(card);
+        }
+    }
+    let frontier = instance_frontier(&cards, cap);
+    if frontier.is_empty() {
+        return Ok(ranking(archive, version)?.into_iter().take(cap).map(|r| r.hash).collect());
+    }
+    Ok(frontier.into_iter().map(|index| cards[index].hash.clone()).collect())
 }
 
 /// The row of archive iteration `iteration`, rebuilt from the archive's summary (so a run that
@@ -138,6 +158,7 @@ pub fn open_search(
         acceptance: config.search.acceptance,
         seed: config.seed,
         limits: config.harness.limits.clone(),
+        prompt_only: config.condition.uses_population(),
     };
     Ok(HarnessSearch::new(archive, config.tasks.domain, splits.search.clone(), proposer, search_config)?)
 }

@@ -1,11 +1,17 @@
-//! The weight phase: one step of online rejection-sampling fine-tuning (online RFT).
+//! The weight phase: one step of online rejection-sampling fine-tuning (online RFT), or of a
+//! policy gradient (GRPO, RLOO).
 //!
-//! A step draws B training tasks, runs k fresh rollouts of each under the current harness (or,
-//! for fast-slow, a harness drawn per task from the population), keeps the rollouts whose
-//! reward is above the threshold, and takes one supervised pass, in mini-batches, over the
-//! trainable model calls of the kept rollouts. Only the model's own completions are trained on:
-//! each call's messages (prompt, tool results, observations) become the prompt of an example,
-//! never a target. An empty kept set means no update.
+//! A step draws B training tasks and runs k fresh rollouts of each under the current harness
+//! (or, for fast-slow, a harness drawn per task from the population). RFT keeps the rollouts
+//! whose reward is above the threshold and takes one supervised pass, in mini-batches, over the
+//! trainable model calls of the kept rollouts. A policy gradient gives each rollout an
+//! advantage from the k rewards of its task, leaves out the tasks whose rollouts all scored
+//! the same (no signal), and takes `epochs` passes of clipped-surrogate updates over the
+//! trainable calls of the rest, their tokens as sampled, against the log-probabilities the
+//! step's starting weights give those tokens.
+//! Only the model's own completions are trained on: each call's messages (prompt, tool
+//! results, observations) become the prompt of an example, never a target. Nothing to train on
+//! means no update.
 //!
 //! Everything a step does is a function of (seed, step number, weights, harnesses), so a
 //! resumed run repeats it exactly; the examples of every update are returned as a
@@ -17,7 +23,7 @@
 //! weights just trained while the base stays untouched; checkpoints are then PEFT adapter
 //! directories ([`save_trainer`], [`resume_trainer`]).
 
-use crate::config::WeightConfig;
+use crate::config::{Algorithm, WeightConfig};
 use candle_core::Device;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -30,8 +36,8 @@ use whale_core::{ModelCall, Task, Trajectory};
 use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use whale_lm::{
-    EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LrSchedule, Policy, PolicyError, SamplingParams,
-    SftExample, SftTrainer, TrainError, TrainerConfig,
+    completion_logprobs, EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LrSchedule, PgExample, PgObjective,
+    Policy, PolicyError, Qwen3Model, SamplingParams, SftExample, SftTrainer, TrainError, TrainerConfig,
 };
 use whale_tasks::{DomainTasks, Environment, EnvironmentError};
 
@@ -57,6 +63,11 @@ pub enum WeightPhaseError {
     NoHarness,
     #[error("no training tasks")]
     NoTasks,
+    #[error(
+        "a policy gradient needs the sampled token ids and their log-probabilities, and the policy did not \
+         report them for a call of task {task_id} (a server must return `logprobs` and token ids)"
+    )]
+    NoLogprobs { task_id: String },
 }
 
 impl From<EngineError> for WeightPhaseError {
@@ -65,16 +76,39 @@ impl From<EngineError> for WeightPhaseError {
     }
 }
 
-/// One training example in the journal: token ids of the prompt and of the completion.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One training example in the journal: token ids of the prompt and of the completion and,
+/// for a policy gradient, the rollout's advantage and the log-probabilities of the sampling
+/// policy (and of the reference weights, with a KL penalty) per completion token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JournalExample {
     pub prompt: Vec<u32>,
     pub completion: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advantage: Option<f32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub behaviour: Vec<f32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reference: Vec<f32>,
 }
 
 impl JournalExample {
+    /// A supervised example: the completion is the target.
+    pub fn supervised(prompt: Vec<u32>, completion: Vec<u32>) -> Self {
+        Self { prompt, completion, advantage: None, behaviour: Vec::new(), reference: Vec::new() }
+    }
+
     fn to_example(&self) -> SftExample {
         SftExample { prompt: self.prompt.clone(), completion: self.completion.clone() }
+    }
+
+    fn to_pg_example(&self) -> PgExample {
+        PgExample {
+            prompt: self.prompt.clone(),
+            completion: self.completion.clone(),
+            advantage: self.advantage.unwrap_or(0.0),
+            behaviour: self.behaviour.clone(),
+            reference: self.reference.clone(),
+        }
     }
 }
 
@@ -83,6 +117,40 @@ impl JournalExample {
 pub struct StepJournal {
     pub step: u64,
     pub mini_batches: Vec<Vec<JournalExample>>,
+    /// Passes over the mini-batches (a policy gradient's `epochs`).
+    #[serde(default = "one_pass", skip_serializing_if = "is_one_pass")]
+    pub epochs: usize,
+}
+
+fn one_pass() -> usize {
+    1
+}
+
+fn is_one_pass(epochs: &usize) -> bool {
+    *epochs == 1
+}
+
+/// What a policy-gradient step did besides the common counts; part of its [`StepReport`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyGradientReport {
+    /// Tasks drawn (each a group of k rollouts).
+    pub groups: usize,
+    /// Groups whose rollouts all scored the same: no advantage, no gradient.
+    pub zero_signal_groups: usize,
+    /// Mean advantage and mean absolute advantage over the trained examples.
+    pub advantage_mean: f64,
+    pub advantage_abs_mean: f64,
+    /// Tokens whose clipped term won (no gradient), over all updates.
+    pub clip_fraction: Option<f64>,
+    /// Mean k3 estimate of KL(policy || starting weights) per token, with a KL penalty.
+    pub kl: Option<f64>,
+    /// The largest |ratio - 1| seen by an update (0 at a step's first update; later updates
+    /// and epochs are off-policy).
+    pub ratio_deviation: Option<f64>,
+    /// The largest `|p_trainer / p_sampler - 1|` over the sampled tokens, before any update:
+    /// how far the engine's log-probabilities are from the trainer's (float rounding only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler_deviation: Option<f64>,
 }
 
 /// What one weight step did; a row of `metrics.jsonl`.
@@ -110,6 +178,8 @@ pub struct StepReport {
     pub harnesses: Vec<(String, usize)>,
     pub rollout_seconds: f64,
     pub train_seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_gradient: Option<PolicyGradientReport>,
 }
 
 /// Everything a weight step needs besides the policy and the trainer.
@@ -206,14 +276,16 @@ impl WeightPhase<'_> {
             .collect()
     }
 
-    /// One step: rollouts, rejection, one SFT pass. The caller bumps the policy's weights
-    /// version when `report.updates > 0`.
+    /// One step: rollouts, then one RFT pass or the policy-gradient passes. `reference` is
+    /// the starting weights a KL penalty measures against. The caller bumps the policy's
+    /// weights version when `report.updates > 0`.
     pub fn step(
         &self,
         step: u64,
         population: &[Harness],
         policy: &Arc<LocalPolicy>,
         trainer: &mut SftTrainer,
+        reference: Option<&Qwen3Model>,
     ) -> Result<(StepReport, StepJournal, Vec<Trajectory>), WeightPhaseError> {
         if self.train.is_empty() {
             return Err(WeightPhaseError::NoTasks);
@@ -223,19 +295,43 @@ impl WeightPhase<'_> {
         let trajectories = self.rollouts(step, population, &rollout_policy)?;
         let rollout_seconds = started.elapsed().as_secs_f64();
         let kept = kept(&trajectories, self.config.reward_threshold);
-        let examples = training_examples(&kept, self.config.skip_truncated, |call| call_example(policy, call))?;
-        let journal = StepJournal { step, mini_batches: self.mini_batches(step, examples.clone()) };
+        let (examples, signal) = if self.config.algorithm.is_policy_gradient() {
+            let mut signal = self.signal(&trajectories);
+            let (mut examples, advantages) =
+                signal.examples(&trajectories, |call| policy.prompt_ids(&call.messages))?;
+            let deviation = recompute_behaviour(&mut examples, trainer)?;
+            signal.sampler_deviation = deviation;
+            if let Some(reference) = reference.filter(|_| self.config.policy_gradient.kl_coef > 0.0) {
+                add_reference(&mut examples, reference, trainer.config())?;
+            }
+            (examples, Some((signal, advantages)))
+        } else {
+            (training_examples(&kept, self.config.skip_truncated, |call| call_example(policy, call))?, None)
+        };
+        let journal = StepJournal {
+            step,
+            mini_batches: self.mini_batches(step, examples.clone()),
+            epochs: if signal.is_some() { self.config.policy_gradient.epochs } else { 1 },
+        };
         let started = Instant::now();
-        let pass = apply(trainer, &journal)?;
+        let pass = apply(trainer, &journal, self.config)?;
         let report = StepReport {
             updates: pass.updates,
             loss: pass.loss,
             trained_tokens: pass.tokens,
             train_seconds: started.elapsed().as_secs_f64(),
+            policy_gradient: signal.map(|(signal, advantages)| signal.report(&advantages, &pass)),
             ..rollout_report(step, &trajectories, kept.len(), examples.len(), rollout_seconds)
         };
         let kept = kept.into_iter().cloned().collect();
         Ok((report, journal, kept))
+    }
+
+    /// The advantages of a step's rollouts, from the groups of k rollouts of each task.
+    pub fn signal(&self, trajectories: &[Trajectory]) -> Signal {
+        let rewards: Vec<f64> = trajectories.iter().map(|t| t.reward).collect();
+        let policy_gradient = &self.config.policy_gradient;
+        Signal::new(&rewards, self.config.rollouts_per_task, self.config.algorithm, policy_gradient.normalize_std)
     }
 
     /// k rollouts of each drawn task, each task under one harness of the population.
@@ -289,6 +385,130 @@ impl WeightPhase<'_> {
     }
 }
 
+/// Each rollout's advantage, computed within its group (the k consecutive rollouts of one
+/// task); `None` for every rollout of a group whose rewards are all equal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Signal {
+    pub advantages: Vec<Option<f64>>,
+    pub groups: usize,
+    pub zero_signal_groups: usize,
+    /// In-process: the largest gap between the engine's and the trainer's probability of a
+    /// sampled token (see [`recompute_behaviour`]).
+    pub sampler_deviation: Option<f64>,
+}
+
+impl Signal {
+    /// GRPO: `(r - mean) / (std + 1e-6)` with the group's sample standard deviation, or
+    /// `r - mean` without `normalize_std`; RLOO: `r` less the mean of the group's other rewards.
+    pub fn new(rewards: &[f64], k: usize, algorithm: Algorithm, normalize_std: bool) -> Self {
+        let mut advantages = Vec::with_capacity(rewards.len());
+        let mut zero_signal_groups = 0;
+        let groups = rewards.chunks(k.max(1));
+        let count = groups.len();
+        for group in groups {
+            let n = group.len() as f64;
+            let mean = group.iter().sum::<f64>() / n;
+            let spread = group.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b))
+                - group.iter().fold(f64::INFINITY, |a, &b| a.min(b));
+            if group.len() < 2 || spread <= 1e-12 {
+                zero_signal_groups += 1;
+                advantages.extend(std::iter::repeat_n(None, group.len()));
+                continue;
+            }
+            let std = (group.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+            advantages.extend(group.iter().map(|&r| {
+                Some(match algorithm {
+                    Algorithm::Rloo => r - (mean * n - r) / (n - 1.0),
+                    _ if normalize_std => (r - mean) / (std + 1e-6),
+                    _ => r - mean,
+                })
+            }));
+        }
+        Self { advantages, groups: count, zero_signal_groups, sampler_deviation: None }
+    }
+
+    /// The examples of a policy-gradient step: every trainable call of every rollout with an
+    /// advantage, in rollout and call order, its sampled tokens the completion; and each
+    /// example's advantage at full precision.
+    pub fn examples(
+        &self,
+        trajectories: &[Trajectory],
+        prompt: impl Fn(&ModelCall) -> Result<Vec<u32>, PolicyError>,
+    ) -> Result<(Vec<JournalExample>, Vec<f64>), WeightPhaseError> {
+        let (mut examples, mut advantages) = (Vec::new(), Vec::new());
+        for (trajectory, advantage) in trajectories.iter().zip(&self.advantages) {
+            let Some(advantage) = advantage else { continue };
+            for call in trajectory.model_calls.iter().filter(|call| call.trainable) {
+                let sampled = call
+                    .sampled
+                    .as_ref()
+                    .ok_or_else(|| WeightPhaseError::NoLogprobs { task_id: trajectory.task_id.clone() })?;
+                examples.push(JournalExample {
+                    prompt: prompt(call)?,
+                    completion: sampled.ids.clone(),
+                    advantage: Some(*advantage as f32),
+                    behaviour: sampled.logprobs.clone(),
+                    reference: Vec::new(),
+                });
+                advantages.push(*advantage);
+            }
+        }
+        Ok((examples, advantages))
+    }
+
+    /// The step's policy-gradient report, from the advantages of its trained examples and
+    /// what its updates did.
+    pub fn report(&self, advantages: &[f64], pass: &PassStats) -> PolicyGradientReport {
+        let n = advantages.len().max(1) as f64;
+        PolicyGradientReport {
+            groups: self.groups,
+            zero_signal_groups: self.zero_signal_groups,
+            advantage_mean: advantages.iter().sum::<f64>() / n,
+            advantage_abs_mean: advantages.iter().map(|a| a.abs()).sum::<f64>() / n,
+            clip_fraction: pass.clip_fraction,
+            kl: pass.kl,
+            ratio_deviation: pass.ratio_deviation,
+            sampler_deviation: self.sampler_deviation,
+        }
+    }
+}
+
+/// Replaces each example's sampler log-probabilities with the trainer's under the same
+/// weights, before any update, and returns the largest `|exp(trainer - sampler) - 1|` over the
+/// tokens. The two agree up to float rounding, but the engine's last bits depend on how it
+/// batched a sequence with others, and the trainer's do not: learning against the trainer's
+/// keeps a step a function of its tokens alone, so a resumed run replays it bit for bit (verl
+/// recomputes its `old_log_prob` the same way).
+fn recompute_behaviour(examples: &mut [JournalExample], trainer: &SftTrainer) -> Result<Option<f64>, TrainError> {
+    let settings = trainer.config();
+    let plain: Vec<SftExample> = examples.iter().map(JournalExample::to_example).collect();
+    let logprobs = completion_logprobs(trainer.model(), &plain, settings.pad_token_id, settings.micro_batch_size)?;
+    let mut deviation: Option<f64> = None;
+    for (example, logprobs) in examples.iter_mut().zip(logprobs) {
+        for (&trained, &sampled) in logprobs.iter().zip(&example.behaviour) {
+            let gap = (f64::from(trained) - f64::from(sampled)).exp() - 1.0;
+            deviation = Some(deviation.unwrap_or(0.0).max(gap.abs()));
+        }
+        example.behaviour = logprobs;
+    }
+    Ok(deviation)
+}
+
+/// Fills each example's reference log-probabilities: the reference model's, per completion
+/// token.
+fn add_reference(
+    examples: &mut [JournalExample],
+    reference: &Qwen3Model,
+    settings: &TrainerConfig,
+) -> Result<(), TrainError> {
+    let plain: Vec<SftExample> = examples.iter().map(JournalExample::to_example).collect();
+    let logprobs = completion_logprobs(reference, &plain, settings.pad_token_id, settings.micro_batch_size)?;
+    for (example, logprobs) in examples.iter_mut().zip(logprobs) {
+        example.reference = logprobs;
+    }
+    Ok(())
+}
+
 /// The report of a step's rollouts, before any training: no update, no loss.
 pub fn rollout_report(
     step: u64,
@@ -313,6 +533,7 @@ pub fn rollout_report(
         harnesses: harness_counts(trajectories),
         rollout_seconds,
         train_seconds: 0.0,
+        policy_gradient: None,
     }
 }
 
@@ -351,19 +572,27 @@ pub fn call_example(policy: &LocalPolicy, call: &ModelCall) -> Result<JournalExa
     if call.finish_reason == whale_lm::FinishReason::Stop.as_str() {
         completion.push(policy.tokenizer().specials().im_end);
     }
-    Ok(JournalExample { prompt, completion })
+    Ok(JournalExample::supervised(prompt, completion))
 }
 
-/// What an SFT pass did.
+/// What a step's passes did.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct PassStats {
     pub updates: usize,
     pub loss: Option<f64>,
     pub tokens: usize,
+    /// Policy gradient only: token-weighted over the updates.
+    pub clip_fraction: Option<f64>,
+    pub kl: Option<f64>,
+    pub ratio_deviation: Option<f64>,
 }
 
-/// One optimizer update per mini-batch of the journal; nothing when it is empty.
-pub fn apply(trainer: &mut SftTrainer, journal: &StepJournal) -> Result<PassStats, TrainError> {
+/// The journal's updates: per pass, one optimizer update per mini-batch (supervised for RFT,
+/// the clipped surrogate for a policy gradient); nothing when it is empty.
+pub fn apply(trainer: &mut SftTrainer, journal: &StepJournal, config: &WeightConfig) -> Result<PassStats, TrainError> {
+    if config.algorithm.is_policy_gradient() {
+        return apply_policy_gradient(trainer, journal, config);
+    }
     let mut stats = PassStats::default();
     let mut weighted_loss = 0.0;
     for batch in &journal.mini_batches {
@@ -378,6 +607,42 @@ pub fn apply(trainer: &mut SftTrainer, journal: &StepJournal) -> Result<PassStat
         weighted_loss += update.loss * update.tokens as f64;
     }
     stats.loss = (stats.tokens > 0).then(|| weighted_loss / stats.tokens as f64);
+    Ok(stats)
+}
+
+fn apply_policy_gradient(
+    trainer: &mut SftTrainer,
+    journal: &StepJournal,
+    config: &WeightConfig,
+) -> Result<PassStats, TrainError> {
+    let settings = &config.policy_gradient;
+    let objective = PgObjective { clip_epsilon: settings.clip_epsilon, kl_coef: settings.kl_coef };
+    let mut stats = PassStats::default();
+    let (mut loss, mut clipped, mut kl, mut deviation) = (0.0, 0.0, None::<f64>, 0.0f64);
+    for _ in 0..journal.epochs {
+        for batch in &journal.mini_batches {
+            let examples: Vec<PgExample> = batch.iter().map(JournalExample::to_pg_example).collect();
+            let update = match trainer.policy_gradient_step(&examples, &objective) {
+                Ok(update) => update,
+                Err(TrainError::NoTrainableTokens) => continue,
+                Err(error) => return Err(error),
+            };
+            let tokens = update.tokens as f64;
+            stats.updates += 1;
+            stats.tokens += update.tokens;
+            loss += update.loss * tokens;
+            clipped += update.clip_fraction * tokens;
+            kl = update.kl.map(|value| kl.unwrap_or(0.0) + value * tokens);
+            deviation = deviation.max(update.ratio_deviation);
+        }
+    }
+    if stats.tokens > 0 {
+        let tokens = stats.tokens as f64;
+        stats.loss = Some(loss / tokens);
+        stats.clip_fraction = Some(clipped / tokens);
+        stats.kl = kl.map(|sum| sum / tokens);
+        stats.ratio_deviation = Some(deviation);
+    }
     Ok(stats)
 }
 
@@ -406,6 +671,7 @@ mod tests {
             trainable,
             finish_reason: "stop".to_string(),
             latency_ms: 0.0,
+            sampled: None,
         }
     }
 
@@ -443,10 +709,10 @@ mod tests {
         let kept = kept(&rollouts, 0.5);
         assert_eq!(kept.len(), 1);
         let encode = |c: &ModelCall| {
-            Ok(JournalExample {
-                prompt: c.messages[0].content.bytes().map(u32::from).collect(),
-                completion: vec![c.completion.len() as u32],
-            })
+            Ok(JournalExample::supervised(
+                c.messages[0].content.bytes().map(u32::from).collect(),
+                vec![c.completion.len() as u32],
+            ))
         };
         let text = |examples: Vec<JournalExample>| -> Vec<String> {
             examples.iter().map(|e| e.prompt.iter().map(|&b| b as u8 as char).collect()).collect()
@@ -455,5 +721,26 @@ mod tests {
         assert_eq!(text(examples), ["question for a", "question for b"]);
         let examples = training_examples(&kept, false, encode).expect("examples");
         assert_eq!(text(examples), ["question for a", "question for b", "question for rambling"]);
+    }
+
+    #[test]
+    fn advantages_come_from_each_group_and_groups_without_spread_give_none() {
+        let rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.0, 1.0, 0.0];
+        let rloo = Signal::new(&rewards, 4, Algorithm::Rloo, true);
+        assert_eq!((rloo.groups, rloo.zero_signal_groups), (3, 1));
+        assert!(rloo.advantages[4..8].iter().all(Option::is_none));
+        let first: Vec<f64> = rloo.advantages[..4].iter().map(|a| a.expect("spread")).collect();
+        assert_eq!(first, [1.0, -1.0 / 3.0, -1.0 / 3.0, -1.0 / 3.0], "reward less the mean of the other three");
+        for group in [0..4, 8..12] {
+            let sum: f64 = rloo.advantages[group].iter().map(|a| a.expect("spread")).sum();
+            assert!(sum.abs() < 1e-12, "an RLOO group's advantages sum to zero");
+        }
+        let grpo = Signal::new(&rewards, 4, Algorithm::Grpo, true);
+        let last: Vec<f64> = grpo.advantages[8..].iter().map(|a| a.expect("spread")).collect();
+        let mean = last.iter().sum::<f64>() / 4.0;
+        let variance = last.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / 3.0;
+        assert!(mean.abs() < 1e-12 && (variance.sqrt() - 1.0).abs() < 1e-5, "GRPO: mean 0, std 1");
+        let unscaled = Signal::new(&rewards, 4, Algorithm::Grpo, false);
+        assert_eq!(unscaled.advantages[8], Some(0.5 - 0.375));
     }
 }

@@ -15,6 +15,7 @@ mod acceptance;
 mod archive;
 mod durable;
 mod guide;
+mod prompt_text;
 mod proposer;
 mod score;
 mod search;
@@ -24,11 +25,12 @@ pub use archive::{
     Archive, ArchiveError, Candidate, CandidateMeta, CandidateRef, Frontier, FrontierEntry, SummaryEvent,
 };
 pub use guide::SEARCH_RULES;
+pub use prompt_text::only_prompt_text_differs;
 pub use proposer::{
     AgentConfig, AgentProposer, CommandConfig, CommandProposer, MutateProposer, Mutation, Proposal, ProposalContext,
     Proposer, ProposerError, TokenUsage,
 };
-pub use score::{ScoreCard, TaskOutcome};
+pub use score::{instance_frontier, ScoreCard, TaskOutcome};
 pub use search::{
     CandidateReport, CandidateResult, Evaluator, EvaluatorError, HarnessSearch, IterationReport, Rescore, SearchConfig,
     SearchError,

@@ -12,6 +12,7 @@
 
 use crate::acceptance::Acceptance;
 use crate::archive::{Archive, ArchiveError, Candidate, CandidateDraft, CandidateRef, SummaryEvent};
+use crate::prompt_text::only_prompt_text_differs;
 use crate::proposer::{Proposal, ProposalContext, Proposer, TokenUsage};
 use crate::score::ScoreCard;
 use serde::{Deserialize, Serialize};
@@ -41,11 +42,20 @@ pub struct SearchConfig {
     pub seed: u64,
     /// The limits candidates are validated under (the rollouts' own limits live in the evaluator).
     pub limits: Limits,
+    /// Accept only candidates that change nothing but the incumbent's prompt text
+    /// ([`crate::only_prompt_text_differs`]); others are recorded as rejected, unscored.
+    pub prompt_only: bool,
 }
 
 impl Default for SearchConfig {
     fn default() -> Self {
-        Self { candidates: 3, acceptance: Acceptance::default(), seed: 0, limits: Limits::default() }
+        Self {
+            candidates: 3,
+            acceptance: Acceptance::default(),
+            seed: 0,
+            limits: Limits::default(),
+            prompt_only: false,
+        }
     }
 }
 
@@ -219,7 +229,9 @@ impl HarnessSearch {
         let mut spent = Spent::default();
         let incumbent_card = self.rescore(&incumbent, evaluator, &mut spent, false)?.card;
         let usage_before = self.proposer.usage();
-        let (proposals, proposer_error) = self.propose(iteration, version, &incumbent)?;
+        let failures: Vec<Trajectory> =
+            self.archive.traces(&incumbent.meta.hash, version)?.into_iter().filter(|t| !t.success).collect();
+        let (proposals, proposer_error) = self.propose(iteration, version, &incumbent, &failures)?;
         let proposer_tokens = self.proposer.usage().since(usage_before);
         let mut reports = Vec::new();
         let mut scored: Vec<(Candidate, ScoreCard)> = Vec::new();
@@ -266,6 +278,7 @@ impl HarnessSearch {
         iteration: u64,
         weights_version: u64,
         incumbent: &Candidate,
+        failures: &[Trajectory],
     ) -> Result<(Vec<Proposal>, Option<String>), SearchError> {
         let ctx = ProposalContext {
             archive: self.archive.root(),
@@ -277,6 +290,8 @@ impl HarnessSearch {
             seed: self.config.seed,
             examples: &self.examples,
             limits: &self.config.limits,
+            prompt_only: self.config.prompt_only,
+            failures,
         };
         let proposer = &mut self.proposer;
         let (error, infrastructure) = match catch_unwind(AssertUnwindSafe(|| proposer.propose(&ctx))) {
@@ -310,8 +325,13 @@ impl HarnessSearch {
         // A resumed iteration does not smoke-test again what the killed one already did.
         let screened = self.archive.proposed(iteration, &harness.id).map(|c| c.meta.rejection.clone());
         let mut smoke = Spent::default();
+        let code_changed =
+            self.config.prompt_only && !only_prompt_text_differs(&self.incumbent().source, &harness.source);
         let rejection = match (validate(&harness.source, &self.config.limits), screened) {
             (Err(error), _) => Some(format!("does not validate: {error}")),
+            (Ok(_), _) if code_changed => {
+                Some("changes the harness's code, and only its prompt text may change here".to_string())
+            }
             (Ok(_), _) if cached => None,
             (Ok(_), Some(earlier)) => earlier,
             (Ok(_), None) => self.smoke(&harness, evaluator, &mut smoke)?,

@@ -41,6 +41,8 @@ fn propose(line: &str, timeout_s: u64) -> (Result<Vec<whale_search::Proposal>, P
         seed: 0,
         examples: &[],
         limits: &limits,
+        prompt_only: false,
+        failures: &[],
     };
     (command(line, timeout_s).propose(&ctx), dir)
 }

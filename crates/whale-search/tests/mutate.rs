@@ -70,6 +70,7 @@ fn example() -> Trajectory {
             trainable: true,
             finish_reason: "stop".into(),
             latency_ms: 1.0,
+            sampled: None,
         }],
         tool_calls: vec![],
         order: vec![("model".into(), 0)],
@@ -97,6 +98,8 @@ fn context<'a>(incumbent: &'a Candidate, examples: &'a [Trajectory], limits: &'a
         seed: 9,
         examples,
         limits,
+        prompt_only: false,
+        failures: &[],
     }
 }
 
@@ -227,4 +230,45 @@ fn proposals_are_deterministic_for_a_seed_distinct_and_valid() {
     for proposal in &first {
         whale_harness::validate(&proposal.source, &limits).expect("valid");
     }
+}
+
+/// A failed search rollout whose one reply was cut off at `max_tokens`.
+fn rambling_failure() -> Trajectory {
+    let mut trajectory = example();
+    trajectory.model_calls[0].finish_reason = "length".into();
+    trajectory.reward = 0.0;
+    trajectory.success = false;
+    trajectory
+}
+
+#[test]
+fn prompt_only_proposals_change_only_prompt_text_and_reflect_on_the_failures() {
+    let limits = Limits::default();
+    let failures = [rambling_failure(), rambling_failure(), example()];
+    let mut proposed = 0;
+    for stock in STOCK_HARNESSES {
+        let (name, source) = (stock.name, stock.source);
+        let incumbent = candidate(source);
+        let ctx = ProposalContext { prompt_only: true, failures: &failures, ..context(&incumbent, &[], &limits) };
+        for proposal in MutateProposer::default().propose(&ctx).expect("proposals") {
+            assert!(
+                whale_search::only_prompt_text_differs(source, &proposal.source),
+                "{name}: a prompt-only proposal changed code: {}",
+                proposal.hypothesis
+            );
+            if proposal.hypothesis.contains("Prompt rewrite: add") || proposal.hypothesis.contains("with \"") {
+                assert!(
+                    proposal
+                        .hypothesis
+                        .starts_with("Reflection on the incumbent's 3 failed search rollouts (2 cut off"),
+                    "{name}: {}",
+                    proposal.hypothesis
+                );
+                let answers = ["Answer with the final result only, without explanation.", "Be brief."];
+                assert!(answers.iter().any(|a| proposal.source.contains(a)), "{name}: {}", proposal.hypothesis);
+            }
+            proposed += 1;
+        }
+    }
+    assert!(proposed >= STOCK_HARNESSES.len(), "most stock harnesses have a prompt to rewrite: {proposed}");
 }

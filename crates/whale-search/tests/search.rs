@@ -356,3 +356,22 @@ fn the_mutation_proposer_finds_and_keeps_an_answer_parsing_fix() {
     assert!(accepted.iter().any(|h| h.starts_with("Answer parsing")), "{accepted:?}");
     assert!(search.incumbent().source.contains("// whale:layer parse-"));
 }
+
+#[test]
+fn a_prompt_only_search_rejects_code_changes_unscored_and_scores_prompt_rewrites() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reworded = PLAIN.replace("Read the question carefully.", "Answer with the number only.");
+    let reworded: &'static str = Box::leak(reworded.into_boxed_str());
+    let proposer = scripted(vec![Script::Propose(vec![(PARSED, "parse the last number"), (reworded, "reword")])]);
+    let config = SearchConfig { prompt_only: true, ..SearchConfig::default() };
+    let mut search = HarnessSearch::new(seeded(dir.path()), Domain::Math, tasks(N), proposer, config).expect("search");
+    let evaluator = SumEvaluator::new(1);
+    search.rescore_incumbent(&evaluator).expect("rescore");
+    let report = search.iterate(&evaluator).expect("iterate");
+    let CandidateResult::Rejected { reason } = &report.candidates[0].result else {
+        panic!("the parsing change is code: {:?}", report.candidates[0].result)
+    };
+    assert!(reason.contains("only its prompt text may change"), "{reason}");
+    assert!(matches!(report.candidates[1].result, CandidateResult::Scored { .. }), "{:?}", report.candidates[1]);
+    assert_eq!(report.rollouts, 1 + N, "the rejected candidate cost no rollout");
+}

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 use whale_core::Domain;
-use whale_loop::compare::{compare, CompareError, Comparison};
+use whale_loop::compare::{compare, Arm, CompareError, Comparison};
 use whale_loop::condition::Condition;
 use whale_loop::config::RunConfig;
 use whale_loop::experiment::Verbosity;
@@ -32,5 +32,6 @@ pub fn demo_config() -> Result<RunConfig, DemoError> {
 /// Makes or reuses the base model, then compares every condition under `runs/demo/`.
 pub fn demo(runs: &Path, verbosity: Verbosity) -> Result<Comparison, DemoError> {
     let config = demo_config()?;
-    compare(&config, &runs.join(&config.name), &Condition::ALL, verbosity).map_err(|e| DemoError::Compare(Box::new(e)))
+    let arms: Vec<Arm> = Condition::ALL.into_iter().map(Arm::from).collect();
+    compare(&config, &runs.join(&config.name), &arms, verbosity).map_err(|e| DemoError::Compare(Box::new(e)))
 }

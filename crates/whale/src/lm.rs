@@ -16,10 +16,10 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use whale_core::ChatMessage;
 use whale_lm::{
-    load_model, save_model, stored_dtype, ChatCodec, ChatCodecError, ChatRequest, ChatTemplateError, CheckpointError,
-    Completion, EngineConfig, EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LoraConfig, LoraError,
-    ModelError, Policy, PolicyError, Qwen3Config, SamplingParams, SftExample, SftTrainer, TokenizerError, TrainError,
-    TrainerConfig,
+    completion_logprobs, load_model, save_model, stored_dtype, ChatCodec, ChatCodecError, ChatRequest,
+    ChatTemplateError, CheckpointError, Completion, EngineConfig, EngineError, GenerationConfig, LocalPolicy,
+    LoraAdapter, LoraConfig, LoraError, ModelError, PgExample, PgObjective, Policy, PolicyError, Qwen3Config,
+    SamplingParams, SftExample, SftTrainer, TokenizerError, TrainError, TrainerConfig,
 };
 use whale_loop::scale_out::external_weights::Sample;
 use whale_tasks::{read_jsonl, RecordError};
@@ -64,11 +64,35 @@ pub struct SftRecord {
     pub completion: String,
     /// Whether the reply ended its turn (trained with the end-of-turn token).
     pub ends_turn: bool,
+    /// A policy-gradient sample's advantage and sampled tokens (a WHALE step under GRPO or
+    /// RLOO writes them).
+    pub policy_gradient: Option<SampledReply>,
+}
+
+/// The sampled tokens of a reply, the sampler's log-probability of each, and the advantage of
+/// the rollout it belongs to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledReply {
+    pub advantage: f32,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
 }
 
 impl SftRecord {
     pub fn example(&self, codec: &ChatCodec) -> Result<SftExample, LmError> {
         Ok(codec.example_ending(&self.messages, &self.completion, self.ends_turn)?)
+    }
+
+    /// The policy-gradient example of a sample that carries its sampled tokens.
+    fn pg_example(&self, codec: &ChatCodec) -> Result<Option<PgExample>, LmError> {
+        let Some(sampled) = &self.policy_gradient else { return Ok(None) };
+        Ok(Some(PgExample {
+            prompt: codec.prompt_ids(&self.messages)?,
+            completion: sampled.token_ids.clone(),
+            advantage: sampled.advantage,
+            behaviour: sampled.logprobs.clone(),
+            reference: Vec::new(),
+        }))
     }
 }
 
@@ -83,8 +107,21 @@ pub fn read_sft_file(path: &Path) -> Result<Vec<SftRecord>, LmError> {
     for (line, value) in values {
         let parsed = if value.get("trainable").is_some() { parse_sample(&value) } else { parse_sft_record(&value) };
         match parsed {
-            Ok((messages, completion, ends_turn)) => records.push(SftRecord { line, messages, completion, ends_turn }),
+            Ok((messages, completion, ends_turn, policy_gradient)) => {
+                records.push(SftRecord { line, messages, completion, ends_turn, policy_gradient })
+            }
             Err((field, reason)) => problems.push(RecordError::new(path, line, Some(field), reason)),
+        }
+    }
+    if let Some(first) = records.first() {
+        let kind = |r: &SftRecord| r.policy_gradient.is_some();
+        if let Some(other) = records.iter().find(|r| kind(r) != kind(first)) {
+            let reason = format!(
+                "line {} is a {} sample and this one is not: a file holds one kind",
+                first.line,
+                if kind(first) { "policy-gradient" } else { "supervised" }
+            );
+            problems.push(RecordError::new(path, other.line, Some("advantage"), reason));
         }
     }
     if problems.is_empty() {
@@ -95,7 +132,7 @@ pub fn read_sft_file(path: &Path) -> Result<Vec<SftRecord>, LmError> {
     }
 }
 
-type ParsedRecord = (Vec<ChatMessage>, String, bool);
+type ParsedRecord = (Vec<ChatMessage>, String, bool, Option<SampledReply>);
 
 fn parse_messages(value: &serde_json::Value) -> Result<Vec<ChatMessage>, (&'static str, String)> {
     let messages = value.get("messages").ok_or(("messages", "missing".to_string()))?;
@@ -103,11 +140,29 @@ fn parse_messages(value: &serde_json::Value) -> Result<Vec<ChatMessage>, (&'stat
         .map_err(|e| ("messages", format!("expected a list of {{role, content}} strings: {e}")))
 }
 
-/// A `samples.jsonl` line: the last trainable turn is the completion.
+/// A `samples.jsonl` line: the last trainable turn is the completion; with an `advantage`,
+/// its sampled tokens and their log-probabilities are what a policy gradient learns from.
 fn parse_sample(value: &serde_json::Value) -> Result<ParsedRecord, (&'static str, String)> {
     let sample: Sample = serde_json::from_value(value.clone()).map_err(|e| ("samples.jsonl line", e.to_string()))?;
+    let sampled = match sample.advantage {
+        None => None,
+        Some(advantage) if !advantage.is_finite() => return Err(("advantage", format!("{advantage} is not finite"))),
+        Some(_) if sample.completion_token_ids.is_empty() => {
+            return Err(("completion_token_ids", "missing or empty beside an advantage".to_string()))
+        }
+        Some(_) if sample.behaviour_logprobs.len() != sample.completion_token_ids.len() => {
+            let reason =
+                format!("{} for {} token ids", sample.behaviour_logprobs.len(), sample.completion_token_ids.len());
+            return Err(("behaviour_logprobs", reason));
+        }
+        Some(advantage) => Some(SampledReply {
+            advantage: advantage as f32,
+            token_ids: sample.completion_token_ids.clone(),
+            logprobs: sample.behaviour_logprobs.clone(),
+        }),
+    };
     let reply = sample.reply()?;
-    Ok((reply.context, reply.completion, reply.ends_turn))
+    Ok((reply.context, reply.completion, reply.ends_turn, sampled))
 }
 
 fn parse_sft_record(value: &serde_json::Value) -> Result<ParsedRecord, (&'static str, String)> {
@@ -121,7 +176,7 @@ fn parse_sft_record(value: &serde_json::Value) -> Result<ParsedRecord, (&'static
         Some(other) => return Err(("completion", format!("expected a string, got {other}"))),
         None => return Err(("completion", "missing".to_string())),
     };
-    Ok((messages, completion, true))
+    Ok((messages, completion, true, None))
 }
 
 /// Settings of `whale lm train`.
@@ -140,6 +195,8 @@ pub struct SftSettings {
     pub resume_adapter: Option<PathBuf>,
     /// Take the examples in the file's order instead of shuffling them.
     pub keep_order: bool,
+    /// Policy-gradient samples: PPO's clip range.
+    pub clip_epsilon: f64,
 }
 
 /// What `whale lm train` did.
@@ -152,6 +209,8 @@ pub struct SftReport {
     pub trained_parameters: usize,
     /// Whether `output` is a PEFT adapter directory rather than a checkpoint.
     pub adapter: bool,
+    /// Whether the data were policy-gradient samples (the loss is then the clipped surrogate).
+    pub policy_gradient: bool,
     /// Mean loss per completion token over the data before and after training.
     pub loss_before: f64,
     pub loss_after: f64,
@@ -163,7 +222,8 @@ pub struct SftReport {
 /// directory with the optimizer state that `resume_adapter` continues from. Each epoch's order
 /// is drawn from the seed and the number of updates done before it, so a LoRA run continued
 /// epoch by epoch with `resume_adapter` ends exactly where one uninterrupted run does.
-/// `on_step` sees every step.
+/// Policy-gradient samples (a WHALE step's under GRPO or RLOO) are trained on with the clipped
+/// surrogate instead of the supervised loss. `on_step` sees every step.
 pub fn train_sft(
     model_dir: &Path,
     data: &Path,
@@ -176,7 +236,40 @@ pub fn train_sft(
     }
     let records = read_sft_file(data)?;
     let codec = ChatCodec::load(model_dir)?;
-    let examples: Vec<SftExample> = records.iter().map(|record| record.example(&codec)).collect::<Result<_, _>>()?;
+    let mut trainer = trainer_for(model_dir, settings, &codec)?;
+    let pg: Vec<PgExample> =
+        records.iter().filter_map(|r| r.pg_example(&codec).transpose()).collect::<Result<_, _>>()?;
+    let (loss_before, loss_after) = if pg.is_empty() {
+        let examples: Vec<SftExample> =
+            records.iter().map(|record| record.example(&codec)).collect::<Result<_, _>>()?;
+        supervised_epochs(&mut trainer, &examples, settings, on_step)?
+    } else {
+        policy_gradient_epochs(&mut trainer, pg, settings, on_step)?
+    };
+    let adapter = trainer.model().adapter().map(LoraAdapter::parameter_count);
+    if adapter.is_some() {
+        trainer.save_adapter(
+            output,
+            &std::path::absolute(model_dir).unwrap_or(model_dir.to_path_buf()).display().to_string(),
+        )?;
+    } else {
+        save_model(trainer.model(), &generation_config(model_dir, trainer.model().config())?, output)?;
+        ChatCodec::copy_files(model_dir, output)?;
+    }
+    Ok(SftReport {
+        examples: records.len(),
+        steps: trainer.state().step,
+        trained_parameters: adapter.unwrap_or_else(|| trainer.model().config().parameter_count()),
+        adapter: adapter.is_some(),
+        policy_gradient: records.iter().any(|r| r.policy_gradient.is_some()),
+        loss_before,
+        loss_after,
+        output: output.to_path_buf(),
+    })
+}
+
+/// The trainer of `whale lm train`: the whole model, a new adapter, or a resumed one.
+fn trainer_for(model_dir: &Path, settings: &SftSettings, codec: &ChatCodec) -> Result<SftTrainer, LmError> {
     let model = load_model(model_dir, DType::F32, &Device::Cpu)?;
     let config = TrainerConfig {
         learning_rate: settings.learning_rate,
@@ -185,7 +278,7 @@ pub fn train_sft(
         max_seq_len: model.config().max_position_embeddings,
         ..TrainerConfig::default()
     };
-    let mut trainer = match (&settings.resume_adapter, &settings.lora) {
+    Ok(match (&settings.resume_adapter, &settings.lora) {
         (Some(dir), lora) => {
             let trainer = SftTrainer::resume_adapter(dir, &model, config)?;
             if let (Some(given), Some(adapter)) = (lora, trainer.model().adapter()) {
@@ -198,43 +291,81 @@ pub fn train_sft(
             SftTrainer::new(model.with_adapter(&adapter)?, config)?
         }
         (None, None) => SftTrainer::new(model, config)?,
-    };
-    let (loss_before, _) = trainer.evaluate(&examples)?;
+    })
+}
+
+/// The examples of one epoch in training order: shuffled from the seed and the updates done
+/// so far, unless `keep_order`.
+fn epoch_order<'a, T>(examples: &'a [T], settings: &SftSettings, updates_done: u64) -> Vec<&'a T> {
+    let mut order: Vec<&T> = examples.iter().collect();
+    if !settings.keep_order {
+        let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
+        rng.set_stream(updates_done);
+        order.shuffle(&mut rng);
+    }
+    order
+}
+
+/// Supervised epochs; returns the mean loss per completion token before and after.
+fn supervised_epochs(
+    trainer: &mut SftTrainer,
+    examples: &[SftExample],
+    settings: &SftSettings,
+    on_step: &mut dyn FnMut(&whale_lm::StepStats, u64),
+) -> Result<(f64, f64), LmError> {
+    let (loss_before, _) = trainer.evaluate(examples)?;
     let steps_per_epoch = examples.len().div_ceil(settings.batch_size) as u64;
     let total_steps = trainer.state().step + steps_per_epoch * settings.epochs as u64;
     for _ in 0..settings.epochs {
-        let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
-        rng.set_stream(trainer.state().step);
-        let mut order: Vec<&SftExample> = examples.iter().collect();
-        if !settings.keep_order {
-            order.shuffle(&mut rng);
-        }
-        for chunk in order.chunks(settings.batch_size) {
+        for chunk in epoch_order(examples, settings, trainer.state().step).chunks(settings.batch_size) {
             let batch: Vec<SftExample> = chunk.iter().map(|&e| e.clone()).collect();
             let stats = trainer.step(&batch)?;
             on_step(&stats, total_steps);
         }
     }
-    let (loss_after, _) = trainer.evaluate(&examples)?;
-    let adapter = trainer.model().adapter().map(LoraAdapter::parameter_count);
-    if adapter.is_some() {
-        trainer.save_adapter(
-            output,
-            &std::path::absolute(model_dir).unwrap_or(model_dir.to_path_buf()).display().to_string(),
-        )?;
-    } else {
-        save_model(trainer.model(), &generation_config(model_dir, trainer.model().config())?, output)?;
-        ChatCodec::copy_files(model_dir, output)?;
+    let (loss_after, _) = trainer.evaluate(examples)?;
+    Ok((loss_before, loss_after))
+}
+
+/// Policy-gradient epochs over sampled replies, against the log-probabilities the starting
+/// weights give their tokens (recomputed, as the in-process weight phase does: the sampler's
+/// agree up to its float rounding); returns the surrogate loss before and after.
+fn policy_gradient_epochs(
+    trainer: &mut SftTrainer,
+    mut examples: Vec<PgExample>,
+    settings: &SftSettings,
+    on_step: &mut dyn FnMut(&whale_lm::StepStats, u64),
+) -> Result<(f64, f64), LmError> {
+    let plain: Vec<SftExample> =
+        examples.iter().map(|e| SftExample { prompt: e.prompt.clone(), completion: e.completion.clone() }).collect();
+    let pad = trainer.config().pad_token_id;
+    let old = completion_logprobs(trainer.model(), &plain, pad, trainer.config().micro_batch_size)?;
+    for (example, old) in examples.iter_mut().zip(old) {
+        example.behaviour = old;
     }
-    Ok(SftReport {
-        examples: examples.len(),
-        steps: trainer.state().step,
-        trained_parameters: adapter.unwrap_or_else(|| trainer.model().config().parameter_count()),
-        adapter: adapter.is_some(),
-        loss_before,
-        loss_after,
-        output: output.to_path_buf(),
-    })
+    let objective = PgObjective { clip_epsilon: settings.clip_epsilon, kl_coef: 0.0 };
+    let loss_before = trainer.evaluate_policy_gradient(&examples, &objective)?;
+    let steps_per_epoch = examples.len().div_ceil(settings.batch_size) as u64;
+    let total_steps = trainer.state().step + steps_per_epoch * settings.epochs as u64;
+    for _ in 0..settings.epochs {
+        for chunk in epoch_order(&examples, settings, trainer.state().step).chunks(settings.batch_size) {
+            let batch: Vec<PgExample> = chunk.iter().map(|&e| e.clone()).collect();
+            let stats = trainer.policy_gradient_step(&batch, &objective)?;
+            let step = trainer.state().step;
+            let stats = whale_lm::StepStats {
+                loss: stats.loss,
+                tokens: stats.tokens,
+                examples: stats.examples,
+                truncated: stats.truncated,
+                learning_rate: stats.learning_rate,
+                grad_norm: stats.grad_norm,
+                step,
+            };
+            on_step(&stats, total_steps);
+        }
+    }
+    let loss_after = trainer.evaluate_policy_gradient(&examples, &objective)?;
+    Ok((loss_before, loss_after))
 }
 
 /// Fails unless the LoRA settings given on the command line are those of the adapter resumed
@@ -410,5 +541,27 @@ mod tests {
         assert!(shown[0].contains("no trainable turn"), "{shown:?}");
         assert!(shown[1].contains("not an assistant reply"), "{shown:?}");
         assert!(shown[2].contains("2 flags for 4 messages"), "{shown:?}");
+    }
+
+    #[test]
+    fn policy_gradient_samples_carry_their_tokens_and_a_file_holds_one_kind() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let chat = r#""messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "trainable": [false, true]"#;
+        let pg = |ids: &str, logprobs: &str| {
+            format!(r#"{{{chat}, "advantage": -0.5, "completion_token_ids": {ids}, "behaviour_logprobs": {logprobs}}}"#)
+        };
+        let text = format!("{}\n", pg("[7, 2]", "[-0.1, -0.2]"));
+        let records = read_sft_file(&write(dir.path(), &text)).expect("valid");
+        let sampled = records[0].policy_gradient.clone().expect("policy-gradient fields");
+        assert_eq!((sampled.advantage, sampled.token_ids, sampled.logprobs), (-0.5, vec![7, 2], vec![-0.1, -0.2]));
+
+        let text = format!("{}\n{{{chat}}}\n{}\n", pg("[7, 2]", "[-0.1, -0.2]"), pg("[7, 2]", "[-0.1]"));
+        let LmError::Records(problems) = read_sft_file(&write(dir.path(), &text)).expect_err("invalid") else {
+            panic!("not records")
+        };
+        let shown: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(problems.iter().map(|p| p.line).collect::<Vec<_>>(), [2, 3], "{shown:?}");
+        assert!(shown[0].contains("field `advantage`") && shown[0].contains("one kind"), "{shown:?}");
+        assert!(shown[1].contains("field `behaviour_logprobs`") && shown[1].contains("1 for 2 token ids"), "{shown:?}");
     }
 }

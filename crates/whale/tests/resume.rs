@@ -201,6 +201,20 @@ fn the_archive_and_report_commands_read_a_finished_run() {
 fn a_fast_slow_run_killed_at_random_moments_ends_as_if_never_interrupted() {
     let fixture = fixture("fast-slow");
     let typical = run_to_end(&fixture, "straight");
+    let run = fixture.root.join("straight/r");
+    let config = std::fs::read_to_string(run.join("config.toml")).expect("config.toml");
+    assert!(config.contains("algorithm = \"grpo\""), "fast-slow's slow weights learn by GRPO:\n{config}");
+    let state = common::read_json(&run.join("state.json"));
+    let population: Vec<&str> =
+        state["population"].as_array().expect("a population").iter().flat_map(|h| h.as_str()).collect();
+    assert!(!population.is_empty());
+    let archive = whale_search::Archive::open(run.join("archive")).expect("archive");
+    let mut candidates = archive.candidates().filter(|c| c.meta.rejection.is_none());
+    let initial = candidates.next().expect("the initial harness").source.clone();
+    for member in population {
+        let source = &archive.candidates().find(|c| c.meta.hash == member).expect("a member in the archive").source;
+        assert!(whale_search::only_prompt_text_differs(&initial, source), "a member changed code:\n{source}");
+    }
     let landed = run_with_kills(&fixture, "killed", 3, typical, 23);
     assert!(landed >= 1, "no kill landed before the run ended");
     assert_same_result(&fixture, "straight", "killed");
@@ -219,6 +233,70 @@ fn a_lora_run_killed_at_random_moments_ends_as_if_never_interrupted() {
     }
     assert!(!checkpoint.join("model.safetensors").exists(), "a LoRA checkpoint holds the adapter only");
     let landed = run_with_kills(&fixture, "killed", 4, typical, 31);
+    assert!(landed >= 2, "only {landed} kills landed before the run ended");
+    assert_same_result(&fixture, "straight", "killed");
+}
+
+/// Weight-only GRPO with a KL penalty and two passes per step, on chess mates in one: the
+/// untrained model names no legal move, so `chess/legal-moves` plays seeded random ones and a
+/// puzzle's rollouts differ often enough for updates.
+fn grpo_config(model: &Path) -> String {
+    format!(
+        r#"name = "r"
+seed = 4
+condition = "weight-only"
+threads = 8
+[model]
+path = "{model}"
+[tasks]
+domain = "chess"
+generate = 60
+difficulties = [1]
+train = 30
+search = 4
+test = 4
+[sampling]
+max_tokens = 8
+[harness]
+initial = "chess/legal-moves"
+[weights]
+algorithm = "grpo"
+tasks_per_step = 4
+rollouts_per_task = 4
+mini_batch = 8
+micro_batch = 4
+learning_rate = 0.001
+checkpoint_every = 3
+[weights.policy_gradient]
+epochs = 2
+kl_coef = 0.05
+[schedule]
+budget = 112
+[eval]
+k = 2
+every_steps = 2
+"#,
+        model = model.display()
+    )
+}
+
+#[test]
+fn a_grpo_run_killed_at_random_moments_ends_as_if_never_interrupted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().to_path_buf();
+    let model = common::tiny_model_in(&root);
+    let config = root.join("r.toml");
+    std::fs::write(&config, grpo_config(&model)).expect("config");
+    let fixture = Fixture { _dir: dir, root, config };
+    let typical = run_to_end(&fixture, "straight");
+    let run = fixture.root.join("straight/r");
+    let state = common::untimed_file(&run.join("state.json"));
+    assert!(state["weights_version"].as_u64().unwrap_or(0) >= 2, "weights were updated: {state}");
+    let rows = common::untimed_file(&run.join("metrics.jsonl"));
+    let steps: Vec<_> = rows.as_array().expect("rows").iter().filter(|r| r["policy_gradient"].is_object()).collect();
+    assert_eq!(steps.len(), 7, "every weight step reports its policy gradient");
+    assert!(steps.iter().any(|r| r["policy_gradient"]["kl"].as_f64().is_some_and(|kl| kl > 0.0)), "{steps:?}");
+    let landed = run_with_kills(&fixture, "killed", 4, typical, 37);
     assert!(landed >= 2, "only {landed} kills landed before the run ended");
     assert_same_result(&fixture, "straight", "killed");
 }

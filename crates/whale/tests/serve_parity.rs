@@ -71,3 +71,15 @@ shift 2; exec "$@""#,
     Experiment::resume(&resumed, Verbosity::default()).and_then(|mut e| e.run()).expect("the resumed run ends");
     assert_same_run(&own, &resumed);
 }
+
+#[test]
+fn an_rloo_run_on_whale_serve_learns_from_the_served_tokens_as_the_in_process_one_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = common::tiny_model_in(dir.path());
+    let serve = Serve::start(&model, "base", &[]);
+    let server = format!("[server]\nbase_url = \"{}\"\nmodel = \"base\"\nkind = \"whale\"\n", serve.base_url);
+    let trainer = format!("{server}{}", whale_lm_train("0.002"));
+    let served = run(dir.path(), "served", &common::parity::policy_gradient_config(&model, "rloo", &trainer));
+    let own = run(dir.path(), "own", &common::parity::policy_gradient_config(&model, "rloo", &in_process_lora()));
+    assert_same_run(&own, &served);
+}

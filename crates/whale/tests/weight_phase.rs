@@ -1,6 +1,8 @@
-//! The RFT step on a tiny model: it trains on the completion tokens of kept rollouts only,
+//! The weight step on a tiny model. RFT trains on the completion tokens of kept rollouts only,
 //! an empty kept set leaves the weights exactly as they were, and with `[weights.lora]` it
-//! trains the adapter the policy serves and never the base.
+//! trains the adapter the policy serves and never the base. GRPO learns from the tasks whose
+//! rollouts differ, on the tokens as sampled, with ratio 1 at its first update, and leaves the
+//! weights bit for bit alone when no task's rollouts differ.
 
 mod common;
 
@@ -9,9 +11,9 @@ use std::sync::Arc;
 use whale_core::Domain;
 use whale_harness::{stock_harness, Limits};
 use whale_lm::{LoraConfig, SamplingParams, SftTrainer};
-use whale_loop::config::WeightConfig;
+use whale_loop::config::{Algorithm, WeightConfig};
 use whale_loop::weight_phase::{
-    call_example, kept, new_trainer, resume_trainer, save_trainer, trainer_config, WeightPhase,
+    apply, call_example, kept, new_trainer, resume_trainer, save_trainer, trainer_config, WeightPhase,
 };
 use whale_tasks::{DomainTasks, Environment};
 
@@ -74,7 +76,7 @@ fn a_step_trains_on_the_completion_tokens_of_kept_rollouts_only() {
     let phase = phase(&config, &s.environment, &s.tasks, &sampling, &limits);
     let harness = stock_harness("math/plain").expect("stock").harness();
     let before = weights(&s.trainer);
-    let (report, journal, kept_rollouts) = phase.step(1, &[harness], &s.policy, &mut s.trainer).expect("step");
+    let (report, journal, kept_rollouts) = phase.step(1, &[harness], &s.policy, &mut s.trainer, None).expect("step");
     assert_eq!(report.rollouts, 6);
     assert_eq!(report.kept, 6, "a negative threshold keeps every rollout");
     assert_eq!(kept_rollouts.len(), 6);
@@ -111,7 +113,7 @@ fn an_empty_kept_set_changes_nothing() {
     let harness = stock_harness("math/plain").expect("stock").harness();
     let before = weights(&s.trainer);
     let steps_before = s.trainer.state().step;
-    let (report, journal, kept_rollouts) = phase.step(1, &[harness], &s.policy, &mut s.trainer).expect("step");
+    let (report, journal, kept_rollouts) = phase.step(1, &[harness], &s.policy, &mut s.trainer, None).expect("step");
     assert_eq!(report.rollouts, 6);
     assert_eq!((report.kept, report.examples, report.updates, report.trained_tokens), (0, 0, 0, 0));
     assert!(kept_rollouts.is_empty() && journal.mini_batches.is_empty());
@@ -165,7 +167,7 @@ fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     let limits = Limits::default();
     let phase = phase(&config, &environment, &tasks, &sampling, &limits);
     let harness = stock_harness("math/plain").expect("stock").harness();
-    let (report, _, _) = phase.step(1, &[harness], &policy, &mut trainer).expect("step");
+    let (report, _, _) = phase.step(1, &[harness], &policy, &mut trainer, None).expect("step");
     assert!(report.updates > 0, "{report:?}");
     assert_eq!(values(base.named_parameters()), base_before, "the base is bit for bit what it was");
     let trained = served();
@@ -182,4 +184,77 @@ fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     let resumed = resume_trainer(&config, &other, dir.path(), &Device::Cpu).expect("resume");
     assert_eq!(resumed.state(), trainer.state());
     assert_eq!(values(other.model().adapter().expect("adapter").named_parameters()), trained);
+}
+
+fn grpo(tasks_per_step: usize) -> WeightConfig {
+    WeightConfig { algorithm: Algorithm::Grpo, tasks_per_step, rollouts_per_task: 4, mini_batch: 1024, ..config(0.5) }
+}
+
+#[test]
+fn a_grpo_step_without_reward_spread_leaves_the_weights_bit_identical() {
+    let mut s = setup();
+    let config = grpo(3);
+    let sampling = SamplingParams { max_tokens: 8, ..SamplingParams::default() };
+    let limits = Limits::default();
+    let phase = phase(&config, &s.environment, &s.tasks, &sampling, &limits);
+    let harness = stock_harness("math/plain").expect("stock").harness();
+    let before = weights(&s.trainer);
+    let (report, journal, _) = phase.step(1, &[harness], &s.policy, &mut s.trainer, None).expect("step");
+    assert_eq!(report.rollouts, 12);
+    assert!(report.reward_mean == 0.0, "the untrained model solves nothing: {report:?}");
+    let pg = report.policy_gradient.as_ref().expect("a policy-gradient report");
+    assert_eq!((pg.groups, pg.zero_signal_groups), (3, 3));
+    assert_eq!((report.examples, report.updates), (0, 0));
+    assert!(journal.mini_batches.is_empty());
+    assert_eq!(s.trainer.state().step, 0);
+    assert_eq!(weights(&s.trainer), before, "bit for bit");
+}
+
+/// Chess mates in one under `chess/legal-moves`: the untrained model names no legal move, so
+/// the harness plays a seeded random one and some rollouts of a puzzle mate while others do not.
+fn chess_setup() -> (Vec<whale_core::Task>, Environment) {
+    let tasks = Domain::Chess.generate(16, 5, 1);
+    let environment = Environment::for_tasks(Domain::Chess, &tasks).expect("environment");
+    (tasks, environment)
+}
+
+#[test]
+fn a_grpo_step_learns_from_the_sampled_tokens_of_tasks_with_spread_and_replays_exactly() {
+    let policy = Arc::new(common::tiny_policy());
+    let config = grpo(8);
+    let pad = policy.tokenizer().specials().endoftext;
+    let mut trainer = SftTrainer::new(policy.model(), trainer_config(&config, pad)).expect("trainer");
+    let start = weights(&trainer);
+    let (tasks, environment) = chess_setup();
+    let sampling = SamplingParams { max_tokens: 8, ..SamplingParams::default() };
+    let limits = Limits::default();
+    let phase = phase(&config, &environment, &tasks, &sampling, &limits);
+    let harness = stock_harness("chess/legal-moves").expect("stock").harness();
+    let (report, journal, _) = phase.step(1, &[harness], &policy, &mut trainer, None).expect("step");
+    let pg = report.policy_gradient.clone().expect("a policy-gradient report");
+    assert_eq!(pg.groups, 8);
+    assert!(pg.zero_signal_groups < 8, "some puzzle's rollouts differ: {report:?}");
+    assert_eq!(report.updates, 1, "one mini-batch holds the step");
+    assert_eq!(pg.clip_fraction, Some(0.0), "on-policy: nothing clipped");
+    assert_eq!(pg.ratio_deviation, Some(0.0), "the first update is on-policy: ratio 1");
+    assert!(pg.sampler_deviation.expect("measured") < 1e-3, "the engine and the trainer agree: {pg:?}");
+    assert!(pg.advantage_mean.abs() < pg.advantage_abs_mean, "advantages of both signs: {pg:?}");
+    let examples: Vec<_> = journal.mini_batches.iter().flatten().collect();
+    assert_eq!(examples.len(), report.examples);
+    for example in &examples {
+        assert_eq!(example.behaviour.len(), example.completion.len(), "a log-probability per sampled token");
+        assert!(example.advantage.is_some(), "every example carries its rollout's advantage");
+    }
+    assert_eq!(report.trained_tokens, examples.iter().map(|e| e.completion.len()).sum::<usize>());
+    let trained = weights(&trainer);
+    assert_ne!(trained, start);
+
+    // A resumed run replays the journal onto the same starting weights.
+    let other = Arc::new(common::tiny_policy());
+    let mut replay = SftTrainer::new(other.model(), trainer_config(&config, pad)).expect("trainer");
+    assert_eq!(weights(&replay), start);
+    let journal: whale_loop::weight_phase::StepJournal =
+        serde_json::from_str(&serde_json::to_string(&journal).expect("json")).expect("journal");
+    apply(&mut replay, &journal, &config).expect("replay");
+    assert_eq!(weights(&replay), trained, "bit for bit");
 }

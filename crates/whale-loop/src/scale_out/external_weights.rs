@@ -25,7 +25,7 @@ use crate::scale_out::server::{ServedPolicy, ServerAdmin, ServerError};
 use crate::scale_out::trainer_command::{
     Placeholders, TrainerCommandConfig, TrainerCommandError, TrainerOutput, TrainerRun,
 };
-use crate::weight_phase::StepReport;
+use crate::weight_phase::{Signal, StepReport};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,7 +33,10 @@ use whale_core::{ChatMessage, ModelCall, Trajectory};
 use whale_lm::{load_model, LocalPolicy, LoraAdapter, Qwen3Model};
 
 /// One line of `samples.jsonl`: a model call as a chat, its completion the final assistant
-/// turn, and which turns are trained on (only that last one).
+/// turn, and which turns are trained on (only that last one). Under a policy gradient
+/// (`algorithm = "grpo"` or `"rloo"`) a line also carries its rollout's advantage, the sampled
+/// token ids of the completion and the log-probability the sampling policy gave each; the
+/// advantages of a task's k rollouts sum to zero.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
     pub messages: Vec<ChatMessage>,
@@ -42,6 +45,24 @@ pub struct Sample {
     /// `stop` (the model ended its turn) or `length` (cut off at `max_tokens`); absent: `stop`.
     #[serde(default = "stop")]
     pub finish_reason: String,
+    /// Policy gradient: the advantage of the rollout this call belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advantage: Option<f64>,
+    /// Policy gradient: the index of the rollout's group (its task within the step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<usize>,
+    /// Policy gradient: the index of the rollout within the step (a rollout of several calls
+    /// has a line per call, each with the rollout's advantage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<usize>,
+    /// Policy gradient: the completion as sampled, token by token (the end-of-turn token
+    /// included when one was sampled).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub completion_token_ids: Vec<u32>,
+    /// Policy gradient: per completion token, its log-probability under the sampling policy
+    /// (temperature 1, whole vocabulary).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub behaviour_logprobs: Vec<f32>,
 }
 
 fn stop() -> String {
@@ -63,7 +84,30 @@ impl Sample {
         messages.push(ChatMessage::new("assistant", call.completion.clone()));
         let mut trainable = vec![false; messages.len()];
         trainable[messages.len() - 1] = true;
-        Self { messages, trainable, finish_reason: call.finish_reason.clone() }
+        Self {
+            messages,
+            trainable,
+            finish_reason: call.finish_reason.clone(),
+            advantage: None,
+            group: None,
+            rollout: None,
+            completion_token_ids: Vec::new(),
+            behaviour_logprobs: Vec::new(),
+        }
+    }
+
+    /// The sample of a call for a policy gradient, or `None` when the policy did not report
+    /// its sampled tokens.
+    pub fn with_advantage(call: &ModelCall, advantage: f64, rollout: usize, group: usize) -> Option<Self> {
+        let sampled = call.sampled.as_ref()?;
+        Some(Self {
+            advantage: Some(advantage),
+            group: Some(group),
+            rollout: Some(rollout),
+            completion_token_ids: sampled.ids.clone(),
+            behaviour_logprobs: sampled.logprobs.clone(),
+            ..Self::from_call(call)
+        })
     }
 
     pub fn to_json_line(&self) -> String {
@@ -92,6 +136,27 @@ impl Sample {
         let completion = self.messages.pop().map(|m| m.content).unwrap_or_default();
         Ok(SampleReply { context: self.messages, completion, ends_turn })
     }
+}
+
+/// The samples of a policy-gradient step with the completion tokens of each: every trainable
+/// call of every rollout with an advantage, in rollout and call order (rollouts come in groups
+/// of `k`, one per task). Fails with the task id of a call whose sampled tokens the policy did
+/// not report.
+pub fn policy_gradient_samples(
+    trajectories: &[Trajectory],
+    signal: &Signal,
+    k: usize,
+) -> Result<Vec<(Sample, usize)>, String> {
+    let mut samples = Vec::new();
+    for (index, (trajectory, advantage)) in trajectories.iter().zip(&signal.advantages).enumerate() {
+        let Some(advantage) = advantage else { continue };
+        for call in trajectory.model_calls.iter().filter(|call| call.trainable) {
+            let sample = Sample::with_advantage(call, *advantage, index, index / k.max(1))
+                .ok_or_else(|| trajectory.task_id.clone())?;
+            samples.push((sample, call.completion_tokens));
+        }
+    }
+    Ok(samples)
 }
 
 /// `rollouts.json`: what a step's rollouts produced, kept so that a retried step does not roll
@@ -336,6 +401,7 @@ mod tests {
             trainable: true,
             finish_reason: "stop".to_string(),
             latency_ms: 1.0,
+            sampled: None,
         };
         let sample = Sample::from_call(&call);
         assert_eq!(sample.messages.len(), 5);

@@ -7,7 +7,7 @@
 mod agent;
 mod command;
 mod confine;
-mod mutate;
+pub(crate) mod mutate;
 
 pub use agent::{AgentConfig, AgentProposer};
 pub use command::{CommandConfig, CommandProposer};
@@ -48,6 +48,12 @@ pub struct ProposalContext<'a> {
     pub examples: &'a [Trajectory],
     /// The limits every rollout runs under; a candidate must validate under them.
     pub limits: &'a Limits,
+    /// Candidates may change only the incumbent's prompt text (fast-slow's fast half); the
+    /// search rejects any other change unscored.
+    pub prompt_only: bool,
+    /// The incumbent's failed rollouts on the search tasks under the current weights, for a
+    /// proposer to reflect on.
+    pub failures: &'a [Trajectory],
 }
 
 impl ProposalContext<'_> {
@@ -161,6 +167,8 @@ mod tests {
             seed: 0,
             examples: &[],
             limits: &limits,
+            prompt_only: false,
+            failures: &[],
         };
         let first = ctx.session_path("json");
         assert_eq!(first, dir.path().join("sessions/7.json"));

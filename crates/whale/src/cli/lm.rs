@@ -150,6 +150,11 @@ pub enum LmCommand {
         /// run's updates (a WHALE run passes `{metrics}` here and shows L in its weight-step line).
         #[arg(long, value_name = "FILE")]
         metrics: Option<PathBuf>,
+        /// For policy-gradient samples (a WHALE step under `algorithm = "grpo"` or `"rloo"`
+        /// writes each call with its advantage and sampled tokens): PPO's clip range. Such
+        /// data are trained on with the clipped surrogate, not the supervised loss.
+        #[arg(long, default_value_t = 0.2)]
+        clip_epsilon: f64,
     },
     /// Fold a LoRA adapter into its base model: writes a full checkpoint (config.json,
     /// model.safetensors in the base's dtype, generation_config.json, tokenizer files).
@@ -246,6 +251,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             resume_adapter,
             keep_order,
             metrics,
+            clip_epsilon,
         } => {
             let lora = lora_rank.map(|rank| {
                 let defaults = LoraConfig::default();
@@ -257,8 +263,19 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 }
             });
             let resume_adapter = resume_adapter.filter(|dir| !dir.is_empty()).map(PathBuf::from);
-            let settings =
-                SftSettings { epochs, learning_rate: lr, batch_size: batch, seed, lora, resume_adapter, keep_order };
+            if !(clip_epsilon > 0.0 && clip_epsilon < 1.0) {
+                anyhow::bail!("--clip-epsilon must lie in (0, 1), got {clip_epsilon}");
+            }
+            let settings = SftSettings {
+                epochs,
+                learning_rate: lr,
+                batch_size: batch,
+                seed,
+                lora,
+                resume_adapter,
+                keep_order,
+                clip_epsilon,
+            };
             let (mut loss_sum, mut tokens) = (0.0, 0usize);
             let mut on_step = |stats: &whale_lm::StepStats, total: u64| {
                 eprintln!("step {}/{total} loss {:.4} ({} tokens)", stats.step, stats.loss, stats.tokens);
@@ -272,10 +289,11 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                     .with_context(|| format!("writing {}", file.display()))?;
             }
             println!(
-                "trained {} {} on {} examples, {} steps in all: loss {:.4} -> {:.4}; wrote {}",
+                "trained {} {} on {} {}examples, {} steps in all: loss {:.4} -> {:.4}; wrote {}",
                 report.trained_parameters,
                 if report.adapter { "adapter parameters" } else { "parameters" },
                 report.examples,
+                if report.policy_gradient { "policy-gradient " } else { "" },
                 report.steps,
                 report.loss_before,
                 report.loss_after,

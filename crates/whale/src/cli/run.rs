@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
-use whale_loop::compare::{compare, Comparison};
+use whale_loop::compare::{compare, Arm, Comparison};
 use whale_loop::condition::Condition;
 use whale_loop::config::RunConfig;
 use whale_loop::experiment::{Experiment, Verbosity};
@@ -54,9 +54,11 @@ impl CommonArgs {
 pub struct CompareArgs {
     /// The experiment config (TOML; see examples/).
     config: PathBuf,
-    /// Only these conditions (default: all six).
+    /// Only these conditions (default: all six). `CONDITION:ALGORITHM` runs a condition with
+    /// another weight-phase algorithm (rft, grpo, rloo) beside it, e.g.
+    /// `--conditions weight-only,weight-only:grpo` (run directory `weight-only-grpo`).
     #[arg(long, value_delimiter = ',')]
-    conditions: Vec<Condition>,
+    conditions: Vec<Arm>,
     /// The comparison's name (default: the config's); its directory is RUNS/NAME.
     #[arg(long)]
     name: Option<String>,
@@ -113,7 +115,11 @@ pub fn compare_command(args: CompareArgs) -> Result<ExitCode> {
     if let Some(name) = &args.name {
         config.name = name.clone();
     }
-    let conditions = if args.conditions.is_empty() { Condition::ALL.to_vec() } else { args.conditions.clone() };
+    let conditions: Vec<Arm> = if args.conditions.is_empty() {
+        Condition::ALL.into_iter().map(Arm::from).collect()
+    } else {
+        args.conditions.clone()
+    };
     let started = Instant::now();
     let result = compare(&config, &args.common.runs.join(&config.name), &conditions, args.common.verbosity())?;
     print_comparison(&result, started);

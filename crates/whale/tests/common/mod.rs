@@ -129,12 +129,16 @@ pub fn untimed(trajectory: &Trajectory) -> serde_json::Value {
     value
 }
 
-/// Without its timing fields, which differ between any two runs.
+/// Without its timing fields, which differ between any two runs, and the measured gap between
+/// the engine's and the trainer's log-probabilities (its last bits depend on how the engine
+/// happened to batch).
 pub fn untimed_json(mut value: serde_json::Value) -> serde_json::Value {
     fn strip(value: &mut serde_json::Value) {
         match value {
             serde_json::Value::Object(fields) => {
-                let timing = |key: &str| key.contains("seconds") || ["wall_s", "wall", "latency_ms"].contains(&key);
+                let timing = |key: &str| {
+                    key.contains("seconds") || ["wall_s", "wall", "latency_ms", "sampler_deviation"].contains(&key)
+                };
                 fields.retain(|key, _| !timing(key));
                 fields.values_mut().for_each(strip);
             }

@@ -176,7 +176,7 @@ fn system_prompt() -> String {
 
 fn task_prompt(ctx: &ProposalContext<'_>) -> String {
     let incumbent = &ctx.incumbent.meta;
-    format!(
+    let task = format!(
         "Iteration {iteration}, domain {domain}. The incumbent is candidates/{id}/harness.js (hash {hash}); its \
          scores and traces under the current weights are in results/{hash}/w{version}/. summary.jsonl logs every \
          earlier candidate, frontier.json the Pareto front. Write {m} candidate(s) with write_candidate, then stop.",
@@ -186,5 +186,13 @@ fn task_prompt(ctx: &ProposalContext<'_>) -> String {
         hash = incumbent.hash,
         version = ctx.weights_version,
         m = ctx.candidates,
+    );
+    if !ctx.prompt_only {
+        return task;
+    }
+    format!(
+        "{task}\nThis search edits prompt text only: read the incumbent's failed traces, then change only the text \
+         inside its string and template literals (instructions, wording, examples written into the prompt). Any \
+         change to code, control flow, tool use or parsing, even a ${{}} substitution, is rejected unscored."
     )
 }

@@ -17,11 +17,11 @@ mod instructions;
 mod layers;
 mod mechanisms;
 mod phrases;
-mod tokens;
+pub(crate) mod tokens;
 
 use super::{Proposal, ProposalContext, Proposer, ProposerError};
 use mechanisms::{Formatting, Parsing, Shot};
-use phrases::{Phrase, PHRASES};
+use phrases::{Failure, Phrase, PHRASES};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -64,6 +64,9 @@ pub enum Mutation {
 }
 
 impl Mutation {
+    /// The edits of the prompt text alone: what fast-slow's fast half may do.
+    pub const PROMPT_TEXT: [Mutation; 3] = [Mutation::AddPhrase, Mutation::RewriteSentence, Mutation::DropSentence];
+
     pub const ALL: [Mutation; 10] = [
         Mutation::AddPhrase,
         Mutation::RewriteSentence,
@@ -102,8 +105,8 @@ impl MutateProposer {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let source = &ctx.incumbent.source;
         let (edited, hypothesis) = match mutation {
-            Mutation::AddPhrase => add_phrase(source, ctx.limits, &mut rng),
-            Mutation::RewriteSentence => rewrite_sentence(source, &mut rng),
+            Mutation::AddPhrase => add_phrase(source, ctx, &mut rng),
+            Mutation::RewriteSentence => rewrite_sentence(source, ctx, &mut rng),
             Mutation::DropSentence => drop_sentence(source, &mut rng),
             Mutation::ToolStep => tool_step(source, ctx, &mut rng),
             Mutation::DropLayer => drop_layer(source, &mut rng),
@@ -126,6 +129,9 @@ impl Proposer for MutateProposer {
     fn propose(&mut self, ctx: &ProposalContext<'_>) -> Result<Vec<Proposal>, ProposerError> {
         let mut rng = ChaCha8Rng::seed_from_u64(ctx.seed ^ ctx.iteration.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let mut order = self.mutations.clone();
+        if ctx.prompt_only {
+            order.retain(|m| Mutation::PROMPT_TEXT.contains(m));
+        }
         order.shuffle(&mut rng);
         let mut seen: HashSet<String> = HashSet::from([ctx.incumbent.meta.hash.clone()]);
         let mut proposals = Vec::new();
@@ -161,12 +167,49 @@ fn phrase_outside(text: &str, rng: &mut ChaCha8Rng) -> Option<Phrase> {
     fresh.choose(rng).copied()
 }
 
+/// The reflection step of a prompt-only proposal: the incumbent's failed search rollouts by
+/// kind, the most common kind, and a sentence saying so. `None` when there is nothing to
+/// reflect on (or the proposal may change more than the prompt).
+fn reflection(ctx: &ProposalContext<'_>) -> Option<(Failure, String)> {
+    if !ctx.prompt_only || ctx.failures.is_empty() {
+        return None;
+    }
+    let mut counts: Vec<(Failure, usize)> = Vec::new();
+    for failure in ctx.failures.iter().map(Failure::of) {
+        match counts.iter_mut().find(|(kind, _)| *kind == failure) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((failure, 1)),
+        }
+    }
+    counts.sort_by_key(|&(kind, n)| (std::cmp::Reverse(n), kind));
+    let tally: Vec<String> = counts.iter().map(|(kind, n)| format!("{n} {}", kind.describe())).collect();
+    let summary = format!(
+        "Reflection on the incumbent's {} failed search rollouts ({}): the instruction targets the most common failure. ",
+        ctx.failures.len(),
+        tally.join(", ")
+    );
+    Some((counts[0].0, summary))
+}
+
+/// A phrase not yet in `text`: with a reflection, one that answers its failure when there is
+/// one; otherwise any.
+fn phrase_for(text: &str, reflection: Option<Failure>, rng: &mut ChaCha8Rng) -> Option<Phrase> {
+    let Some(failure) = reflection else { return phrase_outside(text, rng) };
+    let fresh: Vec<Phrase> = PHRASES.into_iter().filter(|p| !text.contains(p.text)).collect();
+    let answering: Vec<Phrase> = fresh.iter().copied().filter(|p| p.remedy == failure).collect();
+    if answering.is_empty() { fresh.choose(rng) } else { answering.choose(rng) }.copied()
+}
+
 const REFUTED: &str = "Refuted if the success rate does not rise, or cost rises without a success gain.";
 
-fn add_phrase(source: &str, limits: &Limits, rng: &mut ChaCha8Rng) -> Edit {
+fn add_phrase(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+    let reflection = reflection(ctx);
     let literals: Vec<_> =
         instructions::instructions(source).into_iter().filter(|l| l.accepts_append(source)).collect();
     let Some(literal) = literals.choose(rng) else {
+        if ctx.prompt_only {
+            return None;
+        }
         let phrase = phrase_outside(source, rng)?;
         let hypothesis = format!(
             "Prompt rewrite: add the instruction \"{}\" to the system message of every model call (the harness \
@@ -174,12 +217,13 @@ fn add_phrase(source: &str, limits: &Limits, rng: &mut ChaCha8Rng) -> Edit {
             phrase.text, phrase.why
         );
         let edited =
-            layers::add_layer(source, "instruction", &hypothesis, &mechanisms::instruction(phrase.text), limits)?;
+            layers::add_layer(source, "instruction", &hypothesis, &mechanisms::instruction(phrase.text), ctx.limits)?;
         return Some((edited, hypothesis));
     };
-    let phrase = phrase_outside(literal.text(source), rng)?;
+    let phrase = phrase_for(literal.text(source), reflection.as_ref().map(|r| r.0), rng)?;
     let hypothesis = format!(
-        "Prompt rewrite: add \"{}\" to the instruction \"{}\", because {}. {REFUTED}",
+        "{}Prompt rewrite: add \"{}\" to the instruction \"{}\", because {}. {REFUTED}",
+        reflection.map(|r| r.1).unwrap_or_default(),
         phrase.text,
         excerpt(literal.text(source)),
         phrase.why
@@ -187,16 +231,18 @@ fn add_phrase(source: &str, limits: &Limits, rng: &mut ChaCha8Rng) -> Edit {
     Some((literal.append(source, phrase.text), hypothesis))
 }
 
-fn rewrite_sentence(source: &str, rng: &mut ChaCha8Rng) -> Edit {
+fn rewrite_sentence(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+    let reflection = reflection(ctx);
     let literals: Vec<_> =
         instructions::instructions(source).into_iter().filter(|l| !l.sentences(source).is_empty()).collect();
     let literal = literals.choose(rng)?;
     let sentences = literal.sentences(source);
     let index = rng.gen_range(0..sentences.len());
     let old = &source[sentences[index].clone()];
-    let phrase = phrase_outside(literal.text(source), rng)?;
+    let phrase = phrase_for(literal.text(source), reflection.as_ref().map(|r| r.0), rng)?;
     let hypothesis = format!(
-        "Prompt rewrite: replace \"{}\" with \"{}\", because {}. {REFUTED}",
+        "{}Prompt rewrite: replace \"{}\" with \"{}\", because {}. {REFUTED}",
+        reflection.map(|r| r.1).unwrap_or_default(),
         excerpt(old),
         phrase.text,
         phrase.why

@@ -179,6 +179,25 @@ fn template_end(bytes: &[u8], i: usize) -> (usize, bool) {
     (bytes.len(), substitutions)
 }
 
+/// The `${…}` substitutions of a template literal token's text, each with its braces.
+pub(crate) fn substitutions(template: &str) -> Vec<&str> {
+    let bytes = template.as_bytes();
+    let mut found = Vec::new();
+    let mut j = 1;
+    while j < bytes.len() {
+        match bytes[j] {
+            b'\\' => j += 2,
+            b'$' if bytes.get(j + 1) == Some(&b'{') => {
+                let end = substitution_end(bytes, j + 2).min(bytes.len());
+                found.push(&template[j..end]);
+                j = end;
+            }
+            _ => j += 1,
+        }
+    }
+    found
+}
+
 /// The end (exclusive) of a `${…}` substitution whose body starts at `i`.
 fn substitution_end(bytes: &[u8], mut i: usize) -> usize {
     let mut depth = 0usize;
