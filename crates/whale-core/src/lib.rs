@@ -13,7 +13,7 @@ pub mod task;
 pub mod trajectory;
 
 pub use ledger::{Ledger, Purpose, Spend};
-pub use metrics::{Estimate, Scores, TaskSamples};
+pub use metrics::{bootstrap_nested_mean, Estimate, Scores, TaskSamples};
 pub use pareto::Objectives;
 pub use task::{Domain, Split, Task};
 pub use trajectory::{

@@ -95,6 +95,34 @@ pub fn bootstrap_mean(values: &[f64], resamples: usize, seed: u64) -> Estimate {
     Estimate { value, lo: at(0.025), hi: at(0.975) }
 }
 
+/// Percentile bootstrap (95%) of a mean over seeds of per-seed means over tasks, with seeds
+/// as a level: each resample draws the seeds with replacement, then within each drawn seed
+/// its tasks with replacement. `per_seed[s]` holds seed s's values (paired differences, one
+/// per test task); a seed without values is left out.
+pub fn bootstrap_nested_mean(per_seed: &[Vec<f64>], resamples: usize, seed: u64) -> Estimate {
+    let seeds: Vec<&Vec<f64>> = per_seed.iter().filter(|values| !values.is_empty()).collect();
+    if seeds.is_empty() {
+        return Estimate { value: 0.0, lo: 0.0, hi: 0.0 };
+    }
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len() as f64;
+    let value = seeds.iter().map(|values| mean(values)).sum::<f64>() / seeds.len() as f64;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut means: Vec<f64> = (0..resamples.max(1))
+        .map(|_| {
+            let total: f64 = (0..seeds.len())
+                .map(|_| {
+                    let values = seeds[rng.gen_range(0..seeds.len())];
+                    (0..values.len()).map(|_| values[rng.gen_range(0..values.len())]).sum::<f64>() / values.len() as f64
+                })
+                .sum();
+            total / seeds.len() as f64
+        })
+        .collect();
+    means.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| means[((q * (means.len() - 1) as f64).round() as usize).min(means.len() - 1)];
+    Estimate { value, lo: at(0.025), hi: at(0.975) }
+}
+
 /// All three scores with 1000-resample bootstrap intervals.
 pub fn score(tasks: &[TaskSamples], k: usize) -> Scores {
     let per = |f: &dyn Fn(&TaskSamples) -> f64| tasks.iter().map(f).collect::<Vec<_>>();
@@ -155,5 +183,23 @@ mod tests {
         assert!((s.mean.value - 0.75).abs() < 1e-12);
         assert!((s.pass.value - 1.0).abs() < 1e-12);
         assert!((s.maj.value - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_nested_bootstrap_matches_its_exact_distribution_on_small_tables() {
+        // One seed, two tasks: a resample's mean is d1 (p 1/4), the midpoint (1/2) or d2 (1/4),
+        // so the 2.5% and 97.5% points are d1 and d2 exactly.
+        let one = bootstrap_nested_mean(&[vec![-0.5, 0.25]], 2000, 3);
+        assert_eq!((one.value, one.lo, one.hi), (-0.125, -0.5, 0.25));
+        // Two seeds of one task each: the seeds are the level that varies.
+        let two = bootstrap_nested_mean(&[vec![0.1], vec![0.3]], 2000, 3);
+        assert!((two.value - 0.2).abs() < 1e-12);
+        assert_eq!((two.lo, two.hi), (0.1, 0.3));
+        // Identical differences everywhere: no spread at all.
+        let flat = bootstrap_nested_mean(&[vec![0.0; 5], vec![0.0; 5]], 500, 3);
+        assert_eq!((flat.value, flat.lo, flat.hi), (0.0, 0.0, 0.0));
+        // A seed without values is left out, and nothing at all gives zero.
+        assert_eq!(bootstrap_nested_mean(&[vec![], vec![0.4]], 100, 1).value, 0.4);
+        assert_eq!(bootstrap_nested_mean(&[], 100, 1).value, 0.0);
     }
 }

@@ -56,9 +56,11 @@ pub struct Completion {
 
 impl Completion {
     /// The sampled tokens with their log-probabilities; `None` when the policy did not report
-    /// one log-probability per token (a server that returns neither, or not both).
+    /// one finite log-probability per token (a server that returns neither, not both, or a
+    /// `null` log-probability).
     pub fn sampled(&self) -> Option<SampledTokens> {
-        (!self.token_ids.is_empty() && self.token_ids.len() == self.logprobs.len())
+        let complete = !self.token_ids.is_empty() && self.token_ids.len() == self.logprobs.len();
+        (complete && self.logprobs.iter().all(|l| l.is_finite()))
             .then(|| SampledTokens { ids: self.token_ids.clone(), logprobs: self.logprobs.clone() })
     }
 

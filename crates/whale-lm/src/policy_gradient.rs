@@ -15,7 +15,8 @@
 //! log-probability is the model's at temperature 1 over the whole vocabulary: what the engine
 //! records when it samples ([`crate::SampledToken::logprob`]) and what [`completion_logprobs`]
 //! computes, which a caller uses for `behaviour` so that the first update of a step has ratio
-//! exactly 1. Where the clipped term is the smaller one its gradient is zero, so each token's
+//! 1 (up to float rounding between micro-batch layouts, and a LoRA adapter's dropout, which
+//! only the training pass applies). Where the clipped term is the smaller one its gradient is zero, so each token's
 //! term is built from a mask decided on the forward pass's values.
 
 use crate::model::Qwen3Model;
@@ -271,7 +272,12 @@ impl SftTrainer {
     }
 
     /// Micro-batches of similar lengths (longest first), and how many examples were cut.
+    /// Every example is checked first, so that an error names its place in `examples`.
     fn pg_micro_batches(&self, examples: &[PgExample]) -> Result<(Vec<PgBatch>, usize), TrainError> {
+        let with_reference = examples.first().is_some_and(|e| !e.reference.is_empty());
+        for (index, example) in examples.iter().enumerate() {
+            check(index, example, with_reference)?;
+        }
         let mut order: Vec<&PgExample> = examples.iter().collect();
         order.sort_by_key(|example| std::cmp::Reverse(example.prompt.len() + example.completion.len()));
         let (pad, max_seq_len) = (self.config().pad_token_id, self.config().max_seq_len);

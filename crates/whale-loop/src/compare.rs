@@ -72,7 +72,13 @@ impl std::str::FromStr for Arm {
                 (condition, Some(algorithm))
             }
         };
-        Ok(Self { condition: condition.parse()?, algorithm })
+        let condition: Condition = condition.parse()?;
+        if condition == Condition::FastSlow && algorithm == Some(Algorithm::Rft) {
+            return Err(
+                "fast-slow trains its slow weights with a policy gradient: fast-slow:grpo or fast-slow:rloo".into()
+            );
+        }
+        Ok(Self { condition, algorithm })
     }
 }
 
@@ -144,5 +150,6 @@ mod tests {
         assert_eq!((plain.name(), plain.config(&config).weights.algorithm), ("whale".to_string(), Algorithm::Rft));
         assert!("whale:ppo".parse::<Arm>().expect_err("unknown").contains("expected rft, grpo or rloo"));
         assert!("nothing:grpo".parse::<Arm>().expect_err("unknown").contains("unknown condition"));
+        assert!("fast-slow:rft".parse::<Arm>().expect_err("fast-slow learns by RL").contains("policy gradient"));
     }
 }

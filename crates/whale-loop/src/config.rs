@@ -263,8 +263,8 @@ pub struct WeightConfig {
     /// every rollout: plain self-distillation, useful to exercise training on an untrained
     /// model). Either algorithm: the kept rollouts are the examples the proposer is shown.
     pub reward_threshold: f64,
-    /// Examples (trainable model calls) per optimizer update; one step is one pass over the
-    /// kept examples in mini-batches of this size.
+    /// Examples (trainable model calls) per optimizer update; a step is one pass (a policy
+    /// gradient: `epochs` passes) over its examples in mini-batches of this size.
     pub mini_batch: usize,
     /// Examples per forward/backward pass (gradient accumulation within a mini-batch).
     pub micro_batch: usize,
@@ -612,6 +612,12 @@ impl RunConfig {
         }
         if let Some(trainer) = &self.weights.trainer {
             trainer.validate()?;
+            if self.weights.policy_gradient != PolicyGradientConfig::default() {
+                let reason = "an external trainer takes its own settings on its command line (pg_transformers.py \
+                              --clip-epsilon, --epochs; whale lm train --clip-epsilon); leave this table out"
+                    .to_string();
+                return Err(("weights.policy_gradient", reason));
+            }
         }
         if self.weights.trainer.is_some() && self.weights.lora.is_some() {
             let reason = "configures whale's own trainer; an external trainer ([weights.trainer]) takes its LoRA \

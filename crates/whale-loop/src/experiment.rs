@@ -331,6 +331,7 @@ impl Experiment {
         verbosity: Verbosity,
         base_evals: Vec<EvalMemo>,
     ) -> Result<Self, ExperimentError> {
+        let config = config.for_condition();
         let dir = RunDir::create(root)?;
         if !dir.has_state() {
             return Self::create_with(config, root, verbosity, base_evals);

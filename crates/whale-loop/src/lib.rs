@@ -4,10 +4,11 @@
 //! model, the initial harness and a [`condition::Condition`]; the [`schedule`] turns the
 //! condition into a plan and decides, from the outcomes so far, which phase runs next and when
 //! to stop. The [`weight_phase`] rolls out a batch of training tasks under the current harness
-//! and updates the weights (online RFT); the [`search_phase`] runs Meta-Harness iterations with
+//! and updates the weights (online RFT, GRPO or RLOO); the [`search_phase`] runs Meta-Harness iterations with
 //! the weights fixed. [`test_eval`] scores the current agent on the test split at the points the
 //! schedule marks. [`run_dir`] writes every completed unit so that [`experiment`] resumes a
-//! killed run exactly; [`report`] and [`compare`] turn finished runs into tables and plots.
+//! killed run exactly; [`report`] and [`compare`] turn finished runs into tables and plots, and
+//! [`study`] repeats comparisons over seeds and domains and pools them.
 //! [`scale_out`] replaces the in-process model by an inference server and an external trainer.
 
 pub mod compare;
@@ -19,5 +20,6 @@ pub mod run_dir;
 pub mod scale_out;
 pub mod schedule;
 pub mod search_phase;
+pub mod study;
 pub mod test_eval;
 pub mod weight_phase;

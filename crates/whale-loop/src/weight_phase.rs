@@ -101,14 +101,17 @@ impl JournalExample {
         SftExample { prompt: self.prompt.clone(), completion: self.completion.clone() }
     }
 
-    fn to_pg_example(&self) -> PgExample {
-        PgExample {
+    fn to_pg_example(&self) -> Result<PgExample, TrainError> {
+        let advantage = self
+            .advantage
+            .ok_or_else(|| TrainError::Batch("a policy-gradient journal example without an advantage".into()))?;
+        Ok(PgExample {
             prompt: self.prompt.clone(),
             completion: self.completion.clone(),
-            advantage: self.advantage.unwrap_or(0.0),
+            advantage,
             behaviour: self.behaviour.clone(),
             reference: self.reference.clone(),
-        }
+        })
     }
 }
 
@@ -170,13 +173,16 @@ pub struct StepReport {
     pub updates: usize,
     /// Mean loss per completion token over the pass (before each update), if any.
     pub loss: Option<f64>,
-    /// Completion tokens trained on.
+    /// Completion tokens trained on, summed over the updates (a policy gradient's epochs each
+    /// count); with an external trainer, the samples' completion tokens once.
     pub trained_tokens: usize,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     /// Rollouts per harness id (more than one under fast-slow).
     pub harnesses: Vec<(String, usize)>,
     pub rollout_seconds: f64,
+    /// Everything after the rollouts: the examples, a policy gradient's passes for the old and
+    /// reference log-probabilities, and the updates.
     pub train_seconds: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_gradient: Option<PolicyGradientReport>,
@@ -294,6 +300,7 @@ impl WeightPhase<'_> {
         let rollout_policy: Arc<dyn Policy> = policy.clone();
         let trajectories = self.rollouts(step, population, &rollout_policy)?;
         let rollout_seconds = started.elapsed().as_secs_f64();
+        let started = Instant::now();
         let kept = kept(&trajectories, self.config.reward_threshold);
         let (examples, signal) = if self.config.algorithm.is_policy_gradient() {
             let mut signal = self.signal(&trajectories);
@@ -313,7 +320,6 @@ impl WeightPhase<'_> {
             mini_batches: self.mini_batches(step, examples.clone()),
             epochs: if signal.is_some() { self.config.policy_gradient.epochs } else { 1 },
         };
-        let started = Instant::now();
         let pass = apply(trainer, &journal, self.config)?;
         let report = StepReport {
             updates: pass.updates,
@@ -621,7 +627,7 @@ fn apply_policy_gradient(
     let (mut loss, mut clipped, mut kl, mut deviation) = (0.0, 0.0, None::<f64>, 0.0f64);
     for _ in 0..journal.epochs {
         for batch in &journal.mini_batches {
-            let examples: Vec<PgExample> = batch.iter().map(JournalExample::to_pg_example).collect();
+            let examples: Vec<PgExample> = batch.iter().map(JournalExample::to_pg_example).collect::<Result<_, _>>()?;
             let update = match trainer.policy_gradient_step(&examples, &objective) {
                 Ok(update) => update,
                 Err(TrainError::NoTrainableTokens) => continue,

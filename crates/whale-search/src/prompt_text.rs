@@ -1,8 +1,10 @@
 //! Whether two harnesses differ only in their prompt text: fast-slow's fast half may rewrite
-//! what a harness says to the model (instructions, phrasing, the text of its messages) but
-//! never what it does (control flow, tools, parsing). Both sources are lexed, every string and
+//! what a harness says to the model (instructions, phrasing, the text of its messages) but not
+//! its code (control flow, calls, expressions). Both sources are lexed, every string and
 //! template literal's text is blanked (a template's `${…}` substitutions are code and stay),
-//! comments and layout are dropped, and what remains must be the same token for token.
+//! comments and layout are dropped, and what remains must be the same token for token. A
+//! literal's text counts as text whatever the code does with it, so a stop string or a split
+//! marker may change too.
 
 use crate::proposer::mutate::tokens::{substitutions, tokenize, TokenKind};
 

@@ -223,7 +223,9 @@ pub struct SftReport {
 /// is drawn from the seed and the number of updates done before it, so a LoRA run continued
 /// epoch by epoch with `resume_adapter` ends exactly where one uninterrupted run does.
 /// Policy-gradient samples (a WHALE step's under GRPO or RLOO) are trained on with the clipped
-/// surrogate instead of the supervised loss. `on_step` sees every step.
+/// surrogate instead of the supervised loss, against the log-probabilities the starting weights
+/// of this invocation give their tokens (so, unlike supervised data, several epochs in one
+/// invocation are not the same as one epoch per resumed invocation). `on_step` sees every step.
 pub fn train_sft(
     model_dir: &Path,
     data: &Path,

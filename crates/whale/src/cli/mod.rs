@@ -32,6 +32,10 @@ enum Command {
     Run(run::RunArgs),
     /// Run every condition of a config with the same seeds and rollout budget, then report.
     Compare(run::CompareArgs),
+    /// Every condition of every config (one per domain) under several seeds, and each
+    /// condition's difference from WHALE paired over test tasks and pooled over seeds, into
+    /// runs/NAME/ (study.json, report.html). Resumable: run it again after a kill.
+    Study(run::StudyArgs),
     /// Write the HTML report (plot and tables) of run directories.
     Report(run::ReportArgs),
     /// Read a run's harness archive: frontier, top candidates, diffs, traces.
@@ -85,6 +89,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Demo(args) => run::demo_command(args),
         Command::Run(args) => run::run(args),
         Command::Compare(args) => run::compare_command(args),
+        Command::Study(args) => run::study_command(args),
         Command::Report(args) => run::report_command(args),
         Command::Archive(args) => archive::run(args),
         Command::Data(command) => data::run(command),

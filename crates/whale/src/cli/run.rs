@@ -13,6 +13,7 @@ use whale_loop::condition::Condition;
 use whale_loop::config::RunConfig;
 use whale_loop::experiment::{Experiment, Verbosity};
 use whale_loop::report::{self, comparison, table_text};
+use whale_loop::study;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -64,6 +65,49 @@ pub struct CompareArgs {
     name: Option<String>,
     #[command(flatten)]
     common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct StudyArgs {
+    /// Experiment configs (TOML), one per domain; each config's name names its part.
+    #[arg(required = true)]
+    configs: Vec<PathBuf>,
+    /// The seeds: a count N (seeds 0 to N-1) or a comma-separated list (`7,8`).
+    #[arg(long, default_value = "3")]
+    seeds: Seeds,
+    /// Only these conditions (default: all six); `CONDITION:ALGORITHM` as in `whale compare`.
+    #[arg(long, value_delimiter = ',')]
+    conditions: Vec<Arm>,
+    /// Smaller splits and budgets (at most 16 search and 32 test tasks, an eighth of the
+    /// budget, phases of at most 2 weight steps and 2 search iterations, mean@4), the same
+    /// code path.
+    #[arg(long)]
+    quick: bool,
+    /// The study's name; its directory is RUNS/NAME.
+    #[arg(long, default_value = "study")]
+    name: String,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// `--seeds`: a count or a list.
+#[derive(Debug, Clone)]
+struct Seeds(Vec<u64>);
+
+impl std::str::FromStr for Seeds {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let numbers: Vec<u64> = text
+            .split(',')
+            .map(|part| part.trim().parse::<u64>().map_err(|_| format!("`{part}` is not a seed")))
+            .collect::<Result<_, _>>()?;
+        match numbers.as_slice() {
+            [0] => Err("at least one seed".to_string()),
+            [count] if !text.contains(',') => Ok(Seeds((0..*count).collect())),
+            _ => Ok(Seeds(numbers)),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -123,6 +167,25 @@ pub fn compare_command(args: CompareArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let result = compare(&config, &args.common.runs.join(&config.name), &conditions, args.common.verbosity())?;
     print_comparison(&result, started);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn study_command(args: StudyArgs) -> Result<ExitCode> {
+    let configs = args.configs.iter().map(|file| RunConfig::load(file)).collect::<Result<Vec<_>, _>>()?;
+    let arms = if args.conditions.is_empty() {
+        Condition::ALL.into_iter().map(Arm::from).collect()
+    } else {
+        args.conditions.clone()
+    };
+    let plan = study::StudyPlan { configs, seeds: args.seeds.0.clone(), arms, quick: args.quick };
+    let root = args.common.runs.join(&args.name);
+    let started = Instant::now();
+    let result = study::run(&plan, &root, args.common.verbosity())
+        .context("the study stopped; every finished run is kept, and the same command continues from there")?;
+    print!("{}", study::text(&result));
+    println!("study: {}", display(&root.join("study.json")));
+    println!("report: {}", display(&root.join("report.html")));
+    println!("wall time: {:.0} s", started.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
 }
 
