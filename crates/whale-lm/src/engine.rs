@@ -320,11 +320,9 @@ impl LocalPolicy {
         stops: &[String],
     ) -> Result<Completion, PolicyError> {
         let Generated { token_ids, logprobs, finish_reason } = generated;
-        let body = match token_ids.split_last() {
-            Some((last, body)) if self.eos.contains(last) => body,
-            _ => &token_ids[..],
-        };
-        let mut text = self.tokenizer.decode(body, false)?;
+        // The end-of-sequence token ends the text; with `ignore_eos` there may be several.
+        let body: Vec<u32> = token_ids.iter().copied().filter(|token| !self.eos.contains(token)).collect();
+        let mut text = self.tokenizer.decode(&body, false)?;
         if let Some(found) = StopMatcher::new(stops).find(&text) {
             text.truncate(found.start);
         }
@@ -428,6 +426,8 @@ struct Sequence {
     reply: Sender<Reply>,
     sampler: Sampler,
     stops: Option<StopMatcher>,
+    /// Sample past end-of-sequence tokens.
+    ignore_eos: bool,
     /// Most tokens to sample: `max_tokens`, or fewer where the context window ends first.
     limit: usize,
     cache: KvCache,
@@ -444,6 +444,7 @@ impl Sequence {
     fn new(job: Job, sampler: Sampler, cache: KvCache, context_window: usize) -> Self {
         let stops = job.params.stop.iter().any(|stop| !stop.is_empty()).then(|| StopMatcher::new(&job.params.stop));
         Self {
+            ignore_eos: job.params.ignore_eos,
             limit: job.params.max_tokens.min(context_window.saturating_sub(job.prompt.len())),
             feed: job.prompt.clone(),
             prompt: job.prompt,
@@ -486,7 +487,7 @@ impl Sequence {
         tokenizer: &Tokenizer,
         eos: &[u32],
     ) -> Result<Option<FinishReason>, PolicyError> {
-        if eos.contains(&token) {
+        if eos.contains(&token) && !self.ignore_eos {
             return Ok(Some(FinishReason::Stop));
         }
         if let Some(stops) = &self.stops {

@@ -25,11 +25,14 @@ pub struct SamplingParams {
     /// Generation ends before the earliest occurrence of any of these in the decoded text.
     pub stop: Vec<String>,
     pub seed: u64,
+    /// Generate past end-of-sequence tokens, to `max_tokens` or a stop string (vLLM's and
+    /// llama.cpp's `ignore_eos`): a benchmark's replies then all have the same length.
+    pub ignore_eos: bool,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, top_k: 20, max_tokens: 1024, stop: Vec::new(), seed: 0 }
+        Self { temperature: 1.0, top_p: 1.0, top_k: 20, max_tokens: 1024, stop: Vec::new(), seed: 0, ignore_eos: false }
     }
 }
 

@@ -445,3 +445,21 @@ fn a_cancelled_stream_stops_generating_at_its_next_token() {
     let after = policy.generate(prompt_of(&ask(1)), &sampled(3, 8)).expect("the engine still serves");
     assert_eq!(after.completion_tokens, 8);
 }
+
+#[test]
+fn ignore_eos_generates_to_max_tokens_past_the_end_of_sequence_tokens() {
+    let probe = engine(model_without_eos(5), EngineConfig::default());
+    let first = chat(&probe, ask(0), greedy(12)).expect("completion");
+    // Make the first token greedy decoding picks an end-of-sequence token: the reply stops at once.
+    let eos = first.token_ids[0];
+    let policy = engine(model_without_eos(5), EngineConfig { eos_token_ids: vec![eos], ..EngineConfig::default() });
+    let stopped = chat(&policy, ask(0), greedy(12)).expect("completion");
+    assert_eq!((stopped.token_ids.clone(), stopped.finish_reason), (vec![eos], FinishReason::Stop));
+    assert_eq!(stopped.text, "", "the end-of-sequence token is not text");
+    let params = SamplingParams { ignore_eos: true, ..greedy(12) };
+    let full = chat(&policy, ask(0), params).expect("completion");
+    assert_eq!(full.token_ids, first.token_ids, "the same tokens, the end-of-sequence ones included");
+    assert_eq!((full.completion_tokens, full.finish_reason), (12, FinishReason::Length));
+    let eos_text = tokenizer().decode(&[eos], false).expect("decode");
+    assert!(eos_text.is_empty() || !full.text.contains(&eos_text), "end-of-sequence tokens are left out of the text");
+}

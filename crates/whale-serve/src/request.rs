@@ -56,6 +56,8 @@ struct WireGeneration {
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
     echo: Option<bool>,
+    /// vLLM's and llama.cpp's: generate to `max_tokens` past end-of-sequence tokens.
+    ignore_eos: Option<bool>,
     /// vLLM's switch for `token_ids` in the reply; whale always returns them.
     #[serde(rename = "return_token_ids")]
     _return_token_ids: Option<bool>,
@@ -254,6 +256,7 @@ fn sampling_params(wire: &WireGeneration) -> Result<SamplingParams, ApiError> {
         max_tokens: wire.max_completion_tokens.or(wire.max_tokens).unwrap_or(defaults.max_tokens),
         stop,
         seed: wire.seed.unwrap_or_else(rand::random),
+        ignore_eos: wire.ignore_eos.unwrap_or(false),
     };
     params.validate().map_err(|e| {
         let param = match e {
@@ -281,15 +284,23 @@ mod tests {
                 {"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}]}],
                 "temperature": 0, "top_p": 0.5, "top_k": -1, "max_completion_tokens": 7, "stop": "\n",
                 "seed": 3, "n": 2, "logprobs": true, "top_logprobs": 0, "stream": true,
-                "stream_options": {"include_usage": true}, "user": "u", "return_token_ids": true}"#,
+                "stream_options": {"include_usage": true}, "user": "u", "return_token_ids": true,
+                "ignore_eos": true}"#,
         )
         .expect("valid");
         assert_eq!(
             request.prompt,
             Prompt::Messages(vec![ChatMessage::new("system", "be brief"), ChatMessage::new("user", "2+2?")])
         );
-        let expected =
-            SamplingParams { temperature: 0.0, top_p: 0.5, top_k: 0, max_tokens: 7, stop: vec!["\n".into()], seed: 3 };
+        let expected = SamplingParams {
+            temperature: 0.0,
+            top_p: 0.5,
+            top_k: 0,
+            max_tokens: 7,
+            stop: vec!["\n".into()],
+            seed: 3,
+            ignore_eos: true,
+        };
         assert_eq!(request.params, expected);
         assert_eq!(request.choice_params(1).seed, 4);
         assert!(request.logprobs && request.stream && request.include_usage);

@@ -51,7 +51,7 @@ enum Command {
     Harness(harness::HarnessCommand),
     /// Serve a model over an OpenAI-compatible HTTP API, or benchmark serving (`whale serve bench`).
     ///
-    /// Endpoints: POST /v1/chat/completions and /v1/completions (sampling parameters, n,
+    /// Endpoints: POST /v1/chat/completions and /v1/completions (sampling parameters, n, ignore_eos,
     /// logprobs, stop, seed, `stream: true`), GET /v1/models, POST /v1/load_lora_adapter
     /// {lora_name, lora_path} and /v1/unload_lora_adapter {lora_name} (a PEFT LoRA adapter over
     /// the base model, or a full checkpoint directory, served under a new name), POST
