@@ -660,8 +660,7 @@ impl Experiment {
         let kept = weight_phase::kept(&trajectories, self.config.weights.reward_threshold);
         let (samples, policy_gradient) = if self.config.weights.algorithm.is_policy_gradient() {
             let signal = phase.signal(&trajectories);
-            let samples = policy_gradient_samples(&trajectories, &signal, self.config.weights.rollouts_per_task)
-                .map_err(|task_id| WeightPhaseError::NoLogprobs { task_id })?;
+            let samples = policy_gradient_samples(&trajectories, &signal)?;
             let advantages: Vec<f64> = samples.iter().filter_map(|(s, _)| s.advantage).collect();
             (samples, Some(signal.report(&advantages, &PassStats::default())))
         } else {

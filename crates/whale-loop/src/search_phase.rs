@@ -18,8 +18,8 @@ use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, RolloutJob, RunOptions};
 use whale_lm::Policy;
 use whale_search::{
-    instance_frontier, AgentProposer, Archive, ArchiveError, CommandProposer, Evaluator, EvaluatorError, HarnessSearch,
-    MutateProposer, Proposer, ScoreCard, SearchConfig, SearchError, SummaryEvent,
+    instance_frontier, AgentProposer, Archive, ArchiveError, Candidate, CommandProposer, Evaluator, EvaluatorError,
+    HarnessSearch, MutateProposer, Proposer, ScoreCard, SearchConfig, SearchError, SummaryEvent,
 };
 use whale_tasks::split::Splits;
 use whale_tasks::{DomainTasks, Environment};
@@ -47,20 +47,15 @@ pub struct Ranked {
 
 /// Every distinct scored source under `version`, best first (success, then turns, then tokens).
 pub fn ranking(archive: &Archive, version: u64) -> Result<Vec<Ranked>, ArchiveError> {
-    let mut scored: Vec<Ranked> = Vec::new();
-    for candidate in archive.candidates().filter(|c| c.meta.rejection.is_none()) {
-        if scored.iter().any(|r| r.hash == candidate.meta.hash) {
-            continue;
-        }
-        if let Some(card) = archive.scores(&candidate.meta.hash, version)? {
-            scored.push(Ranked {
-                id: candidate.meta.id.clone(),
-                hash: candidate.meta.hash.clone(),
-                hypothesis: candidate.meta.hypothesis.clone(),
-                objectives: card.objectives,
-            });
-        }
-    }
+    let mut scored: Vec<Ranked> = scored_candidates(archive, version)?
+        .into_iter()
+        .map(|(candidate, card)| Ranked {
+            id: candidate.meta.id.clone(),
+            hash: candidate.meta.hash.clone(),
+            hypothesis: candidate.meta.hypothesis.clone(),
+            objectives: card.objectives,
+        })
+        .collect();
     let mut ranked = Vec::new();
     while !scored.is_empty() {
         let objectives: Vec<Objectives> = scored.iter().map(|r| r.objectives).collect();
@@ -74,20 +69,27 @@ pub fn ranking(archive: &Archive, version: u64) -> Result<Vec<Ranked>, ArchiveEr
 /// archive's scored candidates ([`instance_frontier`], at most `cap`), or, while no candidate
 /// solves any search task, the best of the [`ranking`].
 pub fn population(archive: &Archive, version: u64, cap: usize) -> Result<Vec<String>, ArchiveError> {
-    let mut cards: Vec<ScoreCard> = Vec::new();
-    for candidate in archive.candidates().filter(|c| c.meta.rejection.is_none()) {
-        if cards.iter().any(|card| card.hash == candidate.meta.hash) {
-            continue;
-        }
-        if let Some(card) = archive.scores(&candidate.meta.hash, version)? {
-            cards.push(card);
-        }
-    }
+    let cards: Vec<ScoreCard> = scored_candidates(archive, version)?.into_iter().map(|(_, card)| card).collect();
     let frontier = instance_frontier(&cards, cap);
     if frontier.is_empty() {
         return Ok(ranking(archive, version)?.into_iter().take(cap).map(|r| r.hash).collect());
     }
     Ok(frontier.into_iter().map(|index| cards[index].hash.clone()).collect())
+}
+
+/// Every unrejected candidate scored under weights `version`, once per content hash, with its
+/// card, in the archive's order.
+fn scored_candidates(archive: &Archive, version: u64) -> Result<Vec<(&Candidate, ScoreCard)>, ArchiveError> {
+    let mut scored: Vec<(&Candidate, ScoreCard)> = Vec::new();
+    for candidate in archive.candidates().filter(|c| c.meta.rejection.is_none()) {
+        if scored.iter().any(|(seen, _)| seen.meta.hash == candidate.meta.hash) {
+            continue;
+        }
+        if let Some(card) = archive.scores(&candidate.meta.hash, version)? {
+            scored.push((candidate, card));
+        }
+    }
+    Ok(scored)
 }
 
 /// The row of archive iteration `iteration`, rebuilt from the archive's summary (so a run that

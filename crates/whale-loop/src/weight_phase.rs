@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
-use whale_core::{ModelCall, Task, Trajectory};
+use whale_core::{ModelCall, SampledTokens, Task, Trajectory};
 use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use whale_lm::{
@@ -396,6 +396,8 @@ impl WeightPhase<'_> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Signal {
     pub advantages: Vec<Option<f64>>,
+    /// Rollouts per group (k).
+    pub group_size: usize,
     pub groups: usize,
     pub zero_signal_groups: usize,
     /// In-process: the largest gap between the engine's and the trainer's probability of a
@@ -430,7 +432,23 @@ impl Signal {
                 })
             }));
         }
-        Self { advantages, groups: count, zero_signal_groups, sampler_deviation: None }
+        Self { advantages, group_size: k.max(1), groups: count, zero_signal_groups, sampler_deviation: None }
+    }
+
+    /// The calls a policy-gradient step trains on: every trainable call of every rollout with
+    /// an advantage, in rollout and call order.
+    pub fn trained_calls<'a>(&'a self, trajectories: &'a [Trajectory]) -> impl Iterator<Item = TrainedCall<'a>> {
+        trajectories.iter().zip(&self.advantages).enumerate().flat_map(move |(rollout, (trajectory, advantage))| {
+            let advantage = *advantage;
+            let calls = trajectory.model_calls.iter().filter(move |call| call.trainable && advantage.is_some());
+            calls.map(move |call| TrainedCall {
+                rollout,
+                group: rollout / self.group_size,
+                advantage: advantage.unwrap_or_default(),
+                task_id: &trajectory.task_id,
+                call,
+            })
+        })
     }
 
     /// The examples of a policy-gradient step: every trainable call of every rollout with an
@@ -442,22 +460,16 @@ impl Signal {
         prompt: impl Fn(&ModelCall) -> Result<Vec<u32>, PolicyError>,
     ) -> Result<(Vec<JournalExample>, Vec<f64>), WeightPhaseError> {
         let (mut examples, mut advantages) = (Vec::new(), Vec::new());
-        for (trajectory, advantage) in trajectories.iter().zip(&self.advantages) {
-            let Some(advantage) = advantage else { continue };
-            for call in trajectory.model_calls.iter().filter(|call| call.trainable) {
-                let sampled = call
-                    .sampled
-                    .as_ref()
-                    .ok_or_else(|| WeightPhaseError::NoLogprobs { task_id: trajectory.task_id.clone() })?;
-                examples.push(JournalExample {
-                    prompt: prompt(call)?,
-                    completion: sampled.ids.clone(),
-                    advantage: Some(*advantage as f32),
-                    behaviour: sampled.logprobs.clone(),
-                    reference: Vec::new(),
-                });
-                advantages.push(*advantage);
-            }
+        for trained in self.trained_calls(trajectories) {
+            let sampled = trained.sampled()?;
+            examples.push(JournalExample {
+                prompt: prompt(trained.call)?,
+                completion: sampled.ids.clone(),
+                advantage: Some(trained.advantage as f32),
+                behaviour: sampled.logprobs.clone(),
+                reference: Vec::new(),
+            });
+            advantages.push(trained.advantage);
         }
         Ok((examples, advantages))
     }
@@ -479,6 +491,25 @@ impl Signal {
     }
 }
 
+/// A call a policy-gradient step trains on, with where it sits and its rollout's advantage.
+pub struct TrainedCall<'a> {
+    /// The rollout's index within the step.
+    pub rollout: usize,
+    /// Its group's (task's) index within the step.
+    pub group: usize,
+    pub advantage: f64,
+    pub task_id: &'a str,
+    pub call: &'a ModelCall,
+}
+
+impl TrainedCall<'_> {
+    /// The sampled tokens of the call; a policy that did not report them is an error naming
+    /// the task.
+    pub fn sampled(&self) -> Result<&SampledTokens, WeightPhaseError> {
+        self.call.sampled.as_ref().ok_or_else(|| WeightPhaseError::NoLogprobs { task_id: self.task_id.to_string() })
+    }
+}
+
 /// Replaces each example's sampler log-probabilities with the trainer's under the same
 /// weights, before any update, and returns the largest `|exp(trainer - sampler) - 1|` over the
 /// tokens. The two agree up to float rounding, but the engine's last bits depend on how it
@@ -486,9 +517,7 @@ impl Signal {
 /// keeps a step a function of its tokens alone, so a resumed run replays it bit for bit (verl
 /// recomputes its `old_log_prob` the same way).
 fn recompute_behaviour(examples: &mut [JournalExample], trainer: &SftTrainer) -> Result<Option<f64>, TrainError> {
-    let settings = trainer.config();
-    let plain: Vec<SftExample> = examples.iter().map(JournalExample::to_example).collect();
-    let logprobs = completion_logprobs(trainer.model(), &plain, settings.pad_token_id, settings.micro_batch_size)?;
+    let logprobs = logprobs_under(trainer.model(), examples, trainer.config())?;
     let mut deviation: Option<f64> = None;
     for (example, logprobs) in examples.iter_mut().zip(logprobs) {
         for (&trained, &sampled) in logprobs.iter().zip(&example.behaviour) {
@@ -507,12 +536,22 @@ fn add_reference(
     reference: &Qwen3Model,
     settings: &TrainerConfig,
 ) -> Result<(), TrainError> {
-    let plain: Vec<SftExample> = examples.iter().map(JournalExample::to_example).collect();
-    let logprobs = completion_logprobs(reference, &plain, settings.pad_token_id, settings.micro_batch_size)?;
+    let logprobs = logprobs_under(reference, examples, settings)?;
     for (example, logprobs) in examples.iter_mut().zip(logprobs) {
         example.reference = logprobs;
     }
     Ok(())
+}
+
+/// The log-probabilities `model` gives each completion token of `examples`, in the trainer's
+/// micro-batches.
+fn logprobs_under(
+    model: &Qwen3Model,
+    examples: &[JournalExample],
+    settings: &TrainerConfig,
+) -> Result<Vec<Vec<f32>>, TrainError> {
+    let plain: Vec<SftExample> = examples.iter().map(JournalExample::to_example).collect();
+    completion_logprobs(model, &plain, settings.pad_token_id, settings.micro_batch_size)
 }
 
 /// The report of a step's rollouts, before any training: no update, no loss.

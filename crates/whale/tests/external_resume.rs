@@ -8,12 +8,10 @@ mod common;
 
 use common::parity::{config, whale_lm_train};
 use common::untimed_json as untimed;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 fn whale(args: &[&str], path: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
@@ -44,31 +42,15 @@ fn a_run_with_an_external_trainer_killed_at_random_moments_ends_as_if_never_inte
 
     let killed_runs = dir.path().join("killed");
     let run = killed_runs.join("p");
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let mut landed = 0;
-    for attempt in 0..=4 {
-        let mut command = if attempt == 0 {
+    let landed = common::kill_and_resume(4, typical, 0.1..0.4, 5, |attempt| {
+        if attempt == 0 {
             let mut command = whale(&["run", "--quiet", "--runs"], &killed_runs);
             command.arg(&file);
             command
         } else {
             whale(&["run", "--quiet", "--resume"], &run)
-        };
-        let mut child = command.spawn().expect("whale starts");
-        if attempt == 4 {
-            assert!(child.wait().expect("whale ends").success(), "the final resume failed");
-            break;
         }
-        let deadline = Instant::now() + typical.mul_f64(rng.gen_range(0.1..0.4));
-        while Instant::now() < deadline && child.try_wait().expect("poll").is_none() {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if child.try_wait().expect("poll").is_none() {
-            child.kill().expect("SIGKILL");
-            landed += 1;
-        }
-        child.wait().expect("reaped");
-    }
+    });
     assert!(landed >= 2, "only {landed} kills landed before the run ended");
     let straight = straight_runs.join("p");
     for file in ["ledger.json", "metrics.jsonl", "state.json"] {

@@ -4,8 +4,6 @@
 
 mod common;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -106,36 +104,16 @@ fn run_to_end(fixture: &Fixture, runs: &str) -> Duration {
 /// Starts the run, then kills and resumes it at `kills` seeded random moments, then lets it
 /// finish; returns how many kills landed before the run had finished.
 fn run_with_kills(fixture: &Fixture, runs: &str, kills: usize, typical: Duration, seed: u64) -> usize {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let dir = fixture.root.join(runs).join("r");
-    let mut landed = 0;
-    for attempt in 0..=kills {
+    common::kill_and_resume(kills, typical, 0.05..0.3, seed, |attempt| {
         let mut command = whale();
         if attempt == 0 {
             command.args(["run", "--quiet", "--runs"]).arg(fixture.root.join(runs)).arg(&fixture.config);
         } else {
             command.args(["run", "--quiet", "--resume"]).arg(&dir);
         }
-        let mut child = command.spawn().expect("whale starts");
-        if attempt == kills {
-            assert!(child.wait().expect("whale ends").success(), "the final resume failed");
-            break;
-        }
-        let wait = typical.mul_f64(rng.gen_range(0.05..0.3));
-        let deadline = Instant::now() + wait;
-        while Instant::now() < deadline {
-            if child.try_wait().expect("poll").is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if child.try_wait().expect("poll").is_none() {
-            child.kill().expect("SIGKILL");
-            landed += 1;
-        }
-        child.wait().expect("reaped");
-    }
-    landed
+        command
+    })
 }
 
 fn assert_same_result(fixture: &Fixture, a: &str, b: &str) {

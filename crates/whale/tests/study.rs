@@ -4,11 +4,9 @@
 
 mod common;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 fn config(model: &Path) -> String {
     format!(
@@ -102,21 +100,7 @@ fn a_study_pairs_each_condition_with_whale_and_resumes_after_kills() {
     assert_eq!(domain["verdicts"][0]["status"], "inconclusive", "two baselines of four cannot support finding (a)");
     assert!(study_dir.join("report.html").is_file());
 
-    let mut rng = ChaCha8Rng::seed_from_u64(41);
-    let mut landed = 0;
-    for _ in 0..3 {
-        let mut child = study(&root, "killed").spawn().expect("whale starts");
-        let deadline = Instant::now() + typical.mul_f64(rng.gen_range(0.1..0.6));
-        while Instant::now() < deadline && child.try_wait().expect("poll").is_none() {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if child.try_wait().expect("poll").is_none() {
-            child.kill().expect("SIGKILL");
-            landed += 1;
-        }
-        child.wait().expect("reaped");
-    }
-    assert!(study(&root, "killed").status().expect("whale runs").success(), "the resumed study finishes");
+    let landed = common::kill_and_resume(3, typical, 0.1..0.6, 41, |_| study(&root, "killed"));
     assert!(landed >= 1, "no kill landed before the study ended");
     assert_eq!(
         common::untimed_file(&root.join("killed/study/study.json")),

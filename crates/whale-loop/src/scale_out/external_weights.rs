@@ -25,11 +25,11 @@ use crate::scale_out::server::{ServedPolicy, ServerAdmin, ServerError};
 use crate::scale_out::trainer_command::{
     Placeholders, TrainerCommandConfig, TrainerCommandError, TrainerOutput, TrainerRun,
 };
-use crate::weight_phase::{Signal, StepReport};
+use crate::weight_phase::{Signal, StepReport, WeightPhaseError};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use whale_core::{ChatMessage, ModelCall, Trajectory};
+use whale_core::{ChatMessage, ModelCall, SampledTokens, Trajectory};
 use whale_lm::{load_model, LocalPolicy, LoraAdapter, Qwen3Model};
 
 /// One line of `samples.jsonl`: a model call as a chat, its completion the final assistant
@@ -96,18 +96,22 @@ impl Sample {
         }
     }
 
-    /// The sample of a call for a policy gradient, or `None` when the policy did not report
-    /// its sampled tokens.
-    pub fn with_advantage(call: &ModelCall, advantage: f64, rollout: usize, group: usize) -> Option<Self> {
-        let sampled = call.sampled.as_ref()?;
-        Some(Self {
+    /// The sample of a call for a policy gradient, its tokens as `sampled`.
+    pub fn with_advantage(
+        call: &ModelCall,
+        sampled: &SampledTokens,
+        advantage: f64,
+        rollout: usize,
+        group: usize,
+    ) -> Self {
+        Self {
             advantage: Some(advantage),
             group: Some(group),
             rollout: Some(rollout),
             completion_token_ids: sampled.ids.clone(),
             behaviour_logprobs: sampled.logprobs.clone(),
             ..Self::from_call(call)
-        })
+        }
     }
 
     pub fn to_json_line(&self) -> String {
@@ -138,25 +142,26 @@ impl Sample {
     }
 }
 
-/// The samples of a policy-gradient step with the completion tokens of each: every trainable
-/// call of every rollout with an advantage, in rollout and call order (rollouts come in groups
-/// of `k`, one per task). Fails with the task id of a call whose sampled tokens the policy did
-/// not report.
+/// The samples of a policy-gradient step with the completion tokens of each: every call
+/// [`Signal::trained_calls`] yields, in that order. Fails on a call whose sampled tokens the
+/// policy did not report.
 pub fn policy_gradient_samples(
     trajectories: &[Trajectory],
     signal: &Signal,
-    k: usize,
-) -> Result<Vec<(Sample, usize)>, String> {
-    let mut samples = Vec::new();
-    for (index, (trajectory, advantage)) in trajectories.iter().zip(&signal.advantages).enumerate() {
-        let Some(advantage) = advantage else { continue };
-        for call in trajectory.model_calls.iter().filter(|call| call.trainable) {
-            let sample = Sample::with_advantage(call, *advantage, index, index / k.max(1))
-                .ok_or_else(|| trajectory.task_id.clone())?;
-            samples.push((sample, call.completion_tokens));
-        }
-    }
-    Ok(samples)
+) -> Result<Vec<(Sample, usize)>, WeightPhaseError> {
+    signal
+        .trained_calls(trajectories)
+        .map(|trained| {
+            let sample = Sample::with_advantage(
+                trained.call,
+                trained.sampled()?,
+                trained.advantage,
+                trained.rollout,
+                trained.group,
+            );
+            Ok((sample, trained.call.completion_tokens))
+        })
+        .collect()
 }
 
 /// `rollouts.json`: what a step's rollouts produced, kept so that a retried step does not roll

@@ -164,3 +164,35 @@ pub fn read_json(path: &Path) -> serde_json::Value {
 pub fn untimed_file(path: &Path) -> serde_json::Value {
     untimed_json(read_json(path))
 }
+
+/// Starts `command(attempt)` for attempts 0 to `kills`: each but the last is killed with
+/// SIGKILL at a seeded random moment (a fraction in `window` of `typical`) unless it ends
+/// first; the last runs to its end and must succeed. Returns how many kills landed.
+pub fn kill_and_resume(
+    kills: usize,
+    typical: std::time::Duration,
+    window: std::ops::Range<f64>,
+    seed: u64,
+    mut command: impl FnMut(usize) -> std::process::Command,
+) -> usize {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut landed = 0;
+    for attempt in 0..=kills {
+        let mut child = command(attempt).spawn().expect("whale starts");
+        if attempt == kills {
+            assert!(child.wait().expect("whale ends").success(), "the final resume failed");
+            break;
+        }
+        let deadline = std::time::Instant::now() + typical.mul_f64(rng.gen_range(window.clone()));
+        while std::time::Instant::now() < deadline && child.try_wait().expect("poll").is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if child.try_wait().expect("poll").is_none() {
+            child.kill().expect("SIGKILL");
+            landed += 1;
+        }
+        child.wait().expect("reaped");
+    }
+    landed
+}
