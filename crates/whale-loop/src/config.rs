@@ -281,6 +281,11 @@ pub struct WeightConfig {
     /// Write a full checkpoint (weights and optimizer) every this many weight steps; the steps
     /// in between are replayed from their journal on resume.
     pub checkpoint_every: u64,
+    /// Keep the weights each search phase starts from (and the final ones) in
+    /// `phase-weights/vN/`, a loadable model directory per weights version: what `whale
+    /// coupling` scores every accepted harness under. In-process training only; a full copy of
+    /// the model each time, so turn it off for large models.
+    pub keep_phase_weights: bool,
     /// `[weights.lora]`: train a LoRA adapter of the model instead of all its weights (the
     /// rollouts then sample from the base plus the adapter, and checkpoints are PEFT adapter
     /// directories); absent: full fine-tuning.
@@ -317,6 +322,7 @@ impl Default for WeightConfig {
             max_seq_len: 1024,
             skip_truncated: true,
             checkpoint_every: 5,
+            keep_phase_weights: true,
             lora: None,
             trainer: None,
         }

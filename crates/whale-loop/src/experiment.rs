@@ -145,7 +145,7 @@ pub fn initial_harness(config: &RunConfig) -> Result<Harness, ExperimentError> {
     Ok(Harness::from_source(source))
 }
 
-fn device(config: &RunConfig) -> Result<Device, ExperimentError> {
+pub(crate) fn device(config: &RunConfig) -> Result<Device, ExperimentError> {
     match config.model.device.as_str() {
         "cuda" => Device::new_cuda(0).map_err(|e| ExperimentError::Model(e.to_string())),
         _ => Ok(Device::Cpu),
@@ -153,19 +153,29 @@ fn device(config: &RunConfig) -> Result<Device, ExperimentError> {
 }
 
 /// The model's dtype; the configuration was validated to name f32 or bf16.
-fn dtype(config: &RunConfig) -> DType {
+pub(crate) fn dtype(config: &RunConfig) -> DType {
     match config.model.dtype.as_str() {
         "bf16" => DType::BF16,
         _ => DType::F32,
     }
 }
 
-fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
+pub(crate) fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
     match &config.model.path {
         Some(path) => Ok(path.clone()),
         None => {
             whale_pretrain::ensure_base_model(config.tasks.domain).map_err(|e| ExperimentError::Model(e.to_string()))
         }
+    }
+}
+
+/// The in-process engine's settings from `[model]`.
+pub(crate) fn engine_config(config: &RunConfig) -> EngineConfig {
+    EngineConfig {
+        max_batch_size: config.model.max_batch_size,
+        max_context: config.model.max_context,
+        max_prefill_tokens: config.model.max_prefill_tokens,
+        ..EngineConfig::default()
     }
 }
 
@@ -181,13 +191,7 @@ struct Model {
 /// The in-process engine over `model.path` (or the default base model).
 fn local_model(config: &RunConfig) -> Result<Model, ExperimentError> {
     let model_dir = model_dir(config)?;
-    let engine = EngineConfig {
-        max_batch_size: config.model.max_batch_size,
-        max_context: config.model.max_context,
-        max_prefill_tokens: config.model.max_prefill_tokens,
-        ..EngineConfig::default()
-    };
-    let policy = LocalPolicy::load(&model_dir, dtype(config), &device(config)?, engine)
+    let policy = LocalPolicy::load(&model_dir, dtype(config), &device(config)?, engine_config(config))
         .map_err(|e| ExperimentError::Model(format!("{}: {e}", model_dir.display())))?;
     let engine = Arc::new(policy);
     let (policy, weights): (Arc<dyn Policy>, Weights) = match &config.weights.trainer {
@@ -445,6 +449,10 @@ impl Experiment {
                 self.evaluation_unit(reason)?;
                 continue;
             }
+            let last = self.state.outcomes.last().map(Outcome::phase);
+            if last == Some(Phase::Weights) && next != Some(Phase::Weights) {
+                self.keep_phase_weights()?;
+            }
             match next {
                 Some(Phase::Weights) => self.weight_unit()?,
                 Some(Phase::Search) => self.search_unit()?,
@@ -695,6 +703,24 @@ impl Experiment {
             .map_err(|e| ExperimentError::Model(e.to_string()))?;
         std::fs::rename(&partial, &target).map_err(|source| RunDirError::Io { path: target.clone(), source })?;
         self.state.checkpoint_step = step;
+        Ok(())
+    }
+
+    /// At the end of a weight phase: the weights as they are now, in `phase-weights/vN/`
+    /// (written under another name and renamed, so a kill leaves it whole or absent).
+    fn keep_phase_weights(&self) -> Result<(), ExperimentError> {
+        let Weights::InProcess { trainer: Some(trainer), .. } = &self.weights else { return Ok(()) };
+        let version = self.state.weights_version;
+        let target = self.dir.phase_weights_path(version);
+        if version == 0 || !self.config.weights.keep_phase_weights || target.is_dir() {
+            return Ok(());
+        }
+        let partial = target.with_extension("partial");
+        if partial.exists() {
+            std::fs::remove_dir_all(&partial).map_err(|source| RunDirError::Io { path: partial.clone(), source })?;
+        }
+        weight_phase::save_phase_weights(trainer, &partial, &self.base_model)?;
+        std::fs::rename(&partial, &target).map_err(|source| RunDirError::Io { path: target, source })?;
         Ok(())
     }
 

@@ -8,13 +8,17 @@
 //! the weights fixed. [`test_eval`] scores the current agent on the test split at the points the
 //! schedule marks. [`run_dir`] writes every completed unit so that [`experiment`] resumes a
 //! killed run exactly; [`report`] and [`compare`] turn finished runs into tables and plots, and
-//! [`study`] repeats comparisons over seeds and domains and pools them.
+//! [`study`] repeats comparisons over seeds and domains and pools them; [`coupling`] scores
+//! every harness a run accepted under every weights it held at a phase boundary, and
+//! [`figures`] draws the study's plots.
 //! [`scale_out`] replaces the in-process model by an inference server and an external trainer.
 
 pub mod compare;
 pub mod condition;
 pub mod config;
+pub mod coupling;
 pub mod experiment;
+pub mod figures;
 pub mod report;
 pub mod run_dir;
 pub mod scale_out;

@@ -8,6 +8,8 @@
 //! journal/step-N.json  the training examples of each weight step since the last checkpoint
 //! checkpoints/step-N/  full checkpoints (weights and optimizer), every `checkpoint_every` steps;
 //!                      with `[weights.lora]`, PEFT adapter directories (adapter and optimizer)
+//! phase-weights/vN/    in-process: the weights (version N) a search phase started from, and
+//!                      the final ones, as loadable model directories (for `whale coupling`)
 //! weights/step-N/      with an external trainer: the step's samples.jsonl, rollouts.json,
 //!                      train.log and the adapter/ or checkpoint/ the trainer wrote
 //! examples.jsonl       the last step's kept rollouts (few-shot material for the proposer)
@@ -39,6 +41,7 @@ pub const REPORT_FILE: &str = "report.html";
 const JOURNAL_DIR: &str = "journal";
 const CHECKPOINTS_DIR: &str = "checkpoints";
 const WEIGHTS_DIR: &str = "weights";
+const PHASE_WEIGHTS_DIR: &str = "phase-weights";
 const ARCHIVE_DIR: &str = "archive";
 const EXAMPLES_FILE: &str = "examples.jsonl";
 const SEARCH_SPEND_FILE: &str = "search_spend.jsonl";
@@ -246,6 +249,29 @@ impl RunDir {
 
     pub fn checkpoint_path(&self, step: u64) -> PathBuf {
         self.root.join(CHECKPOINTS_DIR).join(format!("step-{step:06}"))
+    }
+
+    /// The model directory of weights version `version` kept at a phase boundary.
+    pub fn phase_weights_path(&self, version: u64) -> PathBuf {
+        self.root.join(PHASE_WEIGHTS_DIR).join(format!("v{version:06}"))
+    }
+
+    /// Every kept phase-boundary model directory with its weights version, oldest first.
+    pub fn phase_weights(&self) -> Result<Vec<(u64, PathBuf)>, RunDirError> {
+        let dir = self.root.join(PHASE_WEIGHTS_DIR);
+        if !dir.is_dir() {
+            return Ok(Vec::new());
+        }
+        let mut kept = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io_error(&dir))? {
+            let path = entry.map_err(io_error(&dir))?.path();
+            let version = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix('v'));
+            if let Some(version) = version.and_then(|v| v.parse::<u64>().ok()) {
+                kept.push((version, path));
+            }
+        }
+        kept.sort();
+        Ok(kept)
     }
 
     /// Removes checkpoints other than `keep` and journal entries up to `keep` (they are in it).

@@ -2,19 +2,24 @@
 //! what the paper's comparison needs from them: each condition's difference from WHALE, paired
 //! over test tasks and pooled over seeds, with a bootstrap interval that resamples seeds and
 //! then tasks within them; in how many seeds its sign holds; the rollouts each condition took to
-//! reach weight-only's peak; and a verdict on the paper's first finding.
+//! reach weight-only's peak; the coupling matrix of every WHALE run; the figures (curves with
+//! a band over seeds, a forest plot of the differences, the coupling heat maps); and a verdict
+//! on each of the paper's three findings.
 //!
 //! One seed of one config is a `whale compare` directory, `runs/<study>/<config>/seed-<s>/`, so a
 //! study killed at any moment continues where it stopped (finished runs are kept, an
-//! unfinished one resumes from its last unit). `study.json` and `report.html` are written from
-//! the run directories at the end, and can be rewritten from them at any time.
+//! unfinished one resumes from its last unit; a coupling matrix continues from its last cell).
+//! `study.json`, `report.html` and `figures/*.png` are written from the run directories at the
+//! end, and can be rewritten from them at any time.
 
 use crate::compare::{self, Arm, CompareError};
 use crate::condition::Condition;
 use crate::config::RunConfig;
+use crate::coupling::{self, Coupling, CouplingError, COUPLING_FILE};
 use crate::experiment::Verbosity;
+use crate::figures::{self, BandCurve, FigureError, ForestRow};
 use crate::report::{self, ReportError, Series};
-use crate::run_dir::write_atomic;
+use crate::run_dir::{read_json, write_atomic};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -31,6 +36,10 @@ pub enum StudyError {
     Compare { config: String, seed: u64, source: Box<CompareError> },
     #[error(transparent)]
     Report(#[from] ReportError),
+    #[error("{config}, seed {seed}, the coupling matrix: {source}")]
+    Coupling { config: String, seed: u64, source: Box<CouplingError> },
+    #[error(transparent)]
+    Figure(#[from] FigureError),
     #[error("writing {}: {reason}", path.display())]
     Write { path: PathBuf, reason: String },
     #[error("two configs are both named `{0}`: a study keeps one directory per config name")]
@@ -74,6 +83,20 @@ pub struct Difference {
     /// Seeds whose own difference has the pooled estimate's sign (0 counts with either).
     pub seeds_agreeing: usize,
     pub seeds: usize,
+    /// Test tasks per seed.
+    pub tasks: usize,
+    /// The test tasks per seed that would bring the interval's half-width to
+    /// [`TARGET_HALF_WIDTH`], projected from this one as if it shrank with the square root of
+    /// the tasks (the spread between seeds does not, so this is a lower bound).
+    pub tasks_for_target: usize,
+}
+
+/// The half-width the issue asks of the main comparison's paired interval.
+pub const TARGET_HALF_WIDTH: f64 = 0.03;
+
+/// Test tasks per seed for a half-width of [`TARGET_HALF_WIDTH`], from `half_width` at `tasks`.
+pub fn tasks_for_target(half_width: f64, tasks: usize) -> usize {
+    ((tasks as f64) * (half_width / TARGET_HALF_WIDTH).powi(2)).ceil() as usize
 }
 
 /// The training rollouts an arm spent before its test mean@k first reached the weight-only
@@ -87,6 +110,13 @@ pub struct PeakRollouts {
     pub mean: Option<f64>,
     pub min: Option<u64>,
     pub max: Option<u64>,
+}
+
+/// The coupling matrix of one seed's WHALE run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeedCoupling {
+    pub seed: u64,
+    pub matrix: Coupling,
 }
 
 /// A finding of the paper, judged on this study's numbers.
@@ -104,8 +134,14 @@ pub struct DomainStudy {
     pub name: String,
     pub domain: String,
     pub seeds: Vec<u64>,
+    /// Test mean@k of the first arm's evaluations (for the axis label).
+    pub k: usize,
     pub differences: Vec<Difference>,
     pub peak_rollouts: Vec<PeakRollouts>,
+    /// Each arm's curve: the mean over seeds with the range as a band.
+    pub curves: Vec<BandCurve>,
+    /// The coupling matrix of the WHALE run of each seed that has one, in seed order.
+    pub couplings: Vec<SeedCoupling>,
     pub verdicts: Vec<Verdict>,
 }
 
@@ -122,7 +158,9 @@ pub struct Study {
 /// `root/study.json` and `root/report.html`.
 pub fn run(plan: &StudyPlan, root: &Path, verbosity: Verbosity) -> Result<Study, StudyError> {
     check_names(&plan.configs)?;
-    let bar = progress_bar((plan.configs.len() * plan.seeds.len()) as u64, verbosity.progress);
+    let has_whale = plan.arms.iter().any(|arm| arm.name() == Condition::Whale.as_str());
+    let units = plan.configs.len() * plan.seeds.len() * (1 + usize::from(has_whale));
+    let bar = progress_bar(units as u64, verbosity.progress);
     for config in &plan.configs {
         for &seed in &plan.seeds {
             bar.set_message(format!("{} seed {seed}", config.name));
@@ -132,6 +170,17 @@ pub fn run(plan: &StudyPlan, root: &Path, verbosity: Verbosity) -> Result<Study,
                 StudyError::Compare { config: config.name.clone(), seed, source: Box::new(source) }
             })?;
             bar.inc(1);
+        }
+    }
+    if has_whale {
+        for config in &plan.configs {
+            for &seed in &plan.seeds {
+                bar.set_message(format!("{} seed {seed}: coupling matrix", config.name));
+                coupling::compute(&whale_dir(root, &config.name, seed), false).map_err(|source| {
+                    StudyError::Coupling { config: config.name.clone(), seed, source: Box::new(source) }
+                })?;
+                bar.inc(1);
+            }
         }
     }
     bar.finish_and_clear();
@@ -162,31 +211,61 @@ fn seed_dir(root: &Path, config: &str, seed: u64) -> PathBuf {
     root.join(config).join(format!("seed-{seed}"))
 }
 
+fn whale_dir(root: &Path, config: &str, seed: u64) -> PathBuf {
+    seed_dir(root, config, seed).join(Condition::Whale.as_str())
+}
+
 fn progress_bar(total: u64, show: bool) -> ProgressBar {
     let target = if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
     let bar = ProgressBar::with_draw_target(Some(total), target);
-    let style = ProgressStyle::with_template("study {bar:30} {pos}/{len} comparisons, ETA {eta} ({msg})")
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    let style =
+        ProgressStyle::with_template("study {bar:30} {pos}/{len} comparisons and coupling matrices, ETA {eta} ({msg})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar
 }
 
-/// The study as its run directories say it went.
+/// The study as its run directories say it went: per config, the seeds whose every arm
+/// finished.
 pub fn read(plan: &StudyPlan, root: &Path) -> Result<Study, StudyError> {
     let mut domains = Vec::new();
     for config in &plan.configs {
         let mut per_seed = Vec::new();
+        let mut couplings = Vec::new();
+        let mut seeds = Vec::new();
         for &seed in &plan.seeds {
-            let dirs = report::run_dirs(&seed_dir(root, &config.name, seed))?;
-            per_seed.push(dirs.iter().map(|dir| Series::read(dir)).collect::<Result<Vec<_>, _>>()?);
+            let Some(runs) = finished_runs(&seed_dir(root, &config.name, seed), plan.arms.len())? else { continue };
+            seeds.push(seed);
+            per_seed.push(runs);
+            if let Ok(matrix) = read_json::<Coupling>(&whale_dir(root, &config.name, seed).join(COUPLING_FILE)) {
+                couplings.push(SeedCoupling { seed, matrix });
+            }
         }
-        domains.push(domain_study(&config.name, &config.tasks.domain.to_string(), &plan.seeds, &per_seed));
+        let domain = config.tasks.domain.to_string();
+        domains.push(domain_study(&config.name, &domain, &seeds, &per_seed, couplings));
     }
     Ok(Study { seeds: plan.seeds.clone(), arms: plan.arms.iter().map(Arm::name).collect(), quick: plan.quick, domains })
 }
 
-/// The statistics of one config from its series, `per_seed[s]` the runs of seed `seeds[s]`.
-pub fn domain_study(name: &str, domain: &str, seeds: &[u64], per_seed: &[Vec<Series>]) -> DomainStudy {
+/// The runs of one seed when all `arms` of them have finished (a study stopped early is
+/// reported on the seeds it completed).
+fn finished_runs(dir: &Path, arms: usize) -> Result<Option<Vec<Series>>, StudyError> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let runs = report::run_dirs(dir)?.iter().map(|run| Series::read(run)).collect::<Result<Vec<_>, _>>()?;
+    Ok((runs.len() == arms && runs.iter().all(|run| run.finished)).then_some(runs))
+}
+
+/// The statistics of one config from its series, `per_seed[s]` the runs of seed `seeds[s]`,
+/// and the coupling matrices of its WHALE runs.
+pub fn domain_study(
+    name: &str,
+    domain: &str,
+    seeds: &[u64],
+    per_seed: &[Vec<Series>],
+    couplings: Vec<SeedCoupling>,
+) -> DomainStudy {
     let arms: Vec<String> = per_seed.first().map_or(Vec::new(), |runs| runs.iter().map(arm_name).collect());
     let mut differences = Vec::new();
     for arm in arms.iter().filter(|arm| arm.as_str() != "whale") {
@@ -197,15 +276,34 @@ pub fn domain_study(name: &str, domain: &str, seeds: &[u64], per_seed: &[Vec<Ser
         }
     }
     let peak_rollouts = arms.iter().map(|arm| peak_rollouts(per_seed, arm)).collect();
-    let verdicts = vec![whale_beats_the_baselines(&differences)];
+    let curves = arms.iter().map(|arm| band(per_seed, arm)).collect();
+    let verdicts = vec![
+        whale_beats_the_baselines(&differences),
+        bottleneck(domain, per_seed, &couplings),
+        alternating_beats_sequential(per_seed, &differences),
+    ];
+    let k = per_seed.iter().flatten().find_map(|s| s.points.first().map(|p| p.k)).unwrap_or(8);
     DomainStudy {
         name: name.to_string(),
         domain: domain.to_string(),
         seeds: seeds.to_vec(),
+        k,
         differences,
         peak_rollouts,
+        curves,
+        couplings,
         verdicts,
     }
+}
+
+/// An arm's curve over seeds.
+fn band(per_seed: &[Vec<Series>], arm: &str) -> BandCurve {
+    let seeds: Vec<Vec<(u64, f64)>> = per_seed
+        .iter()
+        .filter_map(|runs| find(runs, arm))
+        .map(|series| series.points.iter().map(|p| (p.training_rollouts, p.mean.value)).collect())
+        .collect();
+    BandCurve::over_seeds(arm, &seeds)
 }
 
 /// A run's arm, from its directory name (`weight-only-grpo`), as `compare` names them.
@@ -236,7 +334,17 @@ fn difference(per_seed: &[Vec<Series>], arm: &str, metric: &'static str) -> Opti
     let mean = |values: &Vec<f64>| values.iter().sum::<f64>() / values.len() as f64;
     let agrees = |d: f64| d == 0.0 || estimate.value == 0.0 || (d > 0.0) == (estimate.value > 0.0);
     let seeds_agreeing = paired.iter().filter(|seed| agrees(mean(seed))).count();
-    Some(Difference { arm: arm.to_string(), metric, estimate, seeds_agreeing, seeds: paired.len() })
+    let tasks = paired.first().map_or(0, Vec::len);
+    let half_width = (estimate.hi - estimate.lo) / 2.0;
+    Some(Difference {
+        arm: arm.to_string(),
+        metric,
+        estimate,
+        seeds_agreeing,
+        seeds: paired.len(),
+        tasks,
+        tasks_for_target: tasks_for_target(half_width, tasks),
+    })
 }
 
 fn peak_rollouts(per_seed: &[Vec<Series>], arm: &str) -> PeakRollouts {
@@ -282,29 +390,250 @@ pub fn whale_beats_the_baselines(differences: &[Difference]) -> Verdict {
     Verdict { finding: "(a) WHALE beats weight-only, harness-only, fast-slow and sequential", status, detail }
 }
 
+/// The training rollouts `arm` took in each seed to first reach `target(seed)`; a seed that
+/// never reached it counts with everything it spent (censored: never fewer than it needed).
+fn rollouts_to(per_seed: &[Vec<Series>], arm: &str, target: impl Fn(&[Series]) -> Option<f64>) -> Vec<Option<f64>> {
+    per_seed
+        .iter()
+        .map(|runs| {
+            let series = find(runs, arm)?;
+            let reached = series.rollouts_to_reach(target(runs)?);
+            Some(reached.unwrap_or_else(|| series.ledger.training_rollouts()) as f64)
+        })
+        .collect()
+}
+
+/// The mean over seeds of `a - b` with a bootstrap interval over seeds; `None` unless both are
+/// known in every seed.
+fn seed_difference(a: &[Option<f64>], b: &[Option<f64>]) -> Option<Estimate> {
+    let pairs: Vec<Vec<f64>> = a.iter().zip(b).map(|(a, b)| Some(vec![(*a)? - (*b)?])).collect::<Option<_>>()?;
+    (!pairs.is_empty()).then(|| bootstrap_nested_mean(&pairs, RESAMPLES, BOOTSTRAP_SEED))
+}
+
+fn best_of(runs: &[Series], arm: &str) -> Option<f64> {
+    Some(find(runs, arm)?.best_and_final()?.0.mean.value)
+}
+
+fn status_of(estimate: &Estimate, favourable_above_zero: bool) -> &'static str {
+    let (favourable, against) = if favourable_above_zero {
+        (estimate.lo > 0.0, estimate.hi < 0.0)
+    } else {
+        (estimate.hi < 0.0, estimate.lo > 0.0)
+    };
+    match (favourable, against) {
+        (true, _) => "supported",
+        (_, true) => "contradicted",
+        _ => "inconclusive",
+    }
+}
+
+/// Finding (b): the bottleneck depends on the domain. In search QA, harness-only reaches the
+/// weight-only peak with fewer rollouts than weight-only (weight-only's minus harness-only's,
+/// over seeds, above zero). In math, harness gains appear only after weight updates: in the
+/// coupling matrix, the last accepted harness's gain over the initial one is larger under the
+/// last weights than under the starting ones (that interaction, per task, pooled over seeds,
+/// above zero). The paper states no bottleneck for chess; its numbers are reported.
+pub fn bottleneck(domain: &str, per_seed: &[Vec<Series>], couplings: &[SeedCoupling]) -> Verdict {
+    let peak = |runs: &[Series]| best_of(runs, "weight-only");
+    let weight_only = rollouts_to(per_seed, "weight-only", peak);
+    let harness_only = rollouts_to(per_seed, "harness-only", peak);
+    let search_first = seed_difference(&weight_only, &harness_only);
+    let interaction = harness_gain_interaction(couplings);
+    let search_text = search_first
+        .map_or("rollouts to the weight-only peak: needs weight-only and harness-only".to_string(), |e| {
+            format!("rollouts to the weight-only peak, weight-only minus harness-only: {}", signed_count(&e))
+        });
+    let interaction_text = interaction.as_ref().map_or(
+        "coupling: no WHALE run accepted a harness and trained weights".to_string(),
+        |(e, at_start, at_end)| {
+            format!(
+                "coupling: the accepted harness's gain under the last weights minus under the start {} \
+                 (gain at the start {:+.3}, under the last weights {:+.3})",
+                signed(e),
+                at_start,
+                at_end
+            )
+        },
+    );
+    let (finding, status, detail) = match domain {
+        "qa" => (
+            "(b) search QA: harness-only reaches the weight-only peak with fewer rollouts",
+            search_first.as_ref().map_or("inconclusive", |e| status_of(e, true)),
+            format!("{search_text}; {interaction_text}"),
+        ),
+        "math" => (
+            "(b) math: harness gains appear only after weight updates",
+            interaction.as_ref().map_or("inconclusive", |(e, _, _)| status_of(e, true)),
+            format!("{interaction_text}; {search_text}"),
+        ),
+        _ => (
+            "(b) the paper states no bottleneck for this domain",
+            "inconclusive",
+            format!("{search_text}; {interaction_text}"),
+        ),
+    };
+    Verdict { finding, status, detail }
+}
+
+/// Per task, `(last harness, last weights) - (initial, last weights) - (last harness, start) +
+/// (initial, start)`, pooled over the matrices that have two rows and two columns; with the
+/// mean harness gain at the start and under the last weights.
+fn harness_gain_interaction(couplings: &[SeedCoupling]) -> Option<(Estimate, f64, f64)> {
+    let mut per_seed = Vec::new();
+    let (mut at_start, mut at_end) = (Vec::new(), Vec::new());
+    for SeedCoupling { matrix: coupling, .. } in couplings {
+        let (rows, columns) = (coupling.harnesses.len(), coupling.weights.len());
+        if rows < 2 || columns < 2 {
+            continue;
+        }
+        let cell = |r: usize, c: usize| coupling.cell(r, c).map(|cell| &cell.task_means);
+        let (Some(a), Some(b), Some(c), Some(d)) =
+            (cell(rows - 1, columns - 1), cell(0, columns - 1), cell(rows - 1, 0), cell(0, 0))
+        else {
+            continue;
+        };
+        let n = a.len();
+        if [b.len(), c.len(), d.len()].iter().any(|&len| len != n) || n == 0 {
+            continue;
+        }
+        per_seed.push((0..n).map(|t| a[t] - b[t] - c[t] + d[t]).collect::<Vec<f64>>());
+        let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
+        at_start.push(mean(c) - mean(d));
+        at_end.push(mean(a) - mean(b));
+    }
+    if per_seed.is_empty() {
+        return None;
+    }
+    let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
+    Some((bootstrap_nested_mean(&per_seed, RESAMPLES, BOOTSTRAP_SEED), mean(&at_start), mean(&at_end)))
+}
+
+/// Finding (c): small alternating steps beat sequential, in final accuracy (sequential minus
+/// WHALE on final mean@k below zero) and in rollouts (to reach sequential's best mean@k,
+/// sequential's minus WHALE's above zero). Supported when both hold, contradicted when either
+/// is reversed with its interval.
+pub fn alternating_beats_sequential(per_seed: &[Vec<Series>], differences: &[Difference]) -> Verdict {
+    let finding = "(c) small alternating steps beat sequential, in final accuracy and in rollouts";
+    let last = differences.iter().find(|d| d.arm == Condition::Sequential.as_str() && d.metric == "final");
+    let target = |runs: &[Series]| best_of(runs, "sequential");
+    let rollouts =
+        seed_difference(&rollouts_to(per_seed, "sequential", target), &rollouts_to(per_seed, "whale", target));
+    let (Some(last), Some(rollouts)) = (last, rollouts) else {
+        return Verdict {
+            finding,
+            status: "inconclusive",
+            detail: "needs whale and sequential in every seed".to_string(),
+        };
+    };
+    let (accuracy, spend) = (status_of(&last.estimate, false), status_of(&rollouts, true));
+    let status = if accuracy == "contradicted" || spend == "contradicted" {
+        "contradicted"
+    } else if accuracy == "supported" && spend == "supported" {
+        "supported"
+    } else {
+        "inconclusive"
+    };
+    let detail = format!(
+        "final mean@k, sequential minus whale {}; rollouts to sequential's best, sequential minus whale {}",
+        signed(&last.estimate),
+        signed_count(&rollouts)
+    );
+    Verdict { finding, status, detail }
+}
+
+fn signed_count(estimate: &Estimate) -> String {
+    format!("{:+.0} [{:+.0}, {:+.0}]", estimate.value, estimate.lo, estimate.hi)
+}
+
 fn signed(estimate: &Estimate) -> String {
     format!("{:+.3} [{:+.3}, {:+.3}]", estimate.value, estimate.lo, estimate.hi)
 }
 
-/// Writes `study.json` and `report.html` into `root`.
+/// One figure of a config: its file stem under `figures/` and its SVG.
+struct Figure {
+    stem: String,
+    svg: String,
+}
+
+/// Every figure of one config: the curves, the forest plot, one heat map per coupling matrix.
+fn figures_of(domain: &DomainStudy) -> Result<Vec<Figure>, StudyError> {
+    let title = format!("{} ({}), seeds {:?}", domain.name, domain.domain, domain.seeds);
+    let rows: Vec<ForestRow> = domain
+        .differences
+        .iter()
+        .map(|d| ForestRow {
+            label: format!("{} ({})", d.arm, d.metric),
+            value: d.estimate.value,
+            lo: d.estimate.lo,
+            hi: d.estimate.hi,
+        })
+        .collect();
+    let mut figures = vec![
+        Figure { stem: format!("{}-curves", domain.name), svg: figures::curves_svg(&title, domain.k, &domain.curves)? },
+        Figure { stem: format!("{}-forest", domain.name), svg: figures::forest_svg(&title, &rows)? },
+    ];
+    for SeedCoupling { seed, matrix: coupling } in &domain.couplings {
+        let title = format!(
+            "{}, seed {seed}: test mean@{} of each accepted harness under each weights",
+            domain.name, coupling.k
+        );
+        let svg = figures::heat_map_svg(&title, coupling)?;
+        figures.push(Figure { stem: format!("{}-coupling-seed-{seed}", domain.name), svg });
+    }
+    Ok(figures)
+}
+
+/// Writes `study.json`, `report.html` and `figures/<config>-*.png` into `root`.
 pub fn write(study: &Study, root: &Path) -> Result<(), StudyError> {
+    let mut page = String::new();
+    let dir = root.join("figures");
+    std::fs::create_dir_all(&dir).map_err(|e| StudyError::Write { path: dir.clone(), reason: e.to_string() })?;
+    for domain in &study.domains {
+        let figures = figures_of(domain)?;
+        for figure in &figures {
+            let path = dir.join(format!("{}.png", figure.stem));
+            let png = figures::png(&figure.svg)?;
+            write_atomic(&path, &png).map_err(|e| StudyError::Write { path, reason: e.to_string() })?;
+        }
+        page.push_str(&domain_html(domain, &figures));
+    }
     let json = serde_json::to_string_pretty(study).unwrap_or_default();
-    for (file, text) in [("study.json", json), ("report.html", html(study))] {
+    for (file, text) in [("study.json", json), ("report.html", html(study, &page))] {
         let path = root.join(file);
         write_atomic(&path, text.as_bytes()).map_err(|e| StudyError::Write { path, reason: e.to_string() })?;
     }
     Ok(())
 }
 
-/// The study as plain text: per config, the paired differences and the verdicts.
+/// The study as plain text: per config, the paired differences, the coupling matrices and the
+/// verdicts.
 pub fn text(study: &Study) -> String {
     let mut out = String::new();
     for domain in &study.domains {
         let _ = writeln!(out, "{} ({}), seeds {:?}", domain.name, domain.domain, domain.seeds);
-        let _ = writeln!(out, "  {:<22} {:<6} {:>28} {:>8}", "condition - whale", "metric", "paired [95% CI]", "seeds");
+        let _ = writeln!(
+            out,
+            "  {:<22} {:<6} {:>28} {:>8} {:>7} {:>14}",
+            "condition - whale", "metric", "paired [95% CI]", "seeds", "tasks", "tasks for ±0.03"
+        );
         for d in &domain.differences {
             let seeds = format!("{}/{}", d.seeds_agreeing, d.seeds);
-            let _ = writeln!(out, "  {:<22} {:<6} {:>28} {:>8}", d.arm, d.metric, signed(&d.estimate), seeds);
+            let _ = writeln!(
+                out,
+                "  {:<22} {:<6} {:>28} {:>8} {:>7} {:>14}",
+                d.arm,
+                d.metric,
+                signed(&d.estimate),
+                seeds,
+                d.tasks,
+                d.tasks_for_target
+            );
+        }
+        for SeedCoupling { seed, matrix: coupling } in &domain.couplings {
+            let _ = writeln!(out, "  coupling matrix, seed {seed}:");
+            for line in coupling.text().lines() {
+                let _ = writeln!(out, "    {line}");
+            }
         }
         for verdict in &domain.verdicts {
             let _ = writeln!(out, "  {}: {} ({})", verdict.finding, verdict.status, verdict.detail);
@@ -313,45 +642,52 @@ pub fn text(study: &Study) -> String {
     out
 }
 
-fn html(study: &Study) -> String {
-    let mut body = String::new();
-    for domain in &study.domains {
-        let _ = write!(
-            body,
-            "<h2>{} ({})</h2>\n<table><tr><th>condition − whale</th><th>metric</th>",
-            domain.name, domain.domain
-        );
-        let _ = writeln!(body, "<th>paired difference [95% CI]</th><th>seeds agreeing</th></tr>");
-        for d in &domain.differences {
-            let _ = writeln!(
-                body,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td></tr>",
-                d.arm,
-                d.metric,
-                signed(&d.estimate),
-                d.seeds_agreeing,
-                d.seeds
-            );
-        }
-        body.push_str(
-            "</table>\n<table><tr><th>condition</th><th>rollouts to the weight-only peak, per seed</th></tr>\n",
-        );
-        for peak in &domain.peak_rollouts {
-            let cells: Vec<String> =
-                peak.per_seed.iter().map(|r| r.map_or("not reached".to_string(), |r| r.to_string())).collect();
-            let _ = writeln!(body, "<tr><td>{}</td><td>{}</td></tr>", peak.arm, cells.join(", "));
-        }
-        body.push_str("</table>\n<ul>\n");
-        for verdict in &domain.verdicts {
-            let _ = writeln!(body, "<li><b>{}</b>: {} — {}</li>", verdict.finding, verdict.status, verdict.detail);
-        }
-        body.push_str("</ul>\n");
+fn domain_html(domain: &DomainStudy, figures: &[Figure]) -> String {
+    let mut body = format!("<h2>{} ({})</h2>\n<ul>\n", domain.name, domain.domain);
+    for verdict in &domain.verdicts {
+        let _ = writeln!(body, "<li><b>{}</b>: {} — {}</li>", verdict.finding, verdict.status, verdict.detail);
     }
+    body.push_str("</ul>\n");
+    for figure in figures {
+        let _ = writeln!(body, "<div>{}</div>", figure.svg);
+    }
+    body.push_str("<table><tr><th>condition − whale</th><th>metric</th>");
+    let _ = writeln!(
+        body,
+        "<th>paired difference [95% CI]</th><th>seeds agreeing</th><th>test tasks</th>\
+         <th>tasks for ±{TARGET_HALF_WIDTH} (projected)</th></tr>"
+    );
+    for d in &domain.differences {
+        let _ = writeln!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td></tr>",
+            d.arm,
+            d.metric,
+            signed(&d.estimate),
+            d.seeds_agreeing,
+            d.seeds,
+            d.tasks,
+            d.tasks_for_target
+        );
+    }
+    body.push_str("</table>\n<table><tr><th>condition</th><th>rollouts to the weight-only peak, per seed</th></tr>\n");
+    for peak in &domain.peak_rollouts {
+        let cells: Vec<String> =
+            peak.per_seed.iter().map(|r| r.map_or("not reached".to_string(), |r| r.to_string())).collect();
+        let _ = writeln!(body, "<tr><td>{}</td><td>{}</td></tr>", peak.arm, cells.join(", "));
+    }
+    body.push_str("</table>\n");
+    body
+}
+
+fn html(study: &Study, body: &str) -> String {
     format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>whale study</title><style>body{{font-family:sans-serif}}\
          table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px}}</style></head>\
          <body><h1>whale study</h1><p>seeds {:?}{}; differences paired over test tasks, pooled over seeds \
-         (bootstrap over seeds, then tasks within seeds).</p>\n{body}</body></html>\n",
+         (bootstrap over seeds, then tasks within seeds). Curves: the mean over seeds, the band their range. \
+         Coupling: each harness the WHALE run accepted, scored on the test split under each weights it held at \
+         a phase boundary.</p>\n{body}</body></html>\n",
         study.seeds,
         if study.quick { ", --quick" } else { "" }
     )
@@ -368,6 +704,8 @@ mod tests {
             estimate: Estimate { value, lo, hi },
             seeds_agreeing: 3,
             seeds: 3,
+            tasks: 64,
+            tasks_for_target: 64,
         }
     }
 
@@ -387,6 +725,118 @@ mod tests {
         straddling[2] = difference("fast-slow", -0.01, -0.04, 0.02);
         assert_eq!(whale_beats_the_baselines(&straddling).status, "inconclusive");
         assert_eq!(whale_beats_the_baselines(&below[..3]).status, "inconclusive", "a baseline missing");
+    }
+
+    /// A run of `arm` whose curve is `(rollouts, mean@k)` and that spent `spent` rollouts.
+    fn run(arm: &str, curve: &[(u64, f64)], spent: u64) -> Series {
+        let mut ledger = whale_core::Ledger::default();
+        ledger.record(whale_core::Purpose::WeightPhase, whale_core::Spend { rollouts: spent, ..Default::default() });
+        let points = curve
+            .iter()
+            .map(|&(rollouts, mean)| crate::report::CurvePoint {
+                training_rollouts: rollouts,
+                mean: Estimate { value: mean, lo: mean, hi: mean },
+                pass: mean,
+                maj: mean,
+                k: 8,
+                task_means: Vec::new(),
+            })
+            .collect();
+        Series {
+            label: arm.to_string(),
+            condition: None,
+            dir: PathBuf::from("seed").join(arm),
+            points,
+            boundaries: Vec::new(),
+            ledger,
+            finished: true,
+        }
+    }
+
+    fn matrix(cells: [[f64; 2]; 2]) -> SeedCoupling {
+        use crate::coupling::{AcceptedHarness, Cell, WeightsColumn};
+        let harness = |i: usize| AcceptedHarness { id: format!("c{i}"), hash: format!("h{i}"), iteration: i as u64 };
+        let weights = |v: u64| WeightsColumn { version: v, dir: PathBuf::from(format!("v{v}")) };
+        let mut all = Vec::new();
+        for (row, values) in cells.iter().enumerate() {
+            for (column, &value) in values.iter().enumerate() {
+                all.push(Cell {
+                    harness: format!("h{row}"),
+                    weights_version: column as u64,
+                    mean: Estimate { value, lo: value, hi: value },
+                    task_means: vec![value - 0.1, value, value + 0.1],
+                });
+            }
+        }
+        let matrix = Coupling {
+            k: 8,
+            eval_seed: 1,
+            harnesses: vec![harness(0), harness(1)],
+            weights: vec![weights(0), weights(1)],
+            cells: all,
+        };
+        SeedCoupling { seed: 0, matrix }
+    }
+
+    #[test]
+    fn finding_b_reads_rollouts_in_qa_and_the_coupling_matrix_in_math() {
+        let seed = |harness_only_at: u64| {
+            vec![
+                run("weight-only", &[(0, 0.1), (400, 0.3)], 512),
+                run("harness-only", &[(0, 0.1), (harness_only_at, 0.3)], 512),
+            ]
+        };
+        let early = [seed(100), seed(150)];
+        let verdict = bottleneck("qa", &early, &[]);
+        assert_eq!(verdict.status, "supported", "{}", verdict.detail);
+        assert!(verdict.detail.contains("+275 [+250, +300]"), "{}", verdict.detail);
+        let late = [seed(500), seed(450)];
+        assert_eq!(bottleneck("qa", &late, &[]).status, "contradicted");
+        let never = [early[0].clone(), vec![early[0][0].clone(), run("harness-only", &[(0, 0.1)], 512)]];
+        assert_eq!(bottleneck("qa", &never, &[]).status, "inconclusive", "not reached counts as everything spent");
+
+        let weights_first = [matrix([[0.2, 0.3], [0.2, 0.5]]), matrix([[0.1, 0.3], [0.12, 0.45]])];
+        let verdict = bottleneck("math", &early, &weights_first);
+        assert_eq!(verdict.status, "supported", "{}", verdict.detail);
+        assert!(verdict.detail.contains("gain at the start +0.010"), "{}", verdict.detail);
+        let additive = [matrix([[0.2, 0.3], [0.3, 0.4]])];
+        assert_eq!(
+            bottleneck("math", &early, &additive).status,
+            "inconclusive",
+            "a harness gain that needs no training"
+        );
+        assert_eq!(bottleneck("math", &early, &[]).status, "inconclusive", "no matrix, no verdict");
+        assert_eq!(bottleneck("chess", &early, &weights_first).status, "inconclusive");
+    }
+
+    #[test]
+    fn finding_c_needs_whale_ahead_of_sequential_in_final_accuracy_and_in_rollouts() {
+        let seed = |whale_at: u64| {
+            vec![
+                run("whale", &[(0, 0.1), (whale_at, 0.4), (500, 0.45)], 512),
+                run("sequential", &[(0, 0.1), (400, 0.4)], 512),
+            ]
+        };
+        let mut last = difference("sequential", -0.05, -0.08, -0.02);
+        last.metric = "final";
+        let verdict = alternating_beats_sequential(&[seed(200), seed(300)], std::slice::from_ref(&last));
+        assert_eq!(verdict.status, "supported", "{}", verdict.detail);
+        assert_eq!(
+            alternating_beats_sequential(&[seed(450), seed(480)], std::slice::from_ref(&last)).status,
+            "contradicted",
+            "whale needed more rollouts"
+        );
+        let tied = difference("sequential", 0.0, -0.03, 0.03);
+        let tied = Difference { metric: "final", ..tied };
+        assert_eq!(alternating_beats_sequential(&[seed(200), seed(300)], &[tied]).status, "inconclusive");
+        assert_eq!(alternating_beats_sequential(&[seed(200)], &[]).status, "inconclusive", "no final difference");
+    }
+
+    #[test]
+    fn the_tasks_for_the_target_half_width_grow_with_its_square() {
+        assert_eq!(tasks_for_target(0.03, 64), 64);
+        assert_eq!(tasks_for_target(0.06, 64), 256);
+        assert_eq!(tasks_for_target(0.015, 64), 16);
     }
 
     #[test]

@@ -19,6 +19,12 @@ use whale_tasks::Environment;
 
 const EVAL_SALT: u64 = 0xE7A1_0000_7E57_0001;
 
+/// The seed every test rollout of a run with seed `run_seed` derives from: `whale harness run
+/// --seed` with it replays a test evaluation.
+pub fn eval_seed(run_seed: u64) -> u64 {
+    run_seed ^ EVAL_SALT
+}
+
 /// Why an evaluation is taken now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -100,7 +106,7 @@ impl TestSet<'_> {
         }
         let settings = EvalSettings {
             k: self.k,
-            seed: self.seed ^ EVAL_SALT,
+            seed: eval_seed(self.seed),
             threads: self.threads,
             limits: self.limits.clone(),
             sampling: self.sampling.clone(),

@@ -36,8 +36,9 @@ use whale_core::{ModelCall, SampledTokens, Task, Trajectory};
 use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use whale_lm::{
-    completion_logprobs, EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LrSchedule, PgExample, PgObjective,
-    Policy, PolicyError, Qwen3Model, SamplingParams, SftExample, SftTrainer, TrainError, TrainerConfig,
+    completion_logprobs, save_model, ChatCodec, EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LrSchedule,
+    PgExample, PgObjective, Policy, PolicyError, Qwen3Model, SamplingParams, SftExample, SftTrainer, TrainError,
+    TrainerConfig,
 };
 use whale_tasks::{DomainTasks, Environment, EnvironmentError};
 
@@ -59,6 +60,8 @@ pub enum WeightPhaseError {
     Train(#[from] TrainError),
     #[error("cannot serve the trained weights: {0}")]
     Engine(Box<EngineError>),
+    #[error("keeping the phase-boundary weights in {}: {reason}", dir.display())]
+    PhaseWeights { dir: std::path::PathBuf, reason: String },
     #[error("no harness to roll out with (the population is empty)")]
     NoHarness,
     #[error("no training tasks")]
@@ -256,6 +259,16 @@ pub fn save_trainer(trainer: &SftTrainer, dir: &Path, base_model: &Path) -> Resu
     } else {
         trainer.save(dir, &GenerationConfig::for_model(trainer.model().config()))
     }
+}
+
+/// Writes the trainer's weights (an adapter merged into its base) as a model directory that
+/// `LocalPolicy::load` and `whale harness run --model` read: config, weights, generation
+/// config, and the tokenizer files of `base_model`. No optimizer state: nothing resumes from it.
+pub fn save_phase_weights(trainer: &SftTrainer, dir: &Path, base_model: &Path) -> Result<(), WeightPhaseError> {
+    let failed = |reason: String| WeightPhaseError::PhaseWeights { dir: dir.to_path_buf(), reason };
+    let model = trainer.model().merged().map_err(|e| failed(e.to_string()))?;
+    save_model(&model, &GenerationConfig::for_model(model.config()), dir).map_err(|e| failed(e.to_string()))?;
+    ChatCodec::copy_files(base_model, dir).map_err(|e| failed(e.to_string()))
 }
 
 impl WeightPhase<'_> {

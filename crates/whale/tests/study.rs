@@ -99,6 +99,25 @@ fn a_study_pairs_each_condition_with_whale_and_resumes_after_kills() {
     }
     assert_eq!(domain["verdicts"][0]["status"], "inconclusive", "two baselines of four cannot support finding (a)");
     assert!(study_dir.join("report.html").is_file());
+    let couplings = domain["couplings"].as_array().expect("couplings");
+    assert_eq!(couplings.iter().map(|c| c["seed"].as_u64()).collect::<Vec<_>>(), [Some(3), Some(5)]);
+    for coupling in couplings {
+        let matrix = &coupling["matrix"];
+        let cells = matrix["cells"].as_array().expect("cells").len();
+        assert_eq!(
+            cells,
+            matrix["harnesses"].as_array().map_or(0, Vec::len) * matrix["weights"].as_array().map_or(0, Vec::len)
+        );
+        assert!(cells >= 2, "the starting weights and a phase boundary: {matrix}");
+    }
+    let findings: Vec<&str> =
+        domain["verdicts"].as_array().expect("verdicts").iter().filter_map(|v| v["finding"].as_str()).collect();
+    assert_eq!(findings.len(), 3, "{findings:?}");
+    assert!(findings[1].starts_with("(b) math") && findings[2].starts_with("(c)"), "{findings:?}");
+    for figure in ["tiny-curves", "tiny-forest", "tiny-coupling-seed-3", "tiny-coupling-seed-5"] {
+        let png = std::fs::read(study_dir.join("figures").join(format!("{figure}.png"))).expect(figure);
+        assert_eq!(&png[..4], b"\x89PNG", "{figure}");
+    }
 
     let landed = common::kill_and_resume(3, typical, 0.1..0.6, 41, |_| study(&root, "killed"));
     assert!(landed >= 1, "no kill landed before the study ended");
@@ -107,4 +126,78 @@ fn a_study_pairs_each_condition_with_whale_and_resumes_after_kills() {
         common::untimed_file(&study_dir.join("study.json")),
         "study.json after kills"
     );
+}
+
+fn whale(args: &[&str]) -> std::process::Output {
+    let output = Command::new(env!("CARGO_BIN_EXE_whale")).args(args).output().expect("whale runs");
+    assert!(output.status.success(), "whale {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+#[test]
+fn each_coupling_cell_equals_a_direct_harness_run_of_its_harness_on_its_weights() {
+    use whale_tasks::DomainTasks;
+    let (_dir, root) = fixture();
+    let runs = root.join("runs");
+    let config = root.join("tiny.toml");
+    let run_dir = runs.join("tiny-whale");
+    let text = |p: &Path| p.display().to_string();
+    whale(&["run", &text(&config), "--condition", "whale", "--quiet", "--runs", &text(&runs)]);
+    let shown = whale(&["coupling", &text(&run_dir), "--quiet"]);
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(run_dir.join("coupling.png").is_file() && run_dir.join("coupling.svg").is_file());
+    let matrix = common::read_json(&run_dir.join("coupling.json"));
+
+    let resolved = whale_loop::config::RunConfig::load(&run_dir.join("config.toml")).expect("config");
+    let test = whale_loop::experiment::task_splits(&resolved).expect("splits").test;
+    let tasks = root.join("test.jsonl");
+    let mut file = std::fs::File::create(&tasks).expect("tasks file");
+    resolved.tasks.domain.write_native(&test, &mut file).expect("write tasks");
+
+    let harnesses = matrix["harnesses"].as_array().expect("harnesses");
+    let weights = matrix["weights"].as_array().expect("weights");
+    assert!(weights.len() >= 2, "the start and at least one phase boundary: {matrix}");
+    assert_eq!(weights[0]["version"], 0);
+    let cells = matrix["cells"].as_array().expect("cells");
+    assert_eq!(cells.len(), harnesses.len() * weights.len(), "every cell is scored");
+    let seed = matrix["eval_seed"].as_u64().expect("seed").to_string();
+    for harness in harnesses {
+        let source = run_dir.join("archive/candidates").join(harness["id"].as_str().expect("id")).join("harness.js");
+        for column in weights {
+            let model = run_dir.join(column["dir"].as_str().expect("dir"));
+            let direct = whale(&[
+                "harness",
+                "run",
+                &text(&source),
+                "--domain",
+                "math",
+                "--data",
+                &text(&tasks),
+                "--k",
+                "2",
+                "--seed",
+                &seed,
+                "--threads",
+                "8",
+                "--max-tokens",
+                "12",
+                "--model",
+                &text(&model),
+                "--json",
+            ]);
+            let direct: serde_json::Value = serde_json::from_slice(&direct.stdout).expect("json");
+            let cell = cells
+                .iter()
+                .find(|c| c["harness"] == harness["hash"] && c["weights_version"] == column["version"])
+                .expect("the cell");
+            assert_eq!(cell["mean"], direct["scores"]["mean"], "harness {} under {}", harness["id"], column["dir"]);
+        }
+    }
+    assert!(shown.contains("w0 (start)") && shown.contains("h0 (initial)"), "{shown}");
+
+    std::fs::remove_file(run_dir.join("coupling.json")).expect("rm");
+    let state = std::fs::read(run_dir.join("state.json")).expect("state");
+    whale(&["coupling", &text(&run_dir), "--quiet"]);
+    assert_eq!(common::read_json(&run_dir.join("coupling.json")), matrix, "computed again, the same matrix");
+    assert_eq!(std::fs::read(run_dir.join("state.json")).expect("state"), state, "the run is left as it was");
 }

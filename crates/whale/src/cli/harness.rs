@@ -12,7 +12,7 @@ use std::sync::Arc;
 use whale_core::{Domain, Task};
 use whale_harness::scoring::{self as evaluate, EvalSettings, Evaluation};
 use whale_harness::{stock_harness, validate, Harness, HarnessError, Limits, HARNESS_FILE, STOCK_HARNESSES};
-use whale_lm::{EngineConfig, LocalPolicy, Policy};
+use whale_lm::{EngineConfig, LocalPolicy, Policy, SamplingParams};
 use whale_tasks::DomainTasks;
 
 /// Generated tasks in the smoke test of `whale harness check`.
@@ -99,6 +99,13 @@ pub struct RunArgs {
     /// Rollouts in flight at once.
     #[arg(long, default_value_t = whale_harness::DEFAULT_THREADS)]
     threads: usize,
+    /// Sampling temperature of every model call.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// The default `max_tokens` of a model call (a run's `[sampling] max_tokens`, 256 by
+    /// default, replays its evaluations).
+    #[arg(long, default_value_t = 1024)]
+    max_tokens: usize,
     #[command(flatten)]
     model: ModelArgs,
     /// QA: search this corpus file instead of the tasks' own context paragraphs.
@@ -256,8 +263,17 @@ fn run_harness(args: &RunArgs) -> Result<ExitCode> {
     let environment = evaluate::environment(named.domain, &tasks, args.corpus.as_deref(), args.index.as_deref())?;
     let policy = load_policy(&args.model, named.domain)?;
     let model = policy.name();
-    let settings =
-        EvalSettings { k: args.k, seed: args.seed, threads: args.threads, progress: true, ..Default::default() };
+    let sampling =
+        SamplingParams { temperature: args.temperature, max_tokens: args.max_tokens, ..SamplingParams::default() };
+    sampling.validate().context("--temperature / --max-tokens")?;
+    let settings = EvalSettings {
+        k: args.k,
+        seed: args.seed,
+        threads: args.threads,
+        progress: true,
+        sampling,
+        ..Default::default()
+    };
     let run = match &args.out {
         Some(path) => {
             let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;

@@ -34,8 +34,15 @@ enum Command {
     Compare(run::CompareArgs),
     /// Every condition of every config (one per domain) under several seeds, and each
     /// condition's difference from WHALE paired over test tasks and pooled over seeds, into
-    /// runs/NAME/ (study.json, report.html). Resumable: run it again after a kill.
+    /// runs/NAME/ (study.json, report.html, figures/*.png), with the coupling matrix of every
+    /// WHALE run and a verdict on each of the paper's three findings. Resumable: run it again
+    /// after a kill.
     Study(run::StudyArgs),
+    /// The coupling matrix of a finished run: every harness its search accepted, scored on the
+    /// test split (mean@k, the run's own rollout seeds) under every weights the run held at a
+    /// phase boundary. Writes RUN/coupling.json (cell by cell: run it again after a kill) and
+    /// a heat map, RUN/coupling.svg and .png.
+    Coupling(run::CouplingArgs),
     /// Write the HTML report (plot and tables) of run directories.
     Report(run::ReportArgs),
     /// Read a run's harness archive: frontier, top candidates, diffs, traces.
@@ -90,6 +97,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run(args) => run::run(args),
         Command::Compare(args) => run::compare_command(args),
         Command::Study(args) => run::study_command(args),
+        Command::Coupling(args) => run::coupling_command(args),
         Command::Report(args) => run::report_command(args),
         Command::Archive(args) => archive::run(args),
         Command::Data(command) => data::run(command),

@@ -1,4 +1,4 @@
-//! `whale run`, `whale compare`, `whale report` and `whale demo`: the WHALE loop and its
+//! `whale run`, `whale compare`, `whale study`, `whale coupling`, `whale report` and `whale demo`: the WHALE loop and its
 //! baselines, their run directories and their reports.
 
 use crate::demo::demo;
@@ -11,7 +11,9 @@ use std::time::Instant;
 use whale_loop::compare::{compare, Arm, Comparison};
 use whale_loop::condition::Condition;
 use whale_loop::config::RunConfig;
+use whale_loop::coupling;
 use whale_loop::experiment::{Experiment, Verbosity};
+use whale_loop::figures;
 use whale_loop::report::{self, comparison, table_text};
 use whale_loop::study;
 
@@ -86,6 +88,10 @@ pub struct StudyArgs {
     /// The study's name; its directory is RUNS/NAME.
     #[arg(long, default_value = "study")]
     name: String,
+    /// Run nothing: write study.json, report.html and the figures from the seeds whose every
+    /// condition has finished (a study stopped early, or one still running elsewhere).
+    #[arg(long)]
+    report_only: bool,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -108,6 +114,16 @@ impl std::str::FromStr for Seeds {
             _ => Ok(Seeds(numbers)),
         }
     }
+}
+
+#[derive(Debug, Args)]
+pub struct CouplingArgs {
+    /// A finished in-process run directory (a WHALE run keeps its weights at every phase
+    /// boundary in phase-weights/).
+    run: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Debug, Args)]
@@ -180,12 +196,39 @@ pub fn study_command(args: StudyArgs) -> Result<ExitCode> {
     let plan = study::StudyPlan { configs, seeds: args.seeds.0.clone(), arms, quick: args.quick };
     let root = args.common.runs.join(&args.name);
     let started = Instant::now();
-    let result = study::run(&plan, &root, args.common.verbosity())
-        .context("the study stopped; every finished run is kept, and the same command continues from there")?;
+    let result = if args.report_only {
+        let study = study::read(&plan, &root)?;
+        study::write(&study, &root)?;
+        study
+    } else {
+        study::run(&plan, &root, args.common.verbosity())
+            .context("the study stopped; every finished run is kept, and the same command continues from there")?
+    };
     print!("{}", study::text(&result));
     println!("study: {}", display(&root.join("study.json")));
     println!("report: {}", display(&root.join("report.html")));
     println!("wall time: {:.0} s", started.elapsed().as_secs_f64());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn coupling_command(args: CouplingArgs) -> Result<ExitCode> {
+    let matrix = coupling::compute(&args.run, !args.quiet)
+        .with_context(|| format!("the coupling matrix of {} (run it again to continue)", args.run.display()))?;
+    let title = format!("{}: test mean@{} of each accepted harness under each weights", args.run.display(), matrix.k);
+    let svg = figures::heat_map_svg(&title, &matrix)?;
+    let (svg_path, png_path) = (args.run.join("coupling.svg"), args.run.join("coupling.png"));
+    std::fs::write(&svg_path, &svg).with_context(|| format!("writing {}", svg_path.display()))?;
+    std::fs::write(&png_path, figures::png(&svg)?).with_context(|| format!("writing {}", png_path.display()))?;
+    print!("{}", matrix.text());
+    for (row, harness) in matrix.harnesses.iter().enumerate() {
+        println!("{}: archive/candidates/{}/harness.js", matrix.harness_label(row), harness.id);
+    }
+    for (column, weights) in matrix.weights.iter().enumerate() {
+        println!("{}: {}", matrix.weights_label(column), weights.dir.display());
+    }
+    println!("test rollout seed: {} (`whale harness run --seed` replays a cell)", matrix.eval_seed);
+    println!("matrix: {}", display(&args.run.join(coupling::COUPLING_FILE)));
+    println!("heat map: {}", display(&png_path));
     Ok(ExitCode::SUCCESS)
 }
 
