@@ -51,7 +51,8 @@ pub struct RemoteConfig {
     /// 30,000).
     pub backoff_initial_ms: u64,
     pub backoff_max_ms: u64,
-    /// Send the vLLM / SGLang sampling extensions `top_k` and `return_token_ids` (default true).
+    /// Send the vLLM / SGLang sampling extensions `top_k`, `return_token_ids` and (when asked
+    /// for) `ignore_eos` (default true).
     /// APIs that reject unknown fields (OpenAI's own) need false, and requests with `top_k` 0.
     pub extensions: bool,
 }
@@ -214,6 +215,14 @@ impl RemotePolicy {
             // vLLM and SGLang spell "no top-k" as -1.
             body["top_k"] = if params.top_k == 0 { json!(-1) } else { json!(params.top_k) };
             body["return_token_ids"] = json!(true);
+            if params.ignore_eos {
+                body["ignore_eos"] = json!(true);
+            }
+        } else if params.ignore_eos {
+            return Err(RemoteError::Config {
+                key: "extensions",
+                reason: "ignore_eos cannot be sent without the extensions".to_string(),
+            });
         } else if params.top_k != 0 {
             return Err(RemoteError::Config {
                 key: "extensions",
@@ -376,6 +385,12 @@ mod tests {
             (json!(3), json!(-1), json!("\n"))
         );
         assert_eq!((body["logprobs"].clone(), body["return_token_ids"].clone()), (json!(true), json!(true)));
+        assert!(body.get("ignore_eos").is_none(), "sent only when asked for");
+        request.params.ignore_eos = true;
+        assert_eq!(remote.request_body(&request, 1).expect("body")["ignore_eos"], json!(true));
+        let plain = policy(RemoteConfig { extensions: false, ..RemoteConfig::default() });
+        assert!(matches!(plain.request_body(&request, 1), Err(RemoteError::Config { key: "extensions", .. })));
+        request.params.ignore_eos = false;
         let plain = policy(RemoteConfig { extensions: false, ..RemoteConfig::default() });
         assert!(plain.request_body(&request, 1).expect("top_k 0").get("top_k").is_none());
         request.params.top_k = 20;

@@ -1,11 +1,15 @@
-//! `whale serve bench`: what serving over HTTP costs against calling the engine in-process.
+//! `whale serve bench`: what serving over HTTP costs against calling the engine in-process, or
+//! how `whale serve` compares with another server (`--peer`: vLLM, llama.cpp's `llama-server`)
+//! serving the same checkpoint.
 //!
 //! The server runs as a child process (`whale serve` on a free loopback port), so the client's
 //! threads, JSON and sockets compete for the machine as a real second process would. Each round
-//! fires the same `requests` concurrent chat requests at both paths, HTTP first and then the
-//! in-process [`LocalPolicy`] on the same model directory; rounds alternate between the two so
-//! that a moment of contention on a shared machine hits both. Tokens/s is the completion tokens
-//! of all rounds over their wall time; latencies are per request, p50 and p99 by nearest rank.
+//! fires the same `requests` concurrent chat requests at both paths, `whale serve` first and
+//! then the other (the in-process [`LocalPolicy`] on the same model directory, or the peer);
+//! rounds alternate between the two so that a moment of contention on a shared machine hits
+//! both. With `ignore_eos` every reply runs to `max_tokens` on both, so both generate the same
+//! number of tokens. Tokens/s is the completion tokens of all rounds over their wall time;
+//! latencies are per request, p50 and p99 by nearest rank.
 
 use std::fmt;
 use std::io::{BufRead, BufReader};
@@ -38,8 +42,22 @@ pub struct ServeBenchSettings {
     pub rounds: usize,
     /// Completion tokens each request asks for (fewer when it samples an end token).
     pub max_tokens: usize,
+    /// Generate to `max_tokens` past end-of-sequence tokens (vLLM's and llama.cpp's
+    /// `ignore_eos`), so every reply has the same length on both paths.
+    pub ignore_eos: bool,
+    /// Compare with this server instead of the in-process engine.
+    pub peer: Option<Peer>,
     /// The `whale` executable to start the server with.
     pub whale: PathBuf,
+}
+
+/// Another OpenAI-compatible server, already serving the same checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peer {
+    /// Its API's base URL, like `http://127.0.0.1:8001/v1`.
+    pub base_url: String,
+    /// The model name it serves the checkpoint under.
+    pub model: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +77,7 @@ pub enum ServeBenchError {
 /// One path's measurements over every round.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PathRow {
-    pub path: &'static str,
+    pub path: String,
     pub requests: usize,
     pub tokens: usize,
     pub seconds: f64,
@@ -75,14 +93,18 @@ pub struct ServeBenchTable {
     pub requests: usize,
     pub rounds: usize,
     pub max_tokens: usize,
-    pub http: PathRow,
-    pub in_process: PathRow,
+    pub ignore_eos: bool,
+    /// `whale serve` over HTTP.
+    pub whale: PathRow,
+    /// The in-process engine, or the peer.
+    pub other: PathRow,
+    pub against_peer: bool,
 }
 
 impl ServeBenchTable {
-    /// HTTP tokens/s over in-process tokens/s.
+    /// `whale serve`'s tokens/s over the other path's.
     pub fn ratio(&self) -> f64 {
-        self.http.tokens_per_second / self.in_process.tokens_per_second
+        self.whale.tokens_per_second / self.other.tokens_per_second
     }
 }
 
@@ -90,19 +112,27 @@ impl fmt::Display for ServeBenchTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "model: {}; {} rounds of {} concurrent chat requests, up to {} tokens each",
-            self.model, self.rounds, self.requests, self.max_tokens
+            "model: {}; {} rounds of {} concurrent chat requests, {} {} tokens each",
+            self.model,
+            self.rounds,
+            self.requests,
+            if self.ignore_eos { "exactly" } else { "up to" },
+            self.max_tokens
         )?;
         writeln!(f, "| path | requests | tokens | seconds | tokens/s | p50 latency (ms) | p99 latency (ms) |")?;
         writeln!(f, "|---|---:|---:|---:|---:|---:|---:|")?;
-        for row in [&self.http, &self.in_process] {
+        for row in [&self.whale, &self.other] {
             writeln!(
                 f,
                 "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} |",
                 row.path, row.requests, row.tokens, row.seconds, row.tokens_per_second, row.p50_ms, row.p99_ms
             )?;
         }
-        writeln!(f, "HTTP keeps {:.1}% of the in-process tokens/s.", 100.0 * self.ratio())
+        if self.against_peer {
+            writeln!(f, "whale serve / peer: {:.2}x the tokens/s.", self.ratio())
+        } else {
+            writeln!(f, "HTTP keeps {:.1}% of the in-process tokens/s.", 100.0 * self.ratio())
+        }
     }
 }
 
@@ -124,26 +154,28 @@ pub fn run(settings: &ServeBenchSettings) -> Result<ServeBenchTable, ServeBenchE
         }
     };
     let server = ServerProcess::start(&settings.whale, &dir, settings.requests)?;
-    let remote = RemotePolicy::new(RemoteConfig {
-        base_url: server.base_url.clone(),
-        model: SERVED_NAME.to_string(),
-        max_concurrency: settings.requests,
-        max_retries: 0,
-        ..RemoteConfig::default()
-    })
-    .map_err(PolicyError::from)?;
-    let engine = EngineConfig { max_batch_size: settings.requests, ..EngineConfig::default() };
-    let local =
-        LocalPolicy::load(&dir, DType::F32, &Device::Cpu, engine).map_err(|e| ServeBenchError::Model(e.to_string()))?;
-    let warm_up = requests(1, 0, settings.max_tokens.min(4));
-    for policy in [&remote as &dyn Policy, &local] {
+    let remote = served(&server.base_url, SERVED_NAME, settings.requests)?;
+    let (other, other_label): (Box<dyn Policy>, String) = match &settings.peer {
+        Some(peer) => {
+            let label = format!("peer: {} (`{}`)", peer.base_url, peer.model);
+            (Box::new(served(&peer.base_url, &peer.model, settings.requests)?), label)
+        }
+        None => {
+            let engine = EngineConfig { max_batch_size: settings.requests, ..EngineConfig::default() };
+            let local = LocalPolicy::load(&dir, DType::F32, &Device::Cpu, engine)
+                .map_err(|e| ServeBenchError::Model(e.to_string()))?;
+            (Box::new(local), "in-process `LocalPolicy`".to_string())
+        }
+    };
+    let warm_up = requests(1, 0, settings.max_tokens.min(4), settings.ignore_eos);
+    for policy in [&remote as &dyn Policy, other.as_ref()] {
         round(policy, &warm_up)?;
     }
-    let (mut http, mut in_process) = (Samples::default(), Samples::default());
+    let (mut whale, mut others) = (Samples::default(), Samples::default());
     for index in 0..settings.rounds {
-        let batch = requests(settings.requests, index * settings.requests, settings.max_tokens);
-        http.add(round(&remote, &batch)?);
-        in_process.add(round(&local, &batch)?);
+        let batch = requests(settings.requests, index * settings.requests, settings.max_tokens, settings.ignore_eos);
+        whale.add(round(&remote, &batch)?);
+        others.add(round(other.as_ref(), &batch)?);
     }
     drop(server);
     Ok(ServeBenchTable {
@@ -151,9 +183,24 @@ pub fn run(settings: &ServeBenchSettings) -> Result<ServeBenchTable, ServeBenchE
         requests: settings.requests,
         rounds: settings.rounds,
         max_tokens: settings.max_tokens,
-        http: http.row("HTTP: `whale serve` in a second process"),
-        in_process: in_process.row("in-process `LocalPolicy`"),
+        ignore_eos: settings.ignore_eos,
+        whale: whale.row("`whale serve` over HTTP, a second process".to_string()),
+        other: others.row(other_label),
+        against_peer: settings.peer.is_some(),
     })
+}
+
+/// A client of the server at `base_url` that sends every request of a round at once and never
+/// retries (a failure is a failed bench, not a slow one).
+fn served(base_url: &str, model: &str, requests: usize) -> Result<RemotePolicy, ServeBenchError> {
+    let config = RemoteConfig {
+        base_url: base_url.to_string(),
+        model: model.to_string(),
+        max_concurrency: requests,
+        max_retries: 0,
+        ..RemoteConfig::default()
+    };
+    Ok(RemotePolicy::new(config).map_err(PolicyError::from)?)
 }
 
 /// Writes a random BASE-shape model with a BPE trained on the synthetic corpus (as
@@ -172,7 +219,7 @@ fn write_random_model(dir: &Path) -> Result<String, ServeBenchError> {
 }
 
 /// `count` chat requests with distinct questions and seeds from `first`.
-fn requests(count: usize, first: usize, max_tokens: usize) -> Vec<ChatRequest> {
+fn requests(count: usize, first: usize, max_tokens: usize, ignore_eos: bool) -> Vec<ChatRequest> {
     let lines = whale_lm::bench::synthetic_corpus(first + count, 13);
     lines[first..]
         .iter()
@@ -181,7 +228,12 @@ fn requests(count: usize, first: usize, max_tokens: usize) -> Vec<ChatRequest> {
             let question = line.split_inclusive('?').next().unwrap_or(line);
             ChatRequest {
                 messages: vec![ChatMessage::new("user", question)],
-                params: SamplingParams { max_tokens, seed: (first + index) as u64, ..SamplingParams::default() },
+                params: SamplingParams {
+                    max_tokens,
+                    seed: (first + index) as u64,
+                    ignore_eos,
+                    ..SamplingParams::default()
+                },
             }
         })
         .collect()
@@ -231,7 +283,7 @@ impl Samples {
         }
     }
 
-    fn row(mut self, path: &'static str) -> PathRow {
+    fn row(mut self, path: String) -> PathRow {
         self.latencies_ms.sort_by(f64::total_cmp);
         PathRow {
             path,
@@ -320,8 +372,9 @@ mod tests {
 
     #[test]
     fn bench_requests_differ_and_are_reproducible() {
-        let batch = requests(4, 8, 16);
-        assert_eq!(batch, requests(4, 8, 16));
+        let batch = requests(4, 8, 16, true);
+        assert_eq!(batch, requests(4, 8, 16, true));
+        assert!(batch.iter().all(|r| r.params.ignore_eos));
         assert_eq!(batch.iter().map(|r| r.params.seed).collect::<Vec<_>>(), [8, 9, 10, 11]);
         assert!(batch.iter().all(|r| r.messages[0].content.ends_with('?') && r.params.max_tokens == 16));
         assert_ne!(batch[0].messages, batch[1].messages);

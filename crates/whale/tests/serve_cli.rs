@@ -109,3 +109,28 @@ fn bad_serve_options_are_refused_before_serving() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("missing"));
 }
+
+#[test]
+fn serve_bench_measures_whale_serve_beside_a_peer_server_token_for_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    common::write_tiny_model(dir.path());
+    let peer = Serve::start(dir.path(), "the-peer", &[]);
+    let output = Command::new(env!("CARGO_BIN_EXE_whale"))
+        .args(["serve", "bench", "--model"])
+        .arg(dir.path())
+        .args(["--peer", &peer.base_url, "--peer-model", "the-peer", "--ignore-eos"])
+        .args(["--requests", "3", "--rounds", "2", "--max-tokens", "7"])
+        .output()
+        .expect("whale runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(text.contains("exactly 7 tokens each") && text.contains("whale serve / peer:"), "{text}");
+    let rows: Vec<&str> =
+        text.lines().filter(|line| line.starts_with("| `whale serve`") || line.starts_with("| peer:")).collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    for row in rows {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        assert_eq!((cells[2], cells[3]), ("6", "42"), "6 requests of exactly 7 tokens: {row}");
+    }
+    assert!(text.contains(&peer.base_url), "the peer is named: {text}");
+}

@@ -1,6 +1,6 @@
 //! `whale serve ...`: the OpenAI-compatible server and its benchmark.
 
-use crate::serve_bench::{self, ServeBenchSettings, LISTENING};
+use crate::serve_bench::{self, Peer, ServeBenchSettings, LISTENING};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use clap::{Args, Subcommand};
@@ -24,8 +24,22 @@ pub struct ServeArgs {
 enum ServeCommand {
     /// Measure tokens/s and p50/p99 latency of concurrent chat requests sent over HTTP to
     /// `whale serve` running in a second process, against the same requests sent to the engine
-    /// in-process, and print both with their ratio.
+    /// in-process (or, with --peer, to another server serving the same checkpoint: vLLM,
+    /// llama.cpp's llama-server), rounds alternating, and print both with their ratio.
     Bench {
+        /// Compare with this OpenAI-compatible server (its base URL, like
+        /// http://127.0.0.1:8001/v1) instead of the in-process engine; it must already serve the
+        /// checkpoint given by --model.
+        #[arg(long, requires = "model")]
+        peer: Option<String>,
+        /// The model name the peer serves the checkpoint under (default: the model directory
+        /// as given, as vLLM names it).
+        #[arg(long, requires = "peer")]
+        peer_model: Option<String>,
+        /// Every reply runs to --max-tokens past end-of-sequence tokens on both paths, so both
+        /// generate the same tokens (vLLM's and llama.cpp's ignore_eos).
+        #[arg(long)]
+        ignore_eos: bool,
         /// A checkpoint directory (default: the base model if it is cached, else --random).
         #[arg(long, conflicts_with = "random")]
         model: Option<PathBuf>,
@@ -76,14 +90,19 @@ struct ServeOptions {
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
     match args.command {
-        Some(ServeCommand::Bench { model, random, requests, rounds, max_tokens }) => {
+        Some(ServeCommand::Bench { peer, peer_model, ignore_eos, model, random, requests, rounds, max_tokens }) => {
+            let peer = peer.map(|base_url| Peer {
+                base_url,
+                model: peer_model
+                    .unwrap_or_else(|| model.as_ref().map(|d| d.display().to_string()).unwrap_or_default()),
+            });
             let model_dir = match (model, random) {
                 (_, true) => None,
                 (Some(dir), false) => Some(dir),
                 (None, false) => cached_base_model(),
             };
             let whale = std::env::current_exe().context("cannot find the whale executable")?;
-            let settings = ServeBenchSettings { model_dir, requests, rounds, max_tokens, whale };
+            let settings = ServeBenchSettings { model_dir, requests, rounds, max_tokens, ignore_eos, peer, whale };
             print!("{}", serve_bench::run(&settings)?);
             Ok(ExitCode::SUCCESS)
         }
