@@ -16,7 +16,8 @@ pub enum FigureError {
     Render(String),
 }
 
-const PALETTE: [RGBColor; 8] = [
+/// The colours of successive lines, in every plot whale draws.
+pub(crate) const PALETTE: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),

@@ -234,15 +234,6 @@ fn gain_text(gain: Option<Estimate>) -> String {
     gain.map_or("-".to_string(), |g| format!("{:+.3} [{:+.3}, {:+.3}]", g.value, g.lo, g.hi))
 }
 
-const PALETTE: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(255, 127, 14),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-];
-
 /// Test mean@k against cumulative training rollouts, one line per series with its 95%
 /// interval as whiskers and its phase boundaries as thin vertical ticks.
 pub fn plot_svg(series: &[Series]) -> Result<String, ReportError> {
@@ -282,7 +273,7 @@ where
         .draw()
         .map_err(|e| e.to_string())?;
     for (index, s) in series.iter().enumerate() {
-        let color = PALETTE[index % PALETTE.len()];
+        let color = crate::figures::PALETTE[index % crate::figures::PALETTE.len()];
         // Earlier series are drawn wider, so a later one on the same points leaves them visible.
         let width = 2 + (series.len() - 1 - index) as u32 / 2;
         for boundary in &s.boundaries {

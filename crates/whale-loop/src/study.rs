@@ -42,6 +42,8 @@ pub enum StudyError {
     Figure(#[from] FigureError),
     #[error("writing {}: {reason}", path.display())]
     Write { path: PathBuf, reason: String },
+    #[error("reading {}: {reason}", path.display())]
+    Read { path: PathBuf, reason: String },
     #[error("two configs are both named `{0}`: a study keeps one directory per config name")]
     DuplicateName(String),
 }
@@ -237,7 +239,10 @@ pub fn read(plan: &StudyPlan, root: &Path) -> Result<Study, StudyError> {
             let Some(runs) = finished_runs(&seed_dir(root, &config.name, seed), plan.arms.len())? else { continue };
             seeds.push(seed);
             per_seed.push(runs);
-            if let Ok(matrix) = read_json::<Coupling>(&whale_dir(root, &config.name, seed).join(COUPLING_FILE)) {
+            let file = whale_dir(root, &config.name, seed).join(COUPLING_FILE);
+            if file.is_file() {
+                let matrix = read_json::<Coupling>(&file)
+                    .map_err(|e| StudyError::Read { path: file.clone(), reason: e.to_string() })?;
                 couplings.push(SeedCoupling { seed, matrix });
             }
         }
@@ -331,7 +336,6 @@ fn difference(per_seed: &[Vec<Series>], arm: &str, metric: &'static str) -> Opti
         paired.push(other.iter().zip(whale).map(|(a, b)| a - b).collect());
     }
     let estimate = bootstrap_nested_mean(&paired, RESAMPLES, BOOTSTRAP_SEED);
-    let mean = |values: &Vec<f64>| values.iter().sum::<f64>() / values.len() as f64;
     let agrees = |d: f64| d == 0.0 || estimate.value == 0.0 || (d > 0.0) == (estimate.value > 0.0);
     let seeds_agreeing = paired.iter().filter(|seed| agrees(mean(seed))).count();
     let tasks = paired.first().map_or(0, Vec::len);
@@ -497,15 +501,17 @@ fn harness_gain_interaction(couplings: &[SeedCoupling]) -> Option<(Estimate, f64
             continue;
         }
         per_seed.push((0..n).map(|t| a[t] - b[t] - c[t] + d[t]).collect::<Vec<f64>>());
-        let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
         at_start.push(mean(c) - mean(d));
         at_end.push(mean(a) - mean(b));
     }
     if per_seed.is_empty() {
         return None;
     }
-    let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
     Some((bootstrap_nested_mean(&per_seed, RESAMPLES, BOOTSTRAP_SEED), mean(&at_start), mean(&at_end)))
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
 }
 
 /// Finding (c): small alternating steps beat sequential, in final accuracy (sequential minus
