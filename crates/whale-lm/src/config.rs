@@ -212,10 +212,11 @@ impl Qwen3Config {
             max_position_embeddings: optional(&object, "max_position_embeddings")?.unwrap_or(32768),
             initializer_range: optional(&object, "initializer_range")?.unwrap_or(0.02),
             rms_norm_eps: optional(&object, "rms_norm_eps")?.unwrap_or(1e-6),
-            rope_theta: optional(&object, "rope_theta")?.unwrap_or(10_000.0),
+            rope_theta: rope_theta(&object)?,
             tie_word_embeddings: optional(&object, "tie_word_embeddings")?.unwrap_or(false),
             attention_bias: optional(&object, "attention_bias")?.unwrap_or(false),
-            torch_dtype: optional(&object, "torch_dtype")?,
+            torch_dtype: optional(&object, "torch_dtype")?
+                .map_or_else(|| optional(&object, "dtype"), |d| Ok(Some(d)))?,
             bos_token_id: optional(&object, "bos_token_id")?,
             eos_token_id: token_ids(&object, "eos_token_id")?,
             extra: BTreeMap::new(),
@@ -293,6 +294,13 @@ impl Qwen3Config {
         if self.extra.get("rope_scaling").is_some_and(|v| !v.is_null()) {
             return Err(ConfigIssue::new("rope_scaling", "scaled rotary embeddings are not supported"));
         }
+        let rope_type = self.extra.get("rope_parameters").and_then(|p| p.get("rope_type")).and_then(Value::as_str);
+        if let Some(kind) = rope_type.filter(|kind| *kind != "default") {
+            return Err(ConfigIssue::new(
+                "rope_parameters.rope_type",
+                format!("{kind:?} rotary embeddings are not supported (only \"default\")"),
+            ));
+        }
         if self.extra.get("use_sliding_window").is_some_and(|v| v.as_bool() != Some(false)) {
             return Err(ConfigIssue::new("use_sliding_window", "sliding-window attention is not supported"));
         }
@@ -341,6 +349,22 @@ pub(crate) fn required<T: DeserializeOwned>(object: &Map<String, Value>, key: &s
     optional(object, key)?.ok_or_else(|| ConfigIssue::new(key, "missing"))
 }
 
+/// The rotary base: `rope_theta`, or where transformers 5 writes it, `rope_parameters.rope_theta`;
+/// 10,000 when neither is there.
+fn rope_theta(object: &Map<String, Value>) -> Result<f64, ConfigIssue> {
+    if let Some(theta) = optional(object, "rope_theta")? {
+        return Ok(theta);
+    }
+    match object.get("rope_parameters") {
+        Some(Value::Object(parameters)) => {
+            let theta = optional(parameters, "rope_theta")
+                .map_err(|issue| ConfigIssue::new("rope_parameters.rope_theta", issue.reason))?;
+            Ok(theta.unwrap_or(10_000.0))
+        }
+        _ => Ok(10_000.0),
+    }
+}
+
 /// A token id given either as one number or as a list of numbers.
 pub(crate) fn token_ids(object: &Map<String, Value>, key: &str) -> Result<Vec<u32>, ConfigIssue> {
     match object.get(key) {
@@ -365,6 +389,23 @@ mod tests {
         let text = config.to_json_string();
         assert!(text.contains("\"eos_token_id\": 7"), "{text}");
         assert_eq!(parse(&text).unwrap(), config);
+    }
+
+    #[test]
+    fn reads_the_rotary_base_and_dtype_where_transformers_5_writes_them() {
+        let text = |rope: &str| {
+            format!(
+                r#"{{"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+                    "num_attention_heads": 8, "dtype": "bfloat16", "rope_parameters": {rope}}}"#
+            )
+        };
+        let config = parse(&text(r#"{"rope_theta": 1000000.0, "rope_type": "default"}"#)).expect("transformers 5");
+        assert_eq!((config.rope_theta, config.torch_dtype.as_deref()), (1e6, Some("bfloat16")));
+        assert_eq!(parse(&text("{}")).expect("no base").rope_theta, 10_000.0);
+        let error = parse(&text(r#"{"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0}"#)).expect_err("yarn");
+        assert!(error.to_string().contains("rope_parameters.rope_type"), "{error}");
+        let error = parse(&text(r#"{"rope_theta": "big"}"#)).expect_err("not a number");
+        assert!(error.to_string().contains("rope_parameters.rope_theta"), "{error}");
     }
 
     #[test]

@@ -202,7 +202,9 @@ impl RemotePolicy {
             "temperature": params.temperature,
             "top_p": params.top_p,
             "max_tokens": params.max_tokens,
-            "seed": params.seed,
+            // vLLM takes seeds in i64's range only (HTTP 400 above it); the same 64 bits as a signed
+            // number are accepted everywhere, and whale serve reads them back as the same u64.
+            "seed": params.seed as i64,
             "n": n,
             "logprobs": true,
             "top_logprobs": 0,
@@ -386,6 +388,9 @@ mod tests {
         );
         assert_eq!((body["logprobs"].clone(), body["return_token_ids"].clone()), (json!(true), json!(true)));
         assert!(body.get("ignore_eos").is_none(), "sent only when asked for");
+        request.params.seed = u64::MAX;
+        let body = remote.request_body(&request, 1).expect("body");
+        assert_eq!(body["seed"], json!(-1), "a seed past i64 goes as its bits, which vLLM accepts");
         request.params.ignore_eos = true;
         assert_eq!(remote.request_body(&request, 1).expect("body")["ignore_eos"], json!(true));
         let plain = policy(RemoteConfig { extensions: false, ..RemoteConfig::default() });

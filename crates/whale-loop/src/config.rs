@@ -9,7 +9,7 @@
 
 use crate::condition::Condition;
 use crate::scale_out::server::ServerConfig;
-use crate::scale_out::trainer_command::{TrainerCommandConfig, TrainerOutput};
+use crate::scale_out::trainer_command::TrainerCommandConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use whale_core::Domain;
@@ -631,29 +631,17 @@ impl RunConfig {
             return Err(("weights.lora", reason.to_string()));
         }
         let trains = self.condition != Condition::HarnessOnly;
-        match (&self.server, &self.weights.trainer) {
-            (Some(_), None) if trains => Err((
+        if trains && self.server.is_some() && self.weights.trainer.is_none() {
+            return Err((
                 "weights.trainer",
                 format!(
                     "the {} condition trains the weights, and a model on a [server] is trained by an external \
                      command: add a [weights.trainer] table (or run condition = \"harness-only\")",
                     self.condition
                 ),
-            )),
-            (Some(server), Some(trainer))
-                if trainer.output == TrainerOutput::Checkpoint && !server.kind.loads_checkpoints() =>
-            {
-                Err((
-                    "weights.trainer.output",
-                    format!(
-                        "a {:?} server hot-loads LoRA adapters only: write output = \"adapter\", or serve with \
-                         SGLang or whale serve (kind = \"sglang\" or \"whale\") to load full checkpoints",
-                        server.kind
-                    ),
-                ))
-            }
-            _ => Ok(()),
+            ));
         }
+        Ok(())
     }
 }
 
@@ -669,6 +657,7 @@ fn parse_error(text: &str, file: &Path, error: &toml::de::Error) -> ConfigError 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scale_out::trainer_command::TrainerOutput;
 
     fn parse(text: &str) -> Result<RunConfig, ConfigError> {
         RunConfig::parse(text, Path::new("x.toml"), Path::new("/base"))
@@ -733,8 +722,13 @@ mod tests {
         assert_eq!(trainer_config.output, TrainerOutput::Adapter);
         assert_eq!(trainer_config.workdir.as_deref(), Some(Path::new("/base")), "it runs beside the file");
         let checkpoint = format!("{server}{trainer}output = \"checkpoint\"\n");
-        assert_eq!(key(&checkpoint), "weights.trainer.output", "vLLM loads adapters only");
-        parse(&checkpoint.replace("[server]\n", "[server]\nkind = \"sglang\"\n")).expect("SGLang loads checkpoints");
+        for kind in ["vllm", "sglang", "whale"] {
+            let text = checkpoint.replace("[server]\n", &format!("[server]\nkind = \"{kind}\"\n"));
+            assert_eq!(
+                parse(&text).expect("every kind loads checkpoints").weights.trainer.map(|t| t.output),
+                Some(TrainerOutput::Checkpoint)
+            );
+        }
         assert_eq!(key(&format!("{trainer}[weights.lora]\nrank = 4\n")), "weights.lora");
         assert_eq!(key("[server]\nmodel = \" \"\n"), "server.model");
         let error = parse("[server]\nmodel = \"m\"\nbase_ur = \"http://h/v1\"\n").expect_err("misspelt");

@@ -33,6 +33,24 @@ impl Endpoint {
     }
 }
 
+/// A seed as any 64-bit integer: whale's clients send a u64 seed's bits as an i64, the range
+/// vLLM accepts, and a negative seed is read back as the u64 with the same bits.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+enum WireSeed {
+    Unsigned(u64),
+    Signed(i64),
+}
+
+impl WireSeed {
+    fn bits(self) -> u64 {
+        match self {
+            WireSeed::Unsigned(seed) => seed,
+            WireSeed::Signed(seed) => seed as u64,
+        }
+    }
+}
+
 /// The body of `/v1/chat/completions` and `/v1/completions` as sent.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,7 +64,7 @@ struct WireGeneration {
     max_tokens: Option<usize>,
     max_completion_tokens: Option<usize>,
     stop: Option<WireStop>,
-    seed: Option<u64>,
+    seed: Option<WireSeed>,
     n: Option<usize>,
     /// A boolean for chat; for text completions the legacy number of alternatives (only 0).
     logprobs: Option<Value>,
@@ -255,7 +273,7 @@ fn sampling_params(wire: &WireGeneration) -> Result<SamplingParams, ApiError> {
         top_k,
         max_tokens: wire.max_completion_tokens.or(wire.max_tokens).unwrap_or(defaults.max_tokens),
         stop,
-        seed: wire.seed.unwrap_or_else(rand::random),
+        seed: wire.seed.map_or_else(rand::random, WireSeed::bits),
         ignore_eos: wire.ignore_eos.unwrap_or(false),
     };
     params.validate().map_err(|e| {
@@ -305,6 +323,20 @@ mod tests {
         assert_eq!(request.choice_params(1).seed, 4);
         assert!(request.logprobs && request.stream && request.include_usage);
         assert_eq!(request.n, 2);
+    }
+
+    #[test]
+    fn a_seed_is_any_64_bit_integer_a_negative_one_its_u64_bits() {
+        let seed = |text: &str| {
+            let body =
+                format!(r#"{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}], "seed": {text}}}"#);
+            chat(&body).map(|request| request.params.seed)
+        };
+        assert_eq!(seed("18446744073709551615").expect("u64::MAX"), u64::MAX);
+        assert_eq!(seed("-1").expect("as vLLM takes it"), u64::MAX);
+        assert_eq!(seed("-9223372036854775808").expect("i64::MIN"), 1 << 63);
+        assert!(seed("18446744073709551616").is_err(), "past 64 bits");
+        assert!(seed("1.5").is_err(), "not an integer");
     }
 
     #[test]

@@ -115,16 +115,68 @@ fn vllm_and_whale_serve_take_adapters_at_the_v1_endpoints() {
             json!({"lora_name": "math-whale-step-2", "lora_path": "/runs/math/weights/step-000002/adapter"})
         );
         assert_eq!(seen[1].body, json!({"lora_name": "math-whale-step-1"}));
-        if kind == ServerKind::Vllm {
-            let error = admin.load_checkpoint(Path::new("/c")).expect_err("no checkpoints");
-            assert!(matches!(error, ServerError::CheckpointUnsupported { .. }), "{error}");
-            assert_eq!(recorder.seen().len(), 2, "an unsupported load sends nothing");
-        } else {
+        if kind == ServerKind::Whale {
             admin.load_checkpoint(Path::new("/c")).expect("whale serve takes SGLang's checkpoint call");
             assert_eq!(recorder.seen()[2].path, "/update_weights_from_disk");
             assert_eq!(recorder.seen()[2].body, json!({"model_path": "/c"}));
         }
     }
+}
+
+/// A checkpoint directory with `config` and a one-file safetensors holding tensors `names`.
+fn checkpoint(dir: &Path, config: Value, names: &[&str]) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).expect("dir");
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
+    let mut header = serde_json::Map::new();
+    for (i, name) in names.iter().enumerate() {
+        header.insert(name.to_string(), json!({"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}));
+    }
+    let header = Value::Object(header).to_string();
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    bytes.extend(vec![0u8; 4 * names.len()]);
+    std::fs::write(dir.join("model.safetensors"), bytes).expect("weights");
+    dir.to_path_buf()
+}
+
+#[test]
+fn vllm_reloads_an_untied_checkpoint_in_place_and_empties_its_prefix_cache() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let untied = checkpoint(
+        &dir.path().join("untied"),
+        json!({"tie_word_embeddings": false}),
+        &["model.embed_tokens.weight", "lm_head.weight"],
+    );
+    let recorder = Recorder::start(vec![(200, json!({"results": [null]})), (200, json!({"success": true}))]);
+    let admin = recorder.admin(ServerKind::Vllm);
+    admin.load_checkpoint(&untied).expect("an untied checkpoint reloads");
+    let seen = recorder.seen();
+    assert_eq!(paths(&seen), ["/collective_rpc", "/reset_prefix_cache"]);
+    let path = untied.display().to_string();
+    assert_eq!(seen[0].body, json!({"method": "reload_weights", "kwargs": {"weights_path": path}}));
+
+    // Tied by its config, or by an lm_head missing from its weights (a multimodal wrapper's
+    // text_config counts): refused before anything is sent.
+    let tied = [
+        checkpoint(&dir.path().join("a"), json!({"tie_word_embeddings": true}), &["lm_head.weight"]),
+        checkpoint(&dir.path().join("b"), json!({"text_config": {"tie_word_embeddings": true}}), &["lm_head.weight"]),
+        checkpoint(&dir.path().join("c"), json!({}), &["model.embed_tokens.weight"]),
+    ];
+    for checkpoint in tied {
+        let error = admin.load_checkpoint(&checkpoint).expect_err("tied");
+        assert!(matches!(error, ServerError::TiedCheckpoint { .. }), "{error}");
+        assert!(error.to_string().contains("lm_head"), "{error}");
+    }
+    assert_eq!(recorder.seen().len(), 2, "a refused checkpoint sends nothing");
+
+    // A server without VLLM_SERVER_DEV_MODE answers 404; the error says how to start it.
+    let recorder = Recorder::start(vec![(404, json!({"detail": "Not Found"}))]);
+    let error = recorder.admin(ServerKind::Vllm).load_checkpoint(&untied).expect_err("no dev mode");
+    assert!(error.to_string().contains("VLLM_SERVER_DEV_MODE=1"), "{error}");
+    // A cache that cannot be emptied (blocks still held) is a refusal, not a success.
+    let recorder = Recorder::start(vec![(200, json!({"results": [null]})), (200, json!({"success": false}))]);
+    let error = recorder.admin(ServerKind::Vllm).load_checkpoint(&untied).expect_err("cache kept");
+    assert!(matches!(error, ServerError::Refused { .. }), "{error}");
 }
 
 #[test]

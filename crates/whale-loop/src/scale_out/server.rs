@@ -10,14 +10,18 @@
 //!
 //! | kind     | load an adapter                  | unload                             | full checkpoint                |
 //! |----------|----------------------------------|------------------------------------|--------------------------------|
-//! | `vllm`   | `POST /v1/load_lora_adapter`     | `POST /v1/unload_lora_adapter`     | —                              |
+//! | `vllm`   | `POST /v1/load_lora_adapter`     | `POST /v1/unload_lora_adapter`     | `POST /collective_rpc`, then `POST /reset_prefix_cache` |
 //! | `sglang` | `POST /load_lora_adapter`        | `POST /unload_lora_adapter`        | `POST /update_weights_from_disk` |
 //! | `whale`  | as vLLM                          | as vLLM                            | as SGLang                      |
 //!
-//! with the JSON bodies `{"lora_name", "lora_path"}`, `{"lora_name"}` and `{"model_path"}`.
-//! vLLM accepts them only when started with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` and
-//! `--enable-lora`. The paths are the trainer's output directories, sent absolute (the server's
-//! working directory is not whale's): the server must see the same paths (a shared filesystem).
+//! with the JSON bodies `{"lora_name", "lora_path"}`, `{"lora_name"}`, `{"model_path"}` and, for
+//! vLLM, `{"method": "reload_weights", "kwargs": {"weights_path"}}`. vLLM takes adapters only when
+//! started with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` and `--enable-lora`, and checkpoints only
+//! with `VLLM_SERVER_DEV_MODE=1`. Its reload keeps the old `lm_head` of a model whose embeddings
+//! are tied (a log line is all it says), and its prefix cache holds keys and values computed by
+//! the old weights; so whale refuses a tied checkpoint before sending it, and empties the cache
+//! after. The paths are the trainer's output directories, sent absolute (the server's working
+//! directory is not whale's): the server must see the same paths (a shared filesystem).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -37,11 +41,6 @@ pub enum ServerKind {
 }
 
 impl ServerKind {
-    /// Whether the server can replace its base weights by a checkpoint directory.
-    pub fn loads_checkpoints(self) -> bool {
-        matches!(self, ServerKind::Sglang | ServerKind::Whale)
-    }
-
     fn adapter_endpoint(self, action: &str) -> String {
         match self {
             ServerKind::Vllm | ServerKind::Whale => format!("/v1/{action}_lora_adapter"),
@@ -218,8 +217,18 @@ pub enum ServerError {
     /// A success status whose body says the operation failed (SGLang's `{"success": false}`).
     #[error("POST {url}: the server reports failure: {message}")]
     Refused { url: String, message: String },
-    #[error("a {kind:?} server cannot load a full checkpoint; use LoRA adapters or an SGLang server")]
-    CheckpointUnsupported { kind: ServerKind },
+    #[error(
+        "POST {url}: HTTP 404: vLLM serves its weight reload only in development mode; start it with \
+         VLLM_SERVER_DEV_MODE=1, or train LoRA adapters (output = \"adapter\")"
+    )]
+    DevModeOff { url: String },
+    /// vLLM would keep the old `lm_head` of this checkpoint.
+    #[error(
+        "{path}: {reason}; vLLM's in-place reload keeps the old lm_head of a model with tied embeddings, so \
+         serve and train an untied model (tie_word_embeddings false, an lm_head.weight tensor), or train LoRA \
+         adapters (output = \"adapter\")"
+    )]
+    TiedCheckpoint { path: String, reason: String },
 }
 
 impl From<HttpError> for ServerError {
@@ -265,6 +274,53 @@ fn absolute(path: &Path) -> Result<String, ServerError> {
         .map_err(|e| ServerError::Client(format!("cannot make {} absolute: {e}", path.display())))
 }
 
+/// Refuses a checkpoint whose output layer is tied to its embeddings (its `config.json` says so,
+/// at the top or in a multimodal wrapper's `text_config`) or absent from its weights: vLLM's
+/// in-place reload would serve it with the old `lm_head`.
+fn refuse_tied(dir: &Path) -> Result<(), ServerError> {
+    let tied = |reason: String| ServerError::TiedCheckpoint { path: dir.display().to_string(), reason };
+    let config = read_json_file(&dir.join("config.json")).map_err(tied)?;
+    let flag = |config: &Value| config.get("tie_word_embeddings").and_then(Value::as_bool);
+    if flag(&config).or_else(|| config.get("text_config").and_then(flag)) == Some(true) {
+        return Err(tied("config.json says tie_word_embeddings: true".to_string()));
+    }
+    let names = tensor_names(dir).map_err(tied)?;
+    if !names.iter().any(|name| name == "lm_head.weight" || name.ends_with(".lm_head.weight")) {
+        return Err(tied("its weights hold no lm_head.weight".to_string()));
+    }
+    Ok(())
+}
+
+fn read_json_file(path: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The tensor names of a checkpoint: the keys of `model.safetensors.index.json`'s weight map, else
+/// the header of `model.safetensors` (eight bytes of little-endian length, then that much JSON).
+fn tensor_names(dir: &Path) -> Result<Vec<String>, String> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let index = read_json_file(&index)?;
+        let map = index.get("weight_map").and_then(Value::as_object);
+        return Ok(map.map(|map| map.keys().cloned().collect()).unwrap_or_default());
+    }
+    let file = dir.join("model.safetensors");
+    let header = safetensors_header(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    Ok(header.keys().filter(|key| *key != "__metadata__").cloned().collect())
+}
+
+fn safetensors_header(file: &Path) -> std::io::Result<serde_json::Map<String, Value>> {
+    use std::io::Read;
+    let mut reader = std::fs::File::open(file)?;
+    let mut length = [0u8; 8];
+    reader.read_exact(&mut length)?;
+    let length = u64::from_le_bytes(length);
+    let mut header = Vec::new();
+    reader.take(length).read_to_end(&mut header)?;
+    serde_json::from_slice(&header).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// The admin endpoints of one server.
 pub struct ServerAdmin {
     http: JsonClient,
@@ -307,12 +363,19 @@ impl ServerAdmin {
         }
     }
 
-    /// Replaces the served base weights by the checkpoint in `path` (SGLang, whale serve).
+    /// Replaces the served base weights by the checkpoint in `path`.
     pub fn load_checkpoint(&self, path: &Path) -> Result<(), ServerError> {
-        if !self.kind.loads_checkpoints() {
-            return Err(ServerError::CheckpointUnsupported { kind: self.kind });
+        let path = absolute(path)?;
+        if self.kind != ServerKind::Vllm {
+            return self.post("/update_weights_from_disk", &json!({"model_path": path}));
         }
-        self.post("/update_weights_from_disk", &json!({"model_path": absolute(path)?}))
+        refuse_tied(Path::new(&path))?;
+        let reload = json!({"method": "reload_weights", "kwargs": {"weights_path": path}});
+        match self.post("/collective_rpc", &reload) {
+            Err(ServerError::Status { status: 404, url, .. }) => return Err(ServerError::DevModeOff { url }),
+            other => other?,
+        }
+        self.post("/reset_prefix_cache", &json!({}))
     }
 
     /// POSTs `body`, retrying transient faults; a success whose body says `"success": false`
