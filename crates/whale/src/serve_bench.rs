@@ -204,8 +204,8 @@ fn served(base_url: &str, model: &str, requests: usize) -> Result<RemotePolicy, 
 }
 
 /// Writes a random BASE-shape model with a BPE trained on the synthetic corpus (as
-/// `whale lm bench --random` serves) and returns its description.
-fn write_random_model(dir: &Path) -> Result<String, ServeBenchError> {
+/// `whale lm bench --random` serves) and returns its description (`whale lm random` too).
+pub fn write_random_model(dir: &Path) -> Result<String, ServeBenchError> {
     let model_error = |e: &dyn std::fmt::Display| ServeBenchError::Model(e.to_string());
     let corpus = whale_lm::bench::synthetic_corpus(20_000, 7);
     let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), 8192).map_err(|e| model_error(&e))?;

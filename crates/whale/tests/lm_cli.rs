@@ -348,3 +348,19 @@ fn lm_train_with_lora_writes_a_peft_adapter_that_resumes_merges_and_samples() {
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(stderr.contains("target_modules") && stderr.contains("lm_head"), "{stderr}");
 }
+
+#[test]
+fn lm_random_writes_the_serve_bench_model_as_a_loadable_checkpoint_the_same_each_time() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let (first, second) = (home.path().join("a"), home.path().join("b"));
+    for dir in [&first, &second] {
+        let printed = succeed(home.path(), &["lm", "random", "-o", path(dir)]);
+        assert!(printed.contains("vocabulary 8192"), "{printed}");
+    }
+    let parameters: usize = weights(&first).iter().map(|(_, values)| values.len()).sum();
+    assert!((5_000_000..5_500_000).contains(&parameters), "{parameters} parameters");
+    assert!(weights(&first) == weights(&second), "the same seed writes the same weights");
+    let codec = ChatCodec::load(&first).expect("its tokenizer and chat template load");
+    let prompt = codec.prompt_ids(&[whale_core::ChatMessage::new("user", "What is 2 + 3?")]).expect("a prompt");
+    assert!(!prompt.is_empty() && prompt.iter().all(|&id| id < 8192), "{prompt:?}");
+}

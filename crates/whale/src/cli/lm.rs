@@ -97,6 +97,14 @@ pub enum LmCommand {
         #[arg(long)]
         random: bool,
     },
+    /// Write the random 256-wide model that `whale serve bench --random` serves (5.25M
+    /// parameters, an 8,192-token BPE trained on the synthetic corpus, seed 7) as a checkpoint
+    /// directory, so that another server can load the same weights (`scripts/peer-bench.sh`).
+    Random {
+        /// The directory to write (config.json, model.safetensors, tokenizer files).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
     /// Fine-tune a model on an sft.jsonl of {"messages": [...], "completion": "..."} lines:
     /// the completion is the assistant's reply to the messages, and only it is trained on.
     /// With --lora-rank (or --resume-adapter) only a LoRA adapter is trained and the output is
@@ -234,6 +242,13 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             };
             let config = whale_lm::BenchConfig { model_dir, ..whale_lm::BenchConfig::default() };
             print!("{}", whale_lm::run_bench(&config, &candle_core::Device::Cpu)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        LmCommand::Random { output } => {
+            std::fs::create_dir_all(&output).with_context(|| format!("cannot create {}", output.display()))?;
+            let description = crate::serve_bench::write_random_model(&output)
+                .with_context(|| format!("cannot write the random model to {}", output.display()))?;
+            println!("wrote a {description} model to {}", output.display());
             Ok(ExitCode::SUCCESS)
         }
         LmCommand::Train {
