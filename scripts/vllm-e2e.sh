@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # whale against the real vLLM (its CPU build), end to end. Opt-in; CI never runs it.
 #
-#   scripts/vllm-e2e.sh            # all checks, about 25 minutes on 2 cores once the venv exists
+#   scripts/vllm-e2e.sh            # all checks, about 13 minutes on 2 cores once the venv exists
 #   scripts/vllm-e2e.sh a c        # some of them
 #
 # Makes or reuses the venv of scripts/vllm-venv.sh (vLLM 0.32 CPU build, plus TRL and peft for
