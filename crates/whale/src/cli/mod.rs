@@ -85,10 +85,28 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", describe(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes joined by ": ", as `{:#}` prints them, less each cause whose
+/// message the text before it already holds: many library errors put their source in their own
+/// message, which the chain would otherwise print again at every level.
+fn describe(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let message = cause.to_string();
+        if text.contains(&message) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+    }
+    text
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
@@ -105,5 +123,34 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Lm(command) => lm::run(command),
         Command::Harness(command) => harness::run(command),
         Command::Serve(args) => serve::run(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Inner {
+        #[error("config.json says tie_word_embeddings: true")]
+        Tied,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    enum Outer {
+        #[error("weight step 3: the server did not take the new weights: {source}")]
+        Server { source: Inner },
+    }
+
+    #[test]
+    fn a_cause_already_in_its_parents_message_is_printed_once() {
+        let error = anyhow::Error::new(Outer::Server { source: Inner::Tied }).context("whale run x.toml");
+        assert_eq!(
+            describe(&error),
+            "whale run x.toml: weight step 3: the server did not take the new weights: config.json says \
+             tie_word_embeddings: true"
+        );
+        let plain = anyhow::anyhow!("cannot read a.toml").context("loading the config");
+        assert_eq!(describe(&plain), "loading the config: cannot read a.toml", "other chains print as {{:#}} does");
     }
 }
