@@ -254,6 +254,9 @@ pub enum ExternalWeightsError {
     Load { step: u64, path: PathBuf, reason: String },
     #[error("weight step {step}: the server did not take the new weights: {source}")]
     Server { step: u64, source: ServerError },
+    /// The run's starting weights, put back on a server that replaces its weights in place.
+    #[error("the server did not take the base weights {base}, which a run starts from: {source}")]
+    Base { base: String, source: ServerError },
     #[error("{}: the trainer's metrics: {reason}", path.display())]
     Metrics { path: PathBuf, reason: String },
 }
@@ -371,7 +374,7 @@ impl ExternalTrainer {
         }
         admin
             .load_checkpoint(Path::new(&self.base))
-            .map_err(|source| ExternalWeightsError::Server { step: 0, source })?;
+            .map_err(|source| ExternalWeightsError::Base { base: self.base.clone(), source })?;
         policy.route(base_model, version);
         Ok(())
     }
