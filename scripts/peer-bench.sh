@@ -33,15 +33,16 @@ fi
 MODEL=${WHALE_PEER_MODEL:-}
 if [ -z "$MODEL" ]; then
     "$WHALE" lm pretrain >"$WORK/pretrain.log" 2>&1
-    MODEL=$(sed -n 's/^base model already trained: //p; s/^wrote the base model to //p' "$WORK/pretrain.log" | tail -1)
+    MODEL=$(sed -n 's/^base model already trained: //p; s/^model: //p' "$WORK/pretrain.log" | tail -1)
 elif [ "$MODEL" = random ]; then
     MODEL=$WORK/random-model
     [ -f "$MODEL/config.json" ] || "$WHALE" lm random -o "$MODEL"
 fi
+[ -n "$MODEL" ] && [ -f "$MODEL/config.json" ] \
+    || { echo "peer-bench: no checkpoint at '$MODEL' (pretrain log: $WORK/pretrain.log)" >&2; exit 1; }
 MODEL=$(cd "$MODEL" && pwd)
 NAME=$(basename "$MODEL")
 GGUF=$WORK/$NAME-f32.gguf
-[ -f "$MODEL/config.json" ] || { echo "peer-bench: no checkpoint at $MODEL" >&2; exit 1; }
 
 wait_for() {
     for _ in $(seq "$3"); do
@@ -71,7 +72,7 @@ to_gguf() {
     local py
     py=$("$ROOT/scripts/vllm-venv.sh" | tail -1)
     [ -f "$GGUF" ] && return 0
-    PYTHONPATH="$src:$src/gguf-py" "$py" - "$MODEL" "$GGUF" >"$WORK/convert.log" 2>&1 <<'PY'
+    PYTHONPATH="$src:$src/gguf-py" "$py" - "$MODEL" "$GGUF.partial" >"$WORK/convert.log" 2>&1 <<'PY'
 import runpy
 import sys
 
@@ -82,6 +83,7 @@ model, out = sys.argv[1:]
 sys.argv = ["convert_hf_to_gguf.py", model, "--outfile", out, "--outtype", "f32"]
 runpy.run_module("convert_hf_to_gguf", run_name="__main__")
 PY
+    mv "$GGUF.partial" "$GGUF"
 }
 
 start_llama() {

@@ -15,6 +15,8 @@
         difference must have a 99% bootstrap interval that holds zero
     search RUN
         the run's search iterations completed, each with an agent session that ended without error
+    losses RUN
+        every weight step of the run that trained (updates > 0) carries the trainer's loss
     copy SRC DST [--untie] [--positions N]
         a copy of a checkpoint: with --untie its own lm_head.weight and tie_word_embeddings false;
         with --positions, max_position_embeddings N (rotary positions past those trained on)
@@ -115,7 +117,7 @@ def agree(args):
     differences = [x - y for x, y in zip(a, b)]
     rng = random.Random(0)
     means = sorted(sum(rng.choice(differences) for _ in differences) / len(differences) for _ in range(10_000))
-    low, high = means[49], means[9_950]
+    low, high = means[49], means[9_949]
     mean = sum(differences) / len(differences)
     print(f"final test mean: {sum(a) / len(a):.3f} vs {sum(b) / len(b):.3f}; "
           f"paired difference {mean:+.3f}, 99% interval [{low:+.3f}, {high:+.3f}] over {len(a)} tasks")
@@ -138,6 +140,15 @@ def search(args):
     errors = [session["error"] for session in sessions if session.get("error")]
     if errors:
         sys.exit(f"{args.run}: agent sessions failed: {errors}")
+
+
+def losses(args):
+    rows = [json.loads(line) for line in (Path(args.run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    trained = [row for row in rows if row.get("kind") == "weight_step" and row.get("updates", 0) > 0]
+    missing = [row.get("step") for row in trained if not isinstance(row.get("loss"), (int, float))]
+    print(f"{len(trained)} trained weight step(s), losses {[row.get('loss') for row in trained]}")
+    if not trained or missing:
+        sys.exit(f"{args.run}: no trained weight step, or steps {missing} without the trainer's loss")
 
 
 def copy(args):
@@ -223,6 +234,9 @@ def main():
     p = commands.add_parser("search")
     p.add_argument("run")
     p.set_defaults(handler=search)
+    p = commands.add_parser("losses")
+    p.add_argument("run")
+    p.set_defaults(handler=losses)
     p = commands.add_parser("copy")
     p.add_argument("src")
     p.add_argument("dst")

@@ -350,18 +350,28 @@ pub(crate) fn required<T: DeserializeOwned>(object: &Map<String, Value>, key: &s
 }
 
 /// The rotary base: `rope_theta`, or where transformers 5 writes it, `rope_parameters.rope_theta`;
-/// 10,000 when neither is there.
+/// 10,000 when neither is there. Both there and different is an error, and so is a
+/// `rope_parameters` of one table per layer type (no single base to read).
 fn rope_theta(object: &Map<String, Value>) -> Result<f64, ConfigIssue> {
-    if let Some(theta) = optional(object, "rope_theta")? {
-        return Ok(theta);
-    }
-    match object.get("rope_parameters") {
+    let top: Option<f64> = optional(object, "rope_theta")?;
+    let nested: Option<f64> = match object.get("rope_parameters") {
         Some(Value::Object(parameters)) => {
-            let theta = optional(parameters, "rope_theta")
-                .map_err(|issue| ConfigIssue::new("rope_parameters.rope_theta", issue.reason))?;
-            Ok(theta.unwrap_or(10_000.0))
+            if parameters.values().any(Value::is_object) {
+                return Err(ConfigIssue::new(
+                    "rope_parameters",
+                    "rotary settings per layer type are not supported (one table of rope_theta and rope_type)",
+                ));
+            }
+            optional(parameters, "rope_theta")
+                .map_err(|issue| ConfigIssue::new("rope_parameters.rope_theta", issue.reason))?
         }
-        _ => Ok(10_000.0),
+        _ => None,
+    };
+    match (top, nested) {
+        (Some(top), Some(nested)) if top != nested => {
+            Err(ConfigIssue::new("rope_parameters.rope_theta", format!("{nested} differs from rope_theta {top}")))
+        }
+        _ => Ok(top.or(nested).unwrap_or(10_000.0)),
     }
 }
 
@@ -406,6 +416,14 @@ mod tests {
         assert!(error.to_string().contains("rope_parameters.rope_type"), "{error}");
         let error = parse(&text(r#"{"rope_theta": "big"}"#)).expect_err("not a number");
         assert!(error.to_string().contains("rope_parameters.rope_theta"), "{error}");
+        let error = parse(&text(r#"{"full_attention": {"rope_theta": 1e6}}"#)).expect_err("per layer type");
+        assert!(error.to_string().contains("per layer type"), "{error}");
+        let both = |top: &str| {
+            parse(&text(r#"{"rope_theta": 1000000.0}"#).replacen('{', &format!("{{\"rope_theta\": {top}, "), 1))
+        };
+        assert_eq!(both("1000000.0").expect("the same base twice").rope_theta, 1e6);
+        let error = both("10000.0").expect_err("two bases");
+        assert!(error.to_string().contains("differs from rope_theta"), "{error}");
     }
 
     #[test]

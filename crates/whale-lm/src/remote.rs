@@ -202,8 +202,9 @@ impl RemotePolicy {
             "temperature": params.temperature,
             "top_p": params.top_p,
             "max_tokens": params.max_tokens,
-            // vLLM takes seeds in i64's range only (HTTP 400 above it); the same 64 bits as a signed
-            // number are accepted everywhere, and whale serve reads them back as the same u64.
+            // vLLM takes seeds in i64's range only (HTTP 400 above it), so the seed goes as the same
+            // 64 bits read as a signed number: vLLM and whale serve (which reads them back as the
+            // same u64) are tested with it, SGLang and hosted APIs are not.
             "seed": params.seed as i64,
             "n": n,
             "logprobs": true,

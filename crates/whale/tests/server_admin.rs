@@ -169,6 +169,18 @@ fn vllm_reloads_an_untied_checkpoint_in_place_and_empties_its_prefix_cache() {
     }
     assert_eq!(recorder.seen().len(), 2, "a refused checkpoint sends nothing");
 
+    // A checkpoint whose tensor names cannot be read is unreadable, not tied; nothing is sent.
+    let unreadable = dir.path().join("unreadable");
+    std::fs::create_dir_all(&unreadable).expect("dir");
+    std::fs::write(unreadable.join("config.json"), "{}").expect("config");
+    std::fs::write(unreadable.join("model.safetensors"), u64::MAX.to_le_bytes()).expect("a hostile header length");
+    let error = admin.load_checkpoint(&unreadable).expect_err("unreadable");
+    assert!(matches!(error, ServerError::UnreadableCheckpoint { .. }), "{error}");
+    assert!(error.to_string().contains("past the format's limit"), "{error}");
+    let error = admin.load_checkpoint(&dir.path().join("missing")).expect_err("no such checkpoint");
+    assert!(matches!(error, ServerError::UnreadableCheckpoint { .. }), "{error}");
+    assert_eq!(recorder.seen().len(), 2, "an unreadable checkpoint sends nothing");
+
     // A server without VLLM_SERVER_DEV_MODE answers 404; the error says how to start it.
     let recorder = Recorder::start(vec![(404, json!({"detail": "Not Found"}))]);
     let error = recorder.admin(ServerKind::Vllm).load_checkpoint(&untied).expect_err("no dev mode");

@@ -229,6 +229,12 @@ pub enum ServerError {
          adapters (output = \"adapter\")"
     )]
     TiedCheckpoint { path: String, reason: String },
+    /// A checkpoint whose config or tensor names cannot be read, so whether it is tied is unknown.
+    #[error(
+        "{path}: {reason}; before vLLM reloads a checkpoint whale reads its config.json and the tensor \
+         names of model.safetensors (or model.safetensors.index.json) to refuse tied embeddings"
+    )]
+    UnreadableCheckpoint { path: String, reason: String },
 }
 
 impl From<HttpError> for ServerError {
@@ -278,13 +284,15 @@ fn absolute(path: &Path) -> Result<String, ServerError> {
 /// at the top or in a multimodal wrapper's `text_config`) or absent from its weights: vLLM's
 /// in-place reload would serve it with the old `lm_head`.
 fn refuse_tied(dir: &Path) -> Result<(), ServerError> {
-    let tied = |reason: String| ServerError::TiedCheckpoint { path: dir.display().to_string(), reason };
-    let config = read_json_file(&dir.join("config.json")).map_err(tied)?;
+    let path = || dir.display().to_string();
+    let tied = |reason: String| ServerError::TiedCheckpoint { path: path(), reason };
+    let unreadable = |reason: String| ServerError::UnreadableCheckpoint { path: path(), reason };
+    let config = read_json_file(&dir.join("config.json")).map_err(unreadable)?;
     let flag = |config: &Value| config.get("tie_word_embeddings").and_then(Value::as_bool);
     if flag(&config).or_else(|| config.get("text_config").and_then(flag)) == Some(true) {
         return Err(tied("config.json says tie_word_embeddings: true".to_string()));
     }
-    let names = tensor_names(dir).map_err(tied)?;
+    let names = tensor_names(dir).map_err(unreadable)?;
     if !names.iter().any(|name| name == "lm_head.weight" || name.ends_with(".lm_head.weight")) {
         return Err(tied("its weights hold no lm_head.weight".to_string()));
     }
@@ -310,12 +318,19 @@ fn tensor_names(dir: &Path) -> Result<Vec<String>, String> {
     Ok(header.keys().filter(|key| *key != "__metadata__").cloned().collect())
 }
 
+/// The safetensors format's own bound on its JSON header.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
 fn safetensors_header(file: &Path) -> std::io::Result<serde_json::Map<String, Value>> {
     use std::io::Read;
     let mut reader = std::fs::File::open(file)?;
     let mut length = [0u8; 8];
     reader.read_exact(&mut length)?;
     let length = u64::from_le_bytes(length);
+    if length > MAX_HEADER_BYTES {
+        let message = format!("a header of {length} bytes, past the format's limit of {MAX_HEADER_BYTES}");
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, message));
+    }
     let mut header = Vec::new();
     reader.take(length).read_to_end(&mut header)?;
     serde_json::from_slice(&header).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))

@@ -93,12 +93,14 @@ pub fn main() -> ExitCode {
 
 /// The error and its causes joined by ": ", as `{:#}` prints them, less each cause whose
 /// message the text before it already holds: many library errors put their source in their own
-/// message, which the chain would otherwise print again at every level.
+/// message, which the chain would otherwise print again at every level. A short message (a
+/// word such as "EOF" may occur anywhere) counts as held only where the text ends with it.
 fn describe(error: &anyhow::Error) -> String {
+    const SHORT: usize = 24;
     let mut text = String::new();
     for cause in error.chain() {
         let message = cause.to_string();
-        if text.contains(&message) {
+        if text.ends_with(&message) || (message.len() >= SHORT && text.contains(&message)) {
             continue;
         }
         if !text.is_empty() {
@@ -152,5 +154,7 @@ mod tests {
         );
         let plain = anyhow::anyhow!("cannot read a.toml").context("loading the config");
         assert_eq!(describe(&plain), "loading the config: cannot read a.toml", "other chains print as {{:#}} does");
+        let short = anyhow::anyhow!("EOF").context("the EOF marker of a.bin is missing");
+        assert_eq!(describe(&short), "the EOF marker of a.bin is missing: EOF", "a short cause is kept");
     }
 }
