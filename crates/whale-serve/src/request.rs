@@ -33,24 +33,6 @@ impl Endpoint {
     }
 }
 
-/// A seed as any 64-bit integer: whale's clients send a u64 seed's bits as an i64, the range
-/// vLLM accepts, and a negative seed is read back as the u64 with the same bits.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(untagged)]
-enum WireSeed {
-    Unsigned(u64),
-    Signed(i64),
-}
-
-impl WireSeed {
-    fn bits(self) -> u64 {
-        match self {
-            WireSeed::Unsigned(seed) => seed,
-            WireSeed::Signed(seed) => seed as u64,
-        }
-    }
-}
-
 /// The body of `/v1/chat/completions` and `/v1/completions` as sent.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,7 +46,8 @@ struct WireGeneration {
     max_tokens: Option<usize>,
     max_completion_tokens: Option<usize>,
     stop: Option<WireStop>,
-    seed: Option<WireSeed>,
+    /// Any 64-bit integer ([`seed_bits`]).
+    seed: Option<serde_json::Number>,
     n: Option<usize>,
     /// A boolean for chat; for text completions the legacy number of alternatives (only 0).
     logprobs: Option<Value>,
@@ -254,6 +237,14 @@ fn logprobs(value: Option<&Value>, endpoint: Endpoint) -> Result<bool, ApiError>
     }
 }
 
+/// A seed given as any 64-bit integer: whale's clients send a u64 seed's bits as an i64, the
+/// range vLLM accepts, and a negative seed is read back as the u64 with the same bits.
+fn seed_bits(seed: &serde_json::Number) -> Result<u64, ApiError> {
+    seed.as_u64()
+        .or_else(|| seed.as_i64().map(|signed| signed as u64))
+        .ok_or_else(|| invalid("seed", format!("must be an integer in the range of i64 or u64, got {seed}")))
+}
+
 fn sampling_params(wire: &WireGeneration) -> Result<SamplingParams, ApiError> {
     let defaults = SamplingParams::default();
     let top_k = match wire.top_k {
@@ -273,7 +264,7 @@ fn sampling_params(wire: &WireGeneration) -> Result<SamplingParams, ApiError> {
         top_k,
         max_tokens: wire.max_completion_tokens.or(wire.max_tokens).unwrap_or(defaults.max_tokens),
         stop,
-        seed: wire.seed.map_or_else(rand::random, WireSeed::bits),
+        seed: wire.seed.as_ref().map_or_else(|| Ok(rand::random()), seed_bits)?,
         ignore_eos: wire.ignore_eos.unwrap_or(false),
     };
     params.validate().map_err(|e| {
@@ -335,8 +326,10 @@ mod tests {
         assert_eq!(seed("18446744073709551615").expect("u64::MAX"), u64::MAX);
         assert_eq!(seed("-1").expect("as vLLM takes it"), u64::MAX);
         assert_eq!(seed("-9223372036854775808").expect("i64::MIN"), 1 << 63);
-        assert!(seed("18446744073709551616").is_err(), "past 64 bits");
-        assert!(seed("1.5").is_err(), "not an integer");
+        let error = seed("18446744073709551616").expect_err("past 64 bits");
+        assert!(error.to_string().contains("`seed` must be an integer"), "{error}");
+        let error = seed("1.5").expect_err("not an integer");
+        assert!(error.to_string().contains("got 1.5"), "{error}");
     }
 
     #[test]
