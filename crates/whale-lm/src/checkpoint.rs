@@ -9,7 +9,7 @@
 
 use crate::config::{one_or_many, optional, token_ids, ConfigIssue, Qwen3Config};
 use crate::model::{parameter_shapes, Qwen3Model};
-use crate::tensor_file::{read_json_object, read_tensors, write_atomic, write_tensors};
+use crate::tensor_file::{self, read_json_object, read_tensors, write_atomic, write_tensors};
 pub use crate::tensor_file::{CheckpointError, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
 use candle_core::{DType, Device};
 use serde::Serialize;
@@ -154,6 +154,25 @@ fn weight_files(dir: &Path, expected: NamedShapes) -> Result<BTreeMap<PathBuf, N
         by_file.entry(dir.join(shard)).or_default().push((name, shape));
     }
     Ok(by_file)
+}
+
+/// The names of a checkpoint's tensors, from the files [`load_model`] would read
+/// (`model.safetensors`, else the index's `weight_map`), without reading any tensor.
+pub fn tensor_names(dir: &Path) -> Result<Vec<String>, CheckpointError> {
+    let single = dir.join(WEIGHTS_FILE);
+    if single.exists() {
+        return tensor_file::tensor_names(&single);
+    }
+    let index = dir.join(WEIGHTS_INDEX_FILE);
+    if !index.exists() {
+        return Err(CheckpointError::NoWeights { dir: dir.to_path_buf() });
+    }
+    Ok(read_weight_map(&index)?.into_keys().collect())
+}
+
+/// A checkpoint's `config.json` as a JSON object, whatever architecture it describes.
+pub fn config_object(dir: &Path) -> Result<Map<String, Value>, CheckpointError> {
+    read_json_object(&dir.join(CONFIG_FILE))
 }
 
 /// The `weight_map` of a sharded checkpoint's index: tensor name to shard file name.

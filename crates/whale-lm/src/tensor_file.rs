@@ -57,6 +57,27 @@ pub(crate) fn read_json_object(file: &Path) -> Result<Map<String, Value>, Checkp
     }
 }
 
+/// The safetensors format's own bound on its JSON header.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// The tensor names in a safetensors file's header (eight bytes of little-endian length, then
+/// that much JSON), read without the tensors' data.
+pub(crate) fn tensor_names(file: &Path) -> Result<Vec<String>, CheckpointError> {
+    use std::io::Read;
+    let format = |reason: String| CheckpointError::Format { file: file.to_path_buf(), reason };
+    let mut reader = std::fs::File::open(file).map_err(|e| CheckpointError::io(file, e))?;
+    let mut length = [0u8; 8];
+    reader.read_exact(&mut length).map_err(|e| CheckpointError::io(file, e))?;
+    let length = u64::from_le_bytes(length);
+    if length > MAX_HEADER_BYTES {
+        return Err(format(format!("a header of {length} bytes, past the format's limit of {MAX_HEADER_BYTES}")));
+    }
+    let mut header = Vec::new();
+    reader.take(length).read_to_end(&mut header).map_err(|e| CheckpointError::io(file, e))?;
+    let header: Map<String, Value> = serde_json::from_slice(&header).map_err(|e| format(e.to_string()))?;
+    Ok(header.into_iter().map(|(key, _)| key).filter(|key| key != "__metadata__").collect())
+}
+
 /// Reads the named float tensors of one safetensors file onto the CPU, checking each shape.
 pub(crate) fn read_tensors(
     file: &Path,

@@ -155,14 +155,19 @@ fn vllm_reloads_an_untied_checkpoint_in_place_and_empties_its_prefix_cache() {
     let path = untied.display().to_string();
     assert_eq!(seen[0].body, json!({"method": "reload_weights", "kwargs": {"weights_path": path}}));
 
-    // Tied by its config, or by an lm_head missing from its weights (a multimodal wrapper's
-    // text_config counts): refused before anything is sent.
+    // Tied by its config, or by an lm_head missing from its weights, one file or the shards an
+    // index names (a multimodal wrapper's text_config counts): refused before anything is sent.
     let tied = [
         checkpoint(&dir.path().join("a"), json!({"tie_word_embeddings": true}), &["lm_head.weight"]),
         checkpoint(&dir.path().join("b"), json!({"text_config": {"tie_word_embeddings": true}}), &["lm_head.weight"]),
         checkpoint(&dir.path().join("c"), json!({}), &["model.embed_tokens.weight"]),
     ];
-    for checkpoint in tied {
+    let sharded = dir.path().join("sharded");
+    std::fs::create_dir_all(&sharded).expect("dir");
+    std::fs::write(sharded.join("config.json"), "{}").expect("config");
+    let index = json!({"weight_map": {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}});
+    std::fs::write(sharded.join("model.safetensors.index.json"), index.to_string()).expect("index");
+    for checkpoint in tied.into_iter().chain([sharded]) {
         let error = admin.load_checkpoint(&checkpoint).expect_err("tied");
         assert!(matches!(error, ServerError::TiedCheckpoint { .. }), "{error}");
         assert!(error.to_string().contains("lm_head"), "{error}");

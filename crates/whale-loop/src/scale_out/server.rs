@@ -29,6 +29,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use whale_http::{ClientConfig, HttpError, JsonClient, RetryPolicy};
+use whale_lm::checkpoint::{self, CheckpointError};
 use whale_lm::{ChatRequest, Completion, Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
 
 /// How the server hot-loads new weights.
@@ -285,55 +286,18 @@ fn absolute(path: &Path) -> Result<String, ServerError> {
 /// in-place reload would serve it with the old `lm_head`.
 fn refuse_tied(dir: &Path) -> Result<(), ServerError> {
     let path = || dir.display().to_string();
-    let tied = |reason: String| ServerError::TiedCheckpoint { path: path(), reason };
-    let unreadable = |reason: String| ServerError::UnreadableCheckpoint { path: path(), reason };
-    let config = read_json_file(&dir.join("config.json")).map_err(unreadable)?;
+    let tied = |reason: &str| ServerError::TiedCheckpoint { path: path(), reason: reason.to_string() };
+    let unreadable = |e: CheckpointError| ServerError::UnreadableCheckpoint { path: path(), reason: e.to_string() };
+    let config = Value::Object(checkpoint::config_object(dir).map_err(unreadable)?);
     let flag = |config: &Value| config.get("tie_word_embeddings").and_then(Value::as_bool);
     if flag(&config).or_else(|| config.get("text_config").and_then(flag)) == Some(true) {
-        return Err(tied("config.json says tie_word_embeddings: true".to_string()));
+        return Err(tied("config.json says tie_word_embeddings: true"));
     }
-    let names = tensor_names(dir).map_err(unreadable)?;
+    let names = checkpoint::tensor_names(dir).map_err(unreadable)?;
     if !names.iter().any(|name| name == "lm_head.weight" || name.ends_with(".lm_head.weight")) {
-        return Err(tied("its weights hold no lm_head.weight".to_string()));
+        return Err(tied("its weights hold no lm_head.weight"));
     }
     Ok(())
-}
-
-fn read_json_file(path: &Path) -> Result<Value, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// The tensor names of a checkpoint: the keys of `model.safetensors.index.json`'s weight map, else
-/// the header of `model.safetensors` (eight bytes of little-endian length, then that much JSON).
-fn tensor_names(dir: &Path) -> Result<Vec<String>, String> {
-    let index = dir.join("model.safetensors.index.json");
-    if index.is_file() {
-        let index = read_json_file(&index)?;
-        let map = index.get("weight_map").and_then(Value::as_object);
-        return Ok(map.map(|map| map.keys().cloned().collect()).unwrap_or_default());
-    }
-    let file = dir.join("model.safetensors");
-    let header = safetensors_header(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-    Ok(header.keys().filter(|key| *key != "__metadata__").cloned().collect())
-}
-
-/// The safetensors format's own bound on its JSON header.
-const MAX_HEADER_BYTES: u64 = 100_000_000;
-
-fn safetensors_header(file: &Path) -> std::io::Result<serde_json::Map<String, Value>> {
-    use std::io::Read;
-    let mut reader = std::fs::File::open(file)?;
-    let mut length = [0u8; 8];
-    reader.read_exact(&mut length)?;
-    let length = u64::from_le_bytes(length);
-    if length > MAX_HEADER_BYTES {
-        let message = format!("a header of {length} bytes, past the format's limit of {MAX_HEADER_BYTES}");
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, message));
-    }
-    let mut header = Vec::new();
-    reader.take(length).read_to_end(&mut header)?;
-    serde_json::from_slice(&header).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// The admin endpoints of one server.
