@@ -112,6 +112,16 @@ struct Outcomes {
 }
 
 fn outcomes(source: &str, domain: Domain, tasks: &[Task], environment: &Environment) -> Outcomes {
+    let trajectories = rollouts(source, domain, tasks, environment);
+    Outcomes {
+        model_calls: trajectories.iter().map(|t| t.model_calls.len()).sum(),
+        tool_calls: trajectories.iter().map(|t| t.tool_calls.len()).sum(),
+        errors: trajectories.into_iter().map(|t| t.error.map(|e| format!("{:?}: {}", e.kind, e.message))).collect(),
+    }
+}
+
+/// One rollout of `source` per task, played by [`Generalist`].
+fn rollouts(source: &str, domain: Domain, tasks: &[Task], environment: &Environment) -> Vec<Trajectory> {
     let harness = Arc::new(Harness::from_source(source));
     let jobs = tasks
         .iter()
@@ -126,12 +136,7 @@ fn outcomes(source: &str, domain: Domain, tasks: &[Task], environment: &Environm
         })
         .collect();
     let options = RunOptions { threads: 4, progress: false, ..RunOptions::default() };
-    let trajectories = run_rollouts(jobs, Arc::new(Generalist), &Limits::default(), options).expect("run");
-    Outcomes {
-        model_calls: trajectories.iter().map(|t| t.model_calls.len()).sum(),
-        tool_calls: trajectories.iter().map(|t| t.tool_calls.len()).sum(),
-        errors: trajectories.into_iter().map(|t| t.error.map(|e| format!("{:?}: {}", e.kind, e.message))).collect(),
-    }
+    run_rollouts(jobs, Arc::new(Generalist), &Limits::default(), options).expect("run")
 }
 
 #[test]
@@ -271,4 +276,49 @@ fn prompt_only_proposals_change_only_prompt_text_and_reflect_on_the_failures() {
         }
     }
     assert!(proposed >= STOCK_HARNESSES.len(), "most stock harnesses have a prompt to rewrite: {proposed}");
+}
+
+#[test]
+fn a_view_swap_shows_the_legal_moves_in_san_where_the_tool_recorded_both_forms() {
+    let limits = Limits::default();
+    let stock = STOCK_HARNESSES.iter().find(|s| s.name == "chess/legal-moves").expect("stock");
+    let tasks = Domain::Chess.generate(6, 3, 1);
+    let environment = Environment::for_tasks(Domain::Chess, &tasks).expect("environment");
+    let recorded = rollouts(stock.source, Domain::Chess, &tasks, &environment);
+    let incumbent = candidate(stock.source);
+    let blind = context(&incumbent, &[], &limits);
+    assert_eq!(MutateProposer::mutate(Mutation::ViewSwap, &blind, 1), None, "no recorded tool result, no forms");
+    let ctx = ProposalContext { failures: &recorded, ..context(&incumbent, &[], &limits) };
+    let swaps: Vec<_> = (0..6).filter_map(|seed| MutateProposer::mutate(Mutation::ViewSwap, &ctx, seed)).collect();
+    let shown =
+        swaps.iter().find(|p| p.source.contains("Legal moves: ${legal.san.join")).expect("the move list swapped");
+    assert!(shown.source.contains("Reply with the best move in SAN."), "{}", shown.source);
+    assert!(shown.hypothesis.contains("`san` form instead of the `uci` form"), "{}", shown.hypothesis);
+    let played = rollouts(&shown.source, Domain::Chess, &tasks, &environment);
+    for (before, after) in recorded.iter().zip(&played) {
+        assert_eq!(after.error, None);
+        let prompt = &after.model_calls[0].messages.last().expect("a prompt").content;
+        let legal = before.tool_calls.iter().find(|c| c.name == "legal_moves").expect("listed");
+        let san: Vec<&str> = legal.result["san"].as_array().expect("san").iter().filter_map(|m| m.as_str()).collect();
+        assert!(prompt.contains(&format!("Legal moves: {}", san.join(" "))), "{prompt}");
+        assert_eq!(after.tool_calls.len(), before.tool_calls.len(), "the same moves are played");
+    }
+}
+
+#[test]
+fn where_no_tool_shows_two_forms_the_proposals_are_those_without_the_view_swap() {
+    let limits = Limits::default();
+    for name in ["math/calculator", "qa/search"] {
+        let stock = STOCK_HARNESSES.iter().find(|s| s.name == name).expect("stock");
+        let tasks = stock.domain.generate(3, 5, 1);
+        let environment = Environment::for_tasks(stock.domain, &tasks).expect("environment");
+        let recorded = rollouts(stock.source, stock.domain, &tasks, &environment);
+        assert!(stock.domain != Domain::Qa || recorded.iter().any(|t| !t.tool_calls.is_empty()), "qa/search searches");
+        let incumbent = candidate(stock.source);
+        let ctx = ProposalContext { failures: &recorded, candidates: 8, ..context(&incumbent, &[], &limits) };
+        let without: Vec<Mutation> = Mutation::ALL.into_iter().filter(|&m| m != Mutation::ViewSwap).collect();
+        let all = MutateProposer::default().propose(&ctx).expect("propose");
+        assert_eq!(all, MutateProposer::with_mutations(without).propose(&ctx).expect("propose"), "{name}");
+        assert_eq!(all.len(), 8);
+    }
 }

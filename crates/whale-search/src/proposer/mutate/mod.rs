@@ -8,7 +8,9 @@
 //! - around the harness (`layers`): the exported `solve` is wrapped in a middleware that
 //!   adds a tool step, samples several replies and votes, retries invalid output, reformats
 //!   the context, inserts few-shot examples or changes how answers are parsed; earlier layers
-//!   can be removed again (an ablation, e.g. dropping a tool step).
+//!   can be removed again (an ablation, e.g. dropping a tool step);
+//! - on what a prompt shows (`views`): a tool result's field swapped for a sibling holding the
+//!   same items in another form (legal moves in SAN instead of UCI).
 //!
 //! The proposer is deterministic for (seed, iteration, incumbent, examples), and every
 //! candidate it returns has passed `whale_harness::validate`.
@@ -18,6 +20,7 @@ mod layers;
 mod mechanisms;
 mod phrases;
 pub(crate) mod tokens;
+mod views;
 
 use super::{Proposal, ProposalContext, Proposer, ProposerError};
 use mechanisms::{Formatting, Parsing, Shot};
@@ -27,6 +30,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
+use whale_core::Trajectory;
 use whale_harness::{content_hash, validate, Limits};
 
 /// Passes over the mutation kinds before a proposer settles for fewer than M candidates.
@@ -61,13 +65,15 @@ pub enum Mutation {
     FewShot,
     /// Change how the answer is parsed.
     Parse,
+    /// Show another form of a tool result's items in a prompt.
+    ViewSwap,
 }
 
 impl Mutation {
     /// The edits of the prompt text alone: what fast-slow's fast half may do.
     pub const PROMPT_TEXT: [Mutation; 3] = [Mutation::AddPhrase, Mutation::RewriteSentence, Mutation::DropSentence];
 
-    pub const ALL: [Mutation; 10] = [
+    pub const ALL: [Mutation; 11] = [
         Mutation::AddPhrase,
         Mutation::RewriteSentence,
         Mutation::DropSentence,
@@ -78,6 +84,7 @@ impl Mutation {
         Mutation::Format,
         Mutation::FewShot,
         Mutation::Parse,
+        Mutation::ViewSwap,
     ];
 }
 
@@ -115,6 +122,7 @@ impl MutateProposer {
             Mutation::Format => format(source, ctx.limits, &mut rng),
             Mutation::FewShot => few_shot(source, ctx, &mut rng),
             Mutation::Parse => parse(source, ctx.limits, &mut rng),
+            Mutation::ViewSwap => views::swap(source, &views::forms(&recorded(ctx)), &mut rng),
         }?;
         validate(&edited, ctx.limits).ok()?;
         Some(Proposal { source: edited, hypothesis, parent: Some(ctx.incumbent.meta.id.clone()) })
@@ -132,7 +140,15 @@ impl Proposer for MutateProposer {
         if ctx.prompt_only {
             order.retain(|m| Mutation::PROMPT_TEXT.contains(m));
         }
+        let view_swap = order.contains(&Mutation::ViewSwap);
+        order.retain(|&m| m != Mutation::ViewSwap);
         order.shuffle(&mut rng);
+        // Drawn only where a tool shows several forms, so that in a domain without one (math,
+        // QA) every other draw, and every proposal, is what it was before this mutation existed.
+        if view_swap && !views::forms(&recorded(ctx)).is_empty() {
+            let at = rng.gen_range(0..=order.len());
+            order.insert(at, Mutation::ViewSwap);
+        }
         let mut seen: HashSet<String> = HashSet::from([ctx.incumbent.meta.hash.clone()]);
         let mut proposals = Vec::new();
         for _ in 0..ROUNDS {
@@ -153,6 +169,12 @@ impl Proposer for MutateProposer {
 }
 
 type Edit = Option<(String, String)>;
+
+/// The trajectories a proposal may read tool results from: training examples and the
+/// incumbent's failed search rollouts.
+fn recorded<'a>(ctx: &ProposalContext<'a>) -> Vec<&'a Trajectory> {
+    ctx.examples.iter().chain(ctx.failures).collect()
+}
 
 fn excerpt(text: &str) -> String {
     let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
