@@ -51,6 +51,14 @@ pub struct CorpusSpec {
     /// names out of passages). Off in the math recipe, whose corpus stays as it was.
     #[serde(default)]
     pub extended_styles: bool,
+    /// Every QA answer (and every passage a recall drill repeats) starts with a space, so an
+    /// answer copied out of a passage is spelt with the passage's tokens: byte-level BPE splits
+    /// a word at the start of a text differently from the same word after a space (`V ael
+    /// thor` against `ĠV ael thor`, `19 5 3` against `Ġ1953`), and a model copying from its
+    /// prompt would first have to translate. Off in the math recipe, whose corpus stays as it
+    /// was.
+    #[serde(default)]
+    pub spaced_answers: bool,
     /// Tasks never put in the corpus (the held-out evaluation tasks), by [`identity`].
     #[serde(skip)]
     pub held_out: HashSet<String>,
@@ -534,7 +542,8 @@ fn qa_conversations(spec: &CorpusSpec, count: usize, seed: u64, rng: &mut ChaCha
             let Some(answer) = payload.answers.first() else { continue };
             let styles: &[_] = if spec.extended_styles { &EXTENDED_QA_STYLES } else { &QA_STYLES };
             let style = weighted(rng, styles).unwrap_or(QaStyle::Passages);
-            let messages = render_qa(&payload, answer, style, rng);
+            let reply = if spec.spaced_answers { format!(" {answer}") } else { answer.clone() };
+            let messages = render_qa(&payload, &reply, style, spec.spaced_answers, rng);
             conversations.push(Conversation { domain: Domain::Qa, style: style.name(), messages });
         }
         conversations
@@ -545,7 +554,15 @@ fn passage_text(paragraphs: &[&qa::ContextParagraph]) -> String {
     paragraphs.iter().map(|p| format!("[{}] {}", p.title, p.text)).collect::<Vec<_>>().join("\n")
 }
 
-fn render_qa(payload: &QaPayload, answer: &str, style: QaStyle, rng: &mut ChaCha8Rng) -> Vec<ChatMessage> {
+/// One QA conversation; `answer` is the reply as written, `spaced` puts a space before the
+/// other replies too (the passage a recall drill repeats).
+fn render_qa(
+    payload: &QaPayload,
+    answer: &str,
+    style: QaStyle,
+    spaced: bool,
+    rng: &mut ChaCha8Rng,
+) -> Vec<ChatMessage> {
     let supporting: Vec<&qa::ContextParagraph> = payload
         .supporting_titles
         .iter()
@@ -562,7 +579,8 @@ fn render_qa(payload: &QaPayload, answer: &str, style: QaStyle, rng: &mut ChaCha
             shown.extend(distractors.iter().take(QA_PASSAGES - 1));
             shown.shuffle(rng);
             let ask = format!("{}\nRepeat the passage about {}.", passage_text(&shown), wanted.title);
-            vec![user(ask), assistant(&wanted.text)]
+            let repeated = if spaced { format!(" {}", wanted.text) } else { wanted.text.clone() };
+            vec![user(ask), assistant(repeated)]
         }
         QaStyle::Passages | QaStyle::ShortForm => {
             let mut shown: Vec<&qa::ContextParagraph> = supporting.clone();
@@ -604,6 +622,7 @@ mod tests {
             math_difficulties: vec![(1, 1.0), (2, 1.0)],
             chess_difficulties: [1, 2],
             extended_styles: true,
+            spaced_answers: false,
             held_out: HashSet::new(),
         }
     }
@@ -632,6 +651,26 @@ mod tests {
             assert_eq!(corpus, build(&spec, 5));
             assert_ne!(corpus, build(&spec, 6));
         }
+    }
+
+    #[test]
+    fn spaced_qa_answers_are_spelt_as_in_their_passages() {
+        let qa_only = CorpusSpec { math_share: 0.0, chess_share: 0.0, qa_share: 1.0, ..spec(300) };
+        let spaced = build(&CorpusSpec { spaced_answers: true, ..qa_only.clone() }, 4);
+        let mut checked = 0;
+        for conversation in spaced.iter().filter(|c| c.style == "qa/passages" || c.style == "qa/short-form") {
+            let [question, reply] = &conversation.messages[..] else { panic!("{:?}", conversation.messages) };
+            assert!(reply.content.starts_with(' ') && !reply.content.starts_with("  "), "{:?}", reply.content);
+            assert!(question.content.contains(&reply.content), "{:?} not in {}", reply.content, question.content);
+            checked += 1;
+        }
+        assert!(checked > 100, "{checked}");
+        for conversation in spaced.iter().filter(|c| c.style == "qa/recall" || c.style == "qa/search") {
+            assert!(conversation.messages.last().is_some_and(|m| m.content.starts_with(' ')), "{}", conversation.style);
+        }
+        let plain = build(&qa_only, 4);
+        assert!(plain.iter().all(|c| c.messages.iter().all(|m| !m.content.starts_with(' '))));
+        assert_eq!(plain.len(), spaced.len());
     }
 
     #[test]

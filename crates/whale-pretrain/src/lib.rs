@@ -42,9 +42,16 @@ use whale_lm::{
     StepStats, TrainerConfig,
 };
 
-/// Bumped whenever the corpus, the tokenizer or the training recipe changes, so that a cached
-/// model from an older recipe is never mistaken for the current one.
-pub const BASE_MODEL_VERSION: &str = "v1";
+/// The version of a domain's base model, bumped whenever its corpus, tokenizer or training
+/// recipe changes, so that a cached model from an older recipe is never mistaken for the
+/// current one. QA's v2 spaces its answers ([`corpus::CorpusSpec::spaced_answers`]).
+pub fn base_model_version(domain: Domain) -> &'static str {
+    match domain {
+        Domain::Math | Domain::Chess => "v1",
+        Domain::Qa => "v2",
+    }
+}
+
 /// Written last into a finished model directory.
 pub const DONE_MARKER: &str = "whale_pretrain.json";
 /// The evaluation written beside the weights.
@@ -159,7 +166,7 @@ impl PretrainConfig {
         let (chess_share, qa_share, conversations, steps) = match domain {
             Domain::Math => return config,
             Domain::Chess => (1.0, 0.0, 16_000, 900),
-            Domain::Qa => (0.0, 1.0, 12_000, 1100),
+            Domain::Qa => (0.0, 1.0, 12_000, 1600),
         };
         config.corpus = CorpusSpec {
             conversations,
@@ -168,6 +175,7 @@ impl PretrainConfig {
             qa_share,
             chess_difficulties: [1, 2],
             extended_styles: true,
+            spaced_answers: domain == Domain::Qa,
             ..config.corpus
         };
         config.steps = steps;
@@ -189,6 +197,7 @@ impl PretrainConfig {
                 math_difficulties: vec![(1, 0.5), (2, 0.35), (3, 0.15)],
                 chess_difficulties: [3, 4],
                 extended_styles: false,
+                spaced_answers: false,
                 held_out: HashSet::new(),
             },
             steps: 900,
@@ -223,8 +232,8 @@ impl PretrainConfig {
     /// the settings appended for any other recipe.
     pub fn model_name(&self) -> String {
         let name = match self.domain {
-            Domain::Math => format!("base-{BASE_MODEL_VERSION}-seed{}", self.seed),
-            domain => format!("base-{BASE_MODEL_VERSION}-{domain}-seed{}", self.seed),
+            Domain::Math => format!("base-{}-seed{}", base_model_version(Domain::Math), self.seed),
+            domain => format!("base-{}-{domain}-seed{}", base_model_version(domain), self.seed),
         };
         if *self == Self::for_domain(self.domain, self.seed) {
             return name;
@@ -464,7 +473,7 @@ fn publish(
     let eval_report = eval::evaluate_dir(staging, &config.eval, eval_tasks)?;
     write_json(&staging.join(EVAL_FILE), &eval_report)?;
     let summary = PretrainSummary {
-        version: BASE_MODEL_VERSION.to_string(),
+        version: base_model_version(config.domain).to_string(),
         config: config.clone(),
         parameters: run.trainer.model().config().parameter_count(),
         examples: prepared.examples.len(),
@@ -769,9 +778,9 @@ mod tests {
 
     #[test]
     fn only_the_default_recipe_has_the_plain_name() {
-        assert_eq!(PretrainConfig::default_for_seed(4).model_name(), format!("base-{BASE_MODEL_VERSION}-seed4"));
+        assert_eq!(PretrainConfig::default_for_seed(4).model_name(), "base-v1-seed4");
         let tiny = PretrainConfig::tiny(4, 10).model_name();
-        assert!(tiny.starts_with(&format!("base-{BASE_MODEL_VERSION}-seed4-")), "{tiny}");
+        assert!(tiny.starts_with("base-v1-seed4-"), "{tiny}");
         assert_ne!(tiny, PretrainConfig::tiny(4, 11).model_name());
         assert_eq!(tiny, PretrainConfig::tiny(4, 10).model_name());
     }
@@ -783,8 +792,9 @@ mod tests {
             assert_eq!(config.domain, domain);
             assert_eq!(config.eval.domain, domain);
             let expected = match domain {
-                Domain::Math => format!("base-{BASE_MODEL_VERSION}-seed2"),
-                _ => format!("base-{BASE_MODEL_VERSION}-{domain}-seed2"),
+                Domain::Math => "base-v1-seed2".to_string(),
+                Domain::Chess => "base-v1-chess-seed2".to_string(),
+                Domain::Qa => "base-v2-qa-seed2".to_string(),
             };
             assert_eq!(config.model_name(), expected);
         }

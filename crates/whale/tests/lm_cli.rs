@@ -127,7 +127,7 @@ fn an_interrupted_pretrain_resumes_and_ends_where_an_uninterrupted_one_does() {
 #[test]
 fn chess_and_qa_pretrain_their_own_models_and_print_their_evaluation() {
     let home = tempfile::tempdir().expect("tempdir");
-    for (domain, harness) in [("chess", "chess/legal-moves"), ("qa", "qa/search")] {
+    for (domain, harness, version) in [("chess", "chess/legal-moves", "v1"), ("qa", "qa/search", "v2")] {
         let out = pretrain_tiny(home.path(), &["--steps", "2", "--domain", domain]);
         let line = format!(
             "mean@2 on 2 {domain} tasks (difficulty {}, harness {harness})",
@@ -138,7 +138,8 @@ fn chess_and_qa_pretrain_their_own_models_and_print_their_evaluation() {
             .expect("models")
             .map(|entry| entry.expect("entry").path())
             .find(|path| {
-                path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("base-v1-{domain}-seed3-")))
+                path.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&format!("base-{version}-{domain}-seed3-")))
             })
             .expect("the domain's model directory");
         let summary = pretrain::read_summary(&dir).expect("summary");

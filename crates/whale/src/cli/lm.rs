@@ -15,7 +15,7 @@ pub enum LmCommand {
     /// Train a domain's base model on its synthetic corpus and cache it in
     /// $WHALE_HOME/models (default ~/.cache/whale). Reuses a cached model, resumes an
     /// interrupted run from its last checkpoint, and prints mean@8 on held-out tasks of the
-    /// domain under its starting harness (math/plain, chess/plain, qa/search).
+    /// domain under its starting harness (math/plain, chess/legal-moves, qa/search).
     Pretrain {
         /// The domain the model serves: math (the demo's), chess or qa.
         #[arg(long, default_value_t = Domain::Math)]
@@ -69,7 +69,7 @@ pub enum LmCommand {
     },
     /// Measure mean@k of a model on generated tasks of a domain, as pretraining does: math with
     /// the plain one-call prompt ("<question>\nGive the final answer after ####."), chess and
-    /// qa with their starting harness (chess/plain, qa/search).
+    /// qa with their starting harness (chess/legal-moves, qa/search).
     Eval {
         /// A checkpoint directory (default: the domain's base model, pretrained first if needed).
         #[arg(long)]
