@@ -44,9 +44,25 @@ MODEL=$(cd "$MODEL" && pwd)
 NAME=$(basename "$MODEL")
 GGUF=$WORK/$NAME-f32.gguf
 
+# port_free PORT: exit when something already listens there, which wait_for would take for the
+# server about to start.
+port_free() {
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+        echo "peer-bench: port $1 is already in use; stop what listens there first" >&2
+        exit 1
+    fi
+}
+
+# wait_for NAME URL SECONDS: until the server just started (the last of PIDS) lists its models;
+# exits at once if it does.
 wait_for() {
     for _ in $(seq "$3"); do
         curl -sf "$2/models" >/dev/null 2>&1 && return 0
+        if ! kill -0 "${PIDS[-1]}" 2>/dev/null; then
+            tail -20 "$WORK/$1.log"
+            echo "peer-bench: $1 exited (log: $WORK/$1.log)" >&2
+            exit 1
+        fi
         sleep 1
     done
     tail -20 "$WORK/$1.log"
@@ -57,6 +73,7 @@ wait_for() {
 start_vllm() {
     local py
     py=$("$ROOT/scripts/vllm-venv.sh" | tail -1)
+    port_free 8321
     setsid env VLLM_CPU_KVCACHE_SPACE=1 timeout 3600 "$py" -m vllm.entrypoints.openai.api_server \
         --model "$MODEL" --served-model-name peer --host 127.0.0.1 --port 8321 --dtype float32 --seed 0 \
         --no-enable-chunked-prefill --max-num-batched-tokens 32768 --max-model-len 2048 \
@@ -92,6 +109,7 @@ start_llama() {
     to_gguf "${WHALE_LLAMA_VENV:-$HOME/.cache/whale-venvs/llama-cpp}/src" \
         || { tail -5 "$WORK/convert.log"; echo "peer-bench: GGUF conversion failed ($WORK/convert.log)" >&2; exit 1; }
     # 64 slots of 2,048 positions each, continuous batching, one thread per core.
+    port_free 8322
     setsid timeout 3600 "$server" -m "$GGUF" --alias peer --host 127.0.0.1 --port 8322 \
         --parallel 64 --ctx-size $((64 * 2048)) --threads "$(nproc)" --seed 0 >"$WORK/llama.cpp.log" 2>&1 &
     PIDS+=($!)

@@ -67,6 +67,7 @@ BASE=${BASE:-${WHALE_HOME:-$HOME/.cache/whale}/models/base-v1-seed0}
 start_vllm() {
     local name=$1 port=$2 model=$3
     shift 3
+    port_free "$port"
     setsid env VLLM_CPU_KVCACHE_SPACE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_SERVER_DEV_MODE=1 \
         timeout "$LIFETIME" \
         "$PY" -m vllm.entrypoints.openai.api_server --model "$model" --served-model-name base \
@@ -78,6 +79,7 @@ start_vllm() {
 
 start_whale_serve() {
     local name=$1 port=$2 model=$3
+    port_free "$port"
     setsid timeout "$LIFETIME" "$WHALE" serve --model "$model" --served-model-name base --port "$port" \
         >"$WORK/$name.log" 2>&1 &
     PIDS+=($!)
@@ -86,10 +88,21 @@ start_whale_serve() {
 
 stop_last() { kill -- -"${PIDS[-1]}" 2>/dev/null || true; unset 'PIDS[-1]'; sleep 2; }
 
+# port_free PORT: fail when something already listens there, which wait_for would take for the
+# server about to start.
+port_free() {
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+        fail "port $1 is already in use; stop what listens there first"
+    fi
+}
+
+# wait_for NAME URL SECONDS: until the server just started (the last of PIDS) lists its models;
+# fails at once if it exits.
 wait_for() {
     local name=$1 url=$2 seconds=$3
     for _ in $(seq "$seconds"); do
         curl -sf "$url/models" >/dev/null 2>&1 && return 0
+        kill -0 "${PIDS[-1]}" 2>/dev/null || { tail -20 "$WORK/$name.log"; fail "$name exited (log: $WORK/$name.log)"; }
         sleep 1
     done
     tail -20 "$WORK/$name.log"
