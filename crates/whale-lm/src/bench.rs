@@ -233,12 +233,20 @@ fn bench_policy(config: &BenchConfig, device: &Device) -> Result<(LocalPolicy, S
         let policy = LocalPolicy::load(dir, DType::F32, device, engine)?;
         return Ok((policy, dir.display().to_string()));
     }
-    let corpus = synthetic_corpus(20_000, 7);
-    let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), config.random_vocab_size)?;
-    let model_config = Qwen3Config::with_size(tokenizer.vocab_size(), ModelSize::BASE);
-    let model = Qwen3Model::new_random(&model_config, 7, DType::F32, device)?;
-    let name = format!("random ModelSize::BASE, vocabulary {}", tokenizer.vocab_size());
+    let (tokenizer, model, name) = random_model(config.random_vocab_size, device)?;
     Ok((LocalPolicy::new(model, tokenizer, ChatTemplate::chatml(), engine)?, name))
+}
+
+/// The model a bench measures when given none: [`ModelSize::BASE`] with random weights and a
+/// byte-level BPE of `vocab_size` ids trained on the synthetic text (both seeded, so every
+/// bench and `whale lm random` get the same one), and its description.
+pub fn random_model(vocab_size: usize, device: &Device) -> Result<(Tokenizer, Qwen3Model, String), BenchError> {
+    let corpus = synthetic_corpus(20_000, 7);
+    let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), vocab_size)?;
+    let config = Qwen3Config::with_size(tokenizer.vocab_size(), ModelSize::BASE);
+    let model = Qwen3Model::new_random(&config, 7, DType::F32, device)?;
+    let name = format!("random ModelSize::BASE, vocabulary {}", tokenizer.vocab_size());
+    Ok((tokenizer, model, name))
 }
 
 /// At least `len` token ids of generated text, for prompts and training examples.

@@ -22,8 +22,8 @@ use whale_core::ChatMessage;
 use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
 use whale_lm::engine::TOKENIZER_FILE;
 use whale_lm::{
-    save_model, ChatRequest, Completion, EngineConfig, GenerationConfig, LocalPolicy, ModelSize, Policy, PolicyError,
-    Qwen3Config, Qwen3Model, RemoteConfig, RemotePolicy, SamplingParams, Tokenizer,
+    save_model, ChatRequest, Completion, EngineConfig, GenerationConfig, LocalPolicy, Policy, PolicyError,
+    RemoteConfig, RemotePolicy, SamplingParams,
 };
 
 /// The line `whale serve` prints first on stdout, followed by the API's base URL.
@@ -207,15 +207,15 @@ fn served(base_url: &str, model: &str, requests: usize) -> Result<RemotePolicy, 
 /// `whale lm bench --random` serves) and returns its description (`whale lm random` too).
 pub fn write_random_model(dir: &Path) -> Result<String, ServeBenchError> {
     let model_error = |e: &dyn std::fmt::Display| ServeBenchError::Model(e.to_string());
-    let corpus = whale_lm::bench::synthetic_corpus(20_000, 7);
-    let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), 8192).map_err(|e| model_error(&e))?;
-    let config = Qwen3Config::with_size(tokenizer.vocab_size(), ModelSize::BASE);
-    let model = Qwen3Model::new_random(&config, 7, DType::F32, &Device::Cpu).map_err(|e| model_error(&e))?;
-    save_model(&model, &GenerationConfig::for_model(&config), dir).map_err(|e| model_error(&e))?;
+    let vocab_size = whale_lm::BenchConfig::default().random_vocab_size;
+    let (tokenizer, model, description) =
+        whale_lm::bench::random_model(vocab_size, &Device::Cpu).map_err(|e| model_error(&e))?;
+    let config = model.config();
+    save_model(&model, &GenerationConfig::for_model(config), dir).map_err(|e| model_error(&e))?;
     tokenizer.save(dir.join(TOKENIZER_FILE)).map_err(|e| model_error(&e))?;
     write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), config.max_position_embeddings)
         .map_err(|e| model_error(&e))?;
-    Ok(format!("random ModelSize::BASE, vocabulary {}", tokenizer.vocab_size()))
+    Ok(description)
 }
 
 /// `count` chat requests with distinct questions and seeds from `first`.
