@@ -21,7 +21,7 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 
 /// Tensor names with their expected shapes.
-type NamedShapes = Vec<(String, Vec<usize>)>;
+pub(crate) type NamedShapes = Vec<(String, Vec<usize>)>;
 
 /// Sampling defaults stored beside the weights (`generation_config.json`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -88,7 +88,7 @@ impl GenerationConfig {
 }
 
 /// The `torch_dtype` name of a candle dtype.
-fn torch_dtype_name(dtype: DType) -> &'static str {
+pub(crate) fn torch_dtype_name(dtype: DType) -> &'static str {
     match dtype {
         DType::BF16 => "bfloat16",
         DType::F16 => "float16",
@@ -137,7 +137,10 @@ pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Qwen3Mode
 
 /// The expected tensors grouped by the file that holds them: `model.safetensors` when it
 /// exists, else the shards that `model.safetensors.index.json` names.
-fn weight_files(dir: &Path, expected: NamedShapes) -> Result<BTreeMap<PathBuf, NamedShapes>, CheckpointError> {
+pub(crate) fn weight_files(
+    dir: &Path,
+    expected: NamedShapes,
+) -> Result<BTreeMap<PathBuf, NamedShapes>, CheckpointError> {
     let single = dir.join(WEIGHTS_FILE);
     if single.exists() {
         return Ok(BTreeMap::from([(single, expected)]));

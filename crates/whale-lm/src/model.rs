@@ -76,7 +76,7 @@ pub fn parameter_shapes(config: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
 
 /// `x @ w^T` over the last dimension of `x`, any leading dimensions (a matrix `x` goes
 /// straight to the product, without reshapes for autograd to carry).
-fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
+pub(crate) fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
     if x.rank() == 2 {
         return x.matmul(&weight.t()?);
     }

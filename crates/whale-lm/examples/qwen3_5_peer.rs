@@ -1,0 +1,80 @@
+//! whale's half of `bench/qwen3_5_compare.py`: runs one workload on a Qwen3.5 checkpoint and
+//! writes what whale computed, for the script to set beside transformers.
+//!
+//! `cargo run --release -p whale-lm --example qwen3_5_peer -- MODEL_DIR WORKLOAD.json OUT.json`
+//!
+//! The workload holds one token sequence to compute logits for (the full pass), a prompt to
+//! decode greedily through the cached decoding step, and sequences for a timed training step.
+//! The output holds the logits, the greedy tokens with the decoding time, and the step time.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use serde::{Deserialize, Serialize};
+use whale_lm::{load_qwen35, Qwen35Model, Qwen35Step};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Deserialize)]
+struct Workload {
+    logits_input: Vec<u32>,
+    greedy_prompt: Vec<u32>,
+    greedy_tokens: usize,
+    train_sequences: Vec<Vec<u32>>,
+    train_steps: usize,
+}
+
+#[derive(Serialize)]
+struct Output {
+    logits: Vec<Vec<f32>>,
+    greedy: Vec<u32>,
+    greedy_seconds: f64,
+    train_step_seconds: f64,
+}
+
+fn greedy(model: &Qwen35Model, prompt: &[u32], count: usize) -> Result<Vec<u32>, BoxError> {
+    let mut cache = model.new_cache()?;
+    let mut logits = model.forward_step(&mut [Qwen35Step { tokens: prompt, cache: &mut cache }])?;
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let next = logits.argmax(D::Minus1)?.to_vec1::<u32>()?[0];
+        out.push(next);
+        logits = model.forward_step(&mut [Qwen35Step { tokens: &[next], cache: &mut cache }])?;
+    }
+    Ok(out)
+}
+
+/// Seconds per AdamW step of the next-token loss over the packed sequences.
+fn train_step_seconds(model: &Qwen35Model, sequences: &[Vec<u32>], steps: usize) -> Result<f64, BoxError> {
+    let vars = model.named_parameters().into_iter().map(|(_, var)| var).collect();
+    let mut optimizer = AdamW::new(vars, ParamsAdamW { lr: 1e-4, ..Default::default() })?;
+    let inputs: Vec<&[u32]> = sequences.iter().map(|s| &s[..s.len() - 1]).collect();
+    let targets: Vec<u32> = sequences.iter().flat_map(|s| s[1..].to_vec()).collect();
+    let targets = Tensor::from_vec(targets.clone(), (targets.len(), 1), model.device())?;
+    let started = Instant::now();
+    for _ in 0..steps {
+        let logits = model.logits(&model.packed_hidden(&inputs)?)?;
+        let loss = candle_nn::ops::log_softmax(&logits, D::Minus1)?.gather(&targets, 1)?.mean_all()?.neg()?;
+        optimizer.backward_step(&loss)?;
+    }
+    Ok(started.elapsed().as_secs_f64() / steps.max(1) as f64)
+}
+
+fn main() -> Result<(), BoxError> {
+    let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
+    let [model_dir, workload, out] = args.as_slice() else {
+        return Err("usage: qwen3_5_peer MODEL_DIR WORKLOAD.json OUT.json".into());
+    };
+    let workload: Workload = serde_json::from_str(&std::fs::read_to_string(workload)?)?;
+    let model = load_qwen35(model_dir, DType::F32, &Device::Cpu)?;
+    let logits = model.logits(&model.packed_hidden(&[&workload.logits_input])?)?.to_vec2::<f32>()?;
+    let started = Instant::now();
+    let greedy = greedy(&model, &workload.greedy_prompt, workload.greedy_tokens)?;
+    let greedy_seconds = started.elapsed().as_secs_f64();
+    let train_step_seconds = train_step_seconds(&model, &workload.train_sequences, workload.train_steps)?;
+    let output = Output { logits, greedy, greedy_seconds, train_step_seconds };
+    std::fs::write(out, serde_json::to_string(&output)?)?;
+    Ok(())
+}
