@@ -166,13 +166,14 @@ pub fn run_bench(config: &BenchConfig, device: &Device) -> Result<BenchTable, Be
     validate(config)?;
     let ceiling_before = matmul_ceiling(config.matmul_size, config.matmul_repeats, device)?;
     let (policy, model_name) = bench_policy(config, device)?;
-    let flops = FlopModel::new(policy.model().config());
+    let model = policy.qwen3("whale lm bench")?;
+    let flops = FlopModel::new(model.config());
     let text_ids = corpus_ids(policy.tokenizer(), config.prompt_tokens.max(config.train_prompt_tokens) * 64)?;
     let mut rows = Vec::new();
     for &batch in &config.batch_sizes {
         rows.push(generation_row(&policy, &flops, &text_ids, batch, config)?);
     }
-    rows.push(training_row(&policy.model(), &flops, &text_ids, config)?);
+    rows.push(training_row(&model, &flops, &text_ids, config)?);
     let ceiling_after = matmul_ceiling(config.matmul_size, config.matmul_repeats, device)?;
     let matmul_flops_per_second = ceiling_before.max(ceiling_after);
     for row in &mut rows {
@@ -181,7 +182,7 @@ pub fn run_bench(config: &BenchConfig, device: &Device) -> Result<BenchTable, Be
     Ok(BenchTable {
         model: model_name,
         device: format!("{device:?}"),
-        parameters: policy.model().config().parameter_count(),
+        parameters: model.config().parameter_count(),
         matmul_flops_per_second,
         matmul_size: config.matmul_size,
         rows,

@@ -5,7 +5,7 @@
 //! so throughput comes from decoding all live requests together. Callers render and tokenize in
 //! their own threads, send the prompt over a channel and block on their own reply channel.
 //! Between steps the scheduler admits waiting requests (at most `max_batch_size` live), prefills
-//! new prompts together in one [`Qwen3Model::forward_step`] call — apart from the one-token
+//! new prompts together in one [`Decoder::forward_step`] call — apart from the one-token
 //! decodes, since a long chunk in a decode batch would pad every row to its length — then
 //! decodes one token for every other live sequence in a second call, samples each row with the
 //! request's own seeded [`Sampler`] and retires what finished. A request's tokens thus depend on
@@ -32,8 +32,9 @@ use serde::{Deserialize, Serialize};
 use whale_core::ChatMessage;
 
 use crate::chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
-use crate::checkpoint::{load_model, CheckpointError, GenerationConfig};
-use crate::model::{KvCache, ModelError, Qwen3Model, SeqStep};
+use crate::checkpoint::{CheckpointError, GenerationConfig};
+use crate::decoder::{Decoder, DecoderCache, DecoderStep};
+use crate::model::{ModelError, Qwen3Model};
 use crate::policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 use crate::sampling::{SampledToken, Sampler, SamplingParams, StopMatcher};
 use crate::tokenizer::{TextStream, Tokenizer, TokenizerError};
@@ -92,6 +93,9 @@ pub enum EngineError {
     Config { key: &'static str, reason: String },
     #[error("{reason}")]
     Mismatch { reason: String },
+    /// The engine serves an architecture the operation does not support.
+    #[error("the engine serves a {architecture} model; {operation} needs a Qwen3 model")]
+    Architecture { architecture: &'static str, operation: &'static str },
     #[error("cannot start the scheduler thread: {0}")]
     Spawn(std::io::Error),
     #[error("the generation engine has stopped")]
@@ -123,7 +127,7 @@ pub struct LocalPolicy {
     eos: Vec<u32>,
     vocab_size: usize,
     context_window: usize,
-    model: RwLock<Qwen3Model>,
+    model: RwLock<Decoder>,
     weights_version: AtomicU64,
     stats: Arc<Mutex<EngineStats>>,
     commands: Sender<Command>,
@@ -134,22 +138,23 @@ impl LocalPolicy {
     /// Starts the scheduler thread for `model`. The end-of-sequence ids are `<|im_end|>`,
     /// `<|endoftext|>`, the model config's `eos_token_id` and `config.eos_token_ids`.
     pub fn new(
-        model: Qwen3Model,
+        model: impl Into<Decoder>,
         tokenizer: Tokenizer,
         template: ChatTemplate,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
         config.validate()?;
-        let vocab_size = model.config().vocab_size;
+        let model = model.into();
+        let vocab_size = model.vocab_size();
         if tokenizer.vocab_size() > vocab_size {
             return Err(EngineError::Mismatch {
                 reason: format!("the tokenizer has {} ids, the model only {vocab_size}", tokenizer.vocab_size()),
             });
         }
-        let context_window = config.max_context.min(model.config().max_position_embeddings);
+        let context_window = config.max_context.min(model.max_position_embeddings());
         let specials = tokenizer.specials();
         let mut eos = vec![specials.im_end, specials.endoftext];
-        eos.extend(&model.config().eos_token_id);
+        eos.extend(model.eos_token_id());
         eos.extend(&config.eos_token_ids);
         eos.sort_unstable();
         eos.dedup();
@@ -186,11 +191,11 @@ impl LocalPolicy {
         })
     }
 
-    /// Serves a Hugging Face model directory: `config.json` and the safetensors weights,
+    /// Serves a Hugging Face model directory (Qwen3 or Qwen3.5): `config.json` and the safetensors weights,
     /// `tokenizer.json`, `tokenizer_config.json` (its `chat_template` is required) and, when
     /// present, `generation_config.json`, whose `eos_token_id`s end generation too.
     pub fn load(dir: &Path, dtype: DType, device: &Device, mut config: EngineConfig) -> Result<Self, EngineError> {
-        let model = load_model(dir, dtype, device)?;
+        let model = Decoder::load(dir, dtype, device)?;
         let tokenizer = Tokenizer::from_file(dir.join(TOKENIZER_FILE))?;
         let template = ChatTemplate::from_model_dir(dir)?;
         if let Some(generation) = GenerationConfig::load(dir)? {
@@ -213,9 +218,16 @@ impl LocalPolicy {
         &self.template
     }
 
-    /// The model being served; a clone shares its weights, so a trainer built on it updates them.
-    pub fn model(&self) -> Qwen3Model {
+    /// The model being served; a clone shares its weights.
+    pub fn decoder(&self) -> Decoder {
         self.model.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The Qwen3 model being served, for `operation` (a trainer built on it updates the served
+    /// weights); an error naming the operation when the engine serves another architecture.
+    pub fn qwen3(&self, operation: &'static str) -> Result<Qwen3Model, EngineError> {
+        let decoder = self.decoder();
+        decoder.qwen3().cloned().ok_or(EngineError::Architecture { architecture: decoder.architecture(), operation })
     }
 
     /// Most tokens of prompt plus completion.
@@ -340,13 +352,14 @@ impl LocalPolicy {
 
     /// Serves `model` (same vocabulary size, a context at least as long) as weights `version`
     /// from now on; the requests in flight have their caches rebuilt with it.
-    pub fn reload(&self, model: Qwen3Model, version: u64) -> Result<(), EngineError> {
-        let config = model.config();
-        if config.vocab_size != self.vocab_size || config.max_position_embeddings < self.context_window {
+    pub fn reload(&self, model: impl Into<Decoder>, version: u64) -> Result<(), EngineError> {
+        let model = model.into();
+        let (vocab_size, positions) = (model.vocab_size(), model.max_position_embeddings());
+        if vocab_size != self.vocab_size || positions < self.context_window {
             return Err(EngineError::Mismatch {
                 reason: format!(
                     "the new model has a vocabulary of {} and {} positions; the engine needs {} and {}",
-                    config.vocab_size, config.max_position_embeddings, self.vocab_size, self.context_window
+                    vocab_size, positions, self.vocab_size, self.context_window
                 ),
             });
         }
@@ -392,7 +405,7 @@ impl Policy for LocalPolicy {
 enum Command {
     Generate(Job),
     /// The weights changed: in place (`None`) or to a new model.
-    NewWeights(Option<Box<Qwen3Model>>),
+    NewWeights(Option<Box<Decoder>>),
     Shutdown,
 }
 
@@ -430,7 +443,7 @@ struct Sequence {
     ignore_eos: bool,
     /// Most tokens to sample: `max_tokens`, or fewer where the context window ends first.
     limit: usize,
-    cache: KvCache,
+    cache: DecoderCache,
     /// Tokens to feed next: the prompt (or, after a weight change, prompt plus completion so
     /// far), then the last sampled token.
     feed: Vec<u32>,
@@ -441,7 +454,7 @@ struct Sequence {
 }
 
 impl Sequence {
-    fn new(job: Job, sampler: Sampler, cache: KvCache, context_window: usize) -> Self {
+    fn new(job: Job, sampler: Sampler, cache: DecoderCache, context_window: usize) -> Self {
         let stops = job.params.stop.iter().any(|stop| !stop.is_empty()).then(|| StopMatcher::new(&job.params.stop));
         Self {
             ignore_eos: job.params.ignore_eos,
@@ -545,7 +558,7 @@ enum Phase {
 
 /// The scheduler thread's state: the model, the queue and the live sequences.
 struct Scheduler {
-    model: Qwen3Model,
+    model: Decoder,
     tokenizer: Tokenizer,
     eos: Vec<u32>,
     context_window: usize,
@@ -598,7 +611,10 @@ impl Scheduler {
                     self.model = *model;
                 }
                 for sequence in &mut self.live {
-                    sequence.cache = self.model.new_cache();
+                    match self.model.new_cache() {
+                        Ok(cache) => sequence.cache = cache,
+                        Err(error) => sequence.outcome = Some(Err(PolicyError::Model(error.to_string()))),
+                    }
                     sequence.feed = [&sequence.prompt[..], &sequence.generated[..]].concat();
                 }
             }
@@ -610,13 +626,13 @@ impl Scheduler {
     fn admit(&mut self) {
         while self.live.len() < self.max_batch_size {
             let Some(job) = self.waiting.pop_front() else { break };
-            match Sampler::new(&job.params) {
-                Ok(sampler) => {
-                    let cache = self.model.new_cache();
-                    self.live.push(Sequence::new(job, sampler, cache, self.context_window));
-                }
+            let started = Sampler::new(&job.params).map_err(PolicyError::from).and_then(|sampler| {
+                Ok((sampler, self.model.new_cache().map_err(|e| PolicyError::Model(e.to_string()))?))
+            });
+            match started {
+                Ok((sampler, cache)) => self.live.push(Sequence::new(job, sampler, cache, self.context_window)),
                 Err(error) => {
-                    let _ = job.reply.send(Reply::Done(Err(error.into())));
+                    let _ = job.reply.send(Reply::Done(Err(error)));
                     self.stats().requests_done += 1;
                 }
             }
@@ -658,14 +674,14 @@ impl Scheduler {
 
     /// Feeds the members' chunks in one batched step and samples a token for each.
     fn forward(&mut self, members: &[bool], phase: Phase) {
-        let mut steps: Vec<SeqStep<'_>> = self
+        let mut steps: Vec<DecoderStep<'_>> = self
             .live
             .iter_mut()
             .zip(members)
             .filter(|(_, &member)| member)
             .map(|(sequence, _)| {
                 let Sequence { feed, cache, .. } = sequence;
-                SeqStep { tokens: feed, cache }
+                DecoderStep { tokens: feed, cache }
             })
             .collect();
         let rows = steps.len();

@@ -7,7 +7,10 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use whale_lm::qwen3_5::{parameter_shapes, Qwen35Size};
-use whale_lm::{load_qwen35, save_qwen35, Qwen35Config, Qwen35Model, Qwen35Step};
+use whale_lm::{
+    load_qwen35, save_qwen35, ChatTemplate, EngineConfig, LocalPolicy, Qwen35Config, Qwen35Model, Qwen35Step,
+    SamplingParams, Tokenizer,
+};
 
 const VOCAB: usize = 97;
 
@@ -106,7 +109,7 @@ fn checkpoints_round_trip_in_the_text_and_the_multimodal_layout() {
     let mut raw = serde_json::Map::new();
     raw.insert("model_type".into(), "qwen3_5".into());
     raw.insert("architectures".into(), serde_json::json!(["Qwen3_5ForConditionalGeneration"]));
-    raw.insert("text_config".into(), serde_json::Value::Object(text.raw.clone()));
+    raw.insert("text_config".into(), serde_json::Value::Object(text.to_config_json()));
     raw.insert("vision_config".into(), serde_json::json!({"depth": 1}));
     let wrapper = Qwen35Config::from_object(raw).unwrap();
     let ids = tokens(30, 4);
@@ -151,4 +154,43 @@ fn a_checkpoint_missing_a_tensor_names_the_file_and_the_tensor() {
     std::fs::write(dir.path().join("config.json"), "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": 10}").unwrap();
     let message = load_qwen35(dir.path(), DType::F32, &Device::Cpu).err().expect("a bad config").to_string();
     assert!(message.contains("config.json") && message.contains("`num_hidden_layers`"), "{message}");
+}
+
+/// Greedy tokens from the model's own decoding step, one sequence alone.
+fn greedy_alone(model: &Qwen35Model, prompt: &[u32], count: usize) -> Vec<u32> {
+    let mut cache = model.new_cache().unwrap();
+    let mut logits = model.forward_step(&mut [Qwen35Step { tokens: prompt, cache: &mut cache }]).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let next = logits.argmax(D::Minus1).unwrap().to_vec1::<u32>().unwrap()[0];
+        out.push(next);
+        logits = model.forward_step(&mut [Qwen35Step { tokens: &[next], cache: &mut cache }]).unwrap();
+    }
+    out
+}
+
+#[test]
+fn the_batching_engine_serves_qwen3_5_as_each_sequence_alone() {
+    let corpus = whale_lm::bench::synthetic_corpus(200, 1);
+    let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), 300).unwrap();
+    let config = Qwen35Config::text(tokenizer.vocab_size(), Qwen35Size::TINY);
+    let model = model(&config, 21);
+    let engine = EngineConfig { max_batch_size: 4, ..EngineConfig::default() };
+    let policy =
+        std::sync::Arc::new(LocalPolicy::new(model.clone(), tokenizer, ChatTemplate::chatml(), engine).unwrap());
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| tokens(5 + 7 * i, 30 + i as u64)).collect();
+    let params = SamplingParams { temperature: 0.0, max_tokens: 12, ignore_eos: true, ..SamplingParams::default() };
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|prompt| {
+            let (policy, prompt, params) = (policy.clone(), prompt.clone(), params.clone());
+            std::thread::spawn(move || policy.generate(prompt, &params).unwrap().token_ids)
+        })
+        .collect();
+    for (prompt, handle) in prompts.iter().zip(handles) {
+        assert_eq!(handle.join().unwrap(), greedy_alone(&model, prompt, 12), "prompt of {}", prompt.len());
+    }
+    assert!(policy.stats().peak_decode_batch > 1, "the engine never batched: {:?}", policy.stats());
+    let error = policy.qwen3("the trainer").err().expect("not a Qwen3 model").to_string();
+    assert!(error.contains("Qwen3.5") && error.contains("the trainer"), "{error}");
 }

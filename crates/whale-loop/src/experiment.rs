@@ -200,7 +200,7 @@ fn local_model(config: &RunConfig) -> Result<Model, ExperimentError> {
                 config: trainer.clone(),
                 base: trainer.base.clone().unwrap_or_else(|| model_dir.display().to_string()),
                 name_prefix: format!("{}-{}", config.name, config.condition),
-                target: WeightsTarget::Local { policy: engine.clone(), base: Box::new(engine.model()) },
+                target: WeightsTarget::Local { policy: engine.clone(), base: Box::new(engine.decoder()) },
             };
             (engine, Weights::External(Box::new(external)))
         }

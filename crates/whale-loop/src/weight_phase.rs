@@ -218,15 +218,18 @@ pub fn trainer_config(config: &WeightConfig, pad_token_id: u32) -> TrainerConfig
     }
 }
 
+/// What the in-process trainer is called in the error for a model it cannot train.
+const TRAINER: &str = "whale's in-process trainer (use [weights.trainer] for an external one)";
+
 /// The trainer of a run's weight phase, fresh: over the policy's model, or, with
 /// `[weights.lora]`, over a new adapter (initial matrices drawn from `seed`) that the policy
 /// serves from now on, sharing its matrices.
 pub fn new_trainer(config: &WeightConfig, policy: &LocalPolicy, seed: u64) -> Result<SftTrainer, WeightPhaseError> {
     let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
     let Some(lora) = &config.lora else {
-        return Ok(SftTrainer::new(policy.model(), settings)?);
+        return Ok(SftTrainer::new(policy.qwen3(TRAINER)?, settings)?);
     };
-    let base = policy.model();
+    let base = policy.qwen3(TRAINER)?;
     let adapter =
         LoraAdapter::new(lora.clone(), base.config(), seed, base.dtype(), base.device()).map_err(TrainError::from)?;
     let trainer = SftTrainer::new(base.with_adapter(&adapter).map_err(TrainError::from)?, settings)?;
@@ -244,8 +247,8 @@ pub fn resume_trainer(
 ) -> Result<SftTrainer, WeightPhaseError> {
     let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
     let trainer = match config.lora {
-        Some(_) => SftTrainer::resume_adapter(dir, &policy.model(), settings)?,
-        None => SftTrainer::resume(dir, settings, policy.model().dtype(), device)?,
+        Some(_) => SftTrainer::resume_adapter(dir, &policy.qwen3(TRAINER)?, settings)?,
+        None => SftTrainer::resume(dir, settings, policy.qwen3(TRAINER)?.dtype(), device)?,
     };
     policy.reload(trainer.model().clone(), policy.weights_version())?;
     Ok(trainer)

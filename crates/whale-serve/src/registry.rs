@@ -16,9 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use candle_core::{DType, Device};
 use whale_lm::checkpoint::CONFIG_FILE;
 use whale_lm::lora::ADAPTER_CONFIG_FILE;
-use whale_lm::{
-    load_model, CheckpointError, EngineConfig, EngineError, LocalPolicy, LoraAdapter, LoraError, ModelError,
-};
+use whale_lm::{CheckpointError, Decoder, EngineConfig, EngineError, LocalPolicy, LoraAdapter, LoraError, ModelError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -147,7 +145,7 @@ impl ModelRegistry {
     /// shared, and the tokenizer, chat template and end-of-sequence ids are the base model's.
     fn with_adapter(&self, dir: &Path) -> Result<LocalPolicy, RegistryError> {
         let base = self.get(&self.base).ok_or_else(|| RegistryError::Unknown(self.base.clone()))?;
-        let model = base.model();
+        let model = base.qwen3("a LoRA adapter")?;
         let adapter = LoraAdapter::load_peft(dir, model.config(), model.dtype(), model.device())?;
         let engine = EngineConfig { eos_token_ids: base.eos_token_ids().to_vec(), ..self.settings.engine.clone() };
         let adapted = model.with_adapter(&adapter)?;
@@ -168,7 +166,7 @@ impl ModelRegistry {
     /// version. Requests in flight continue on the new weights; the other entries keep theirs
     /// (adapters loaded earlier stay on the old base weights).
     pub fn reload_base(&self, dir: &Path) -> Result<u64, RegistryError> {
-        let model = load_model(dir, self.settings.dtype, &self.settings.device)?;
+        let model = Decoder::load(dir, self.settings.dtype, &self.settings.device)?;
         let base = self.get(&self.base).ok_or_else(|| RegistryError::Unknown(self.base.clone()))?;
         let version = whale_lm::Policy::weights_version(base.as_ref()) + 1;
         base.reload(model, version)?;

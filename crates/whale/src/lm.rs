@@ -434,7 +434,7 @@ pub struct GenerateSettings {
 pub fn generate(dir: &Path, prompt: &str, settings: &GenerateSettings) -> Result<Vec<Completion>, LmError> {
     let policy = LocalPolicy::load(dir, DType::F32, &Device::Cpu, EngineConfig::default())?;
     if let Some(adapter_dir) = &settings.adapter {
-        let base = policy.model();
+        let base = policy.qwen3("a LoRA adapter")?;
         let adapter = LoraAdapter::load_peft(adapter_dir, base.config(), base.dtype(), base.device())?;
         policy.reload(base.with_adapter(&adapter)?, 0)?;
     }

@@ -37,7 +37,8 @@ struct Setup {
 fn setup() -> Setup {
     let policy = Arc::new(common::tiny_policy());
     let pad = policy.tokenizer().specials().endoftext;
-    let trainer = SftTrainer::new(policy.model(), trainer_config(&config(0.0), pad)).expect("trainer");
+    let trainer = SftTrainer::new(policy.qwen3("the test").expect("a Qwen3 model"), trainer_config(&config(0.0), pad))
+        .expect("trainer");
     let tasks = Domain::Math.generate(12, 5, 1);
     let environment = Environment::for_tasks(Domain::Math, &tasks).expect("environment");
     Setup { policy, trainer, tasks, environment }
@@ -151,13 +152,22 @@ fn values(params: Vec<(String, Var)>) -> Vec<(String, Vec<f32>)> {
 #[test]
 fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     let policy = Arc::new(common::tiny_policy());
-    let base = policy.model();
+    let base = policy.qwen3("the test").expect("a Qwen3 model");
     let base_before = values(base.named_parameters());
     let mut config = config(-1.0);
     config.lora =
         Some(LoraConfig { rank: 4, target_modules: vec!["q_proj".into(), "up_proj".into()], ..LoraConfig::default() });
     let mut trainer = new_trainer(&config, &policy, 11).expect("trainer");
-    let served = || values(policy.model().adapter().expect("the policy serves the adapter").named_parameters());
+    let served = || {
+        values(
+            policy
+                .qwen3("the test")
+                .expect("a Qwen3 model")
+                .adapter()
+                .expect("the policy serves the adapter")
+                .named_parameters(),
+        )
+    };
     let adapter_before = served();
     assert_eq!(adapter_before.len(), 2 * 2 * base.config().num_hidden_layers);
 
@@ -183,7 +193,10 @@ fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     let other = Arc::new(common::tiny_policy());
     let resumed = resume_trainer(&config, &other, dir.path(), &Device::Cpu).expect("resume");
     assert_eq!(resumed.state(), trainer.state());
-    assert_eq!(values(other.model().adapter().expect("adapter").named_parameters()), trained);
+    assert_eq!(
+        values(other.qwen3("the test").expect("a Qwen3 model").adapter().expect("adapter").named_parameters()),
+        trained
+    );
 }
 
 fn grpo(tasks_per_step: usize) -> WeightConfig {
@@ -223,7 +236,8 @@ fn a_grpo_step_learns_from_the_sampled_tokens_of_tasks_with_spread_and_replays_e
     let policy = Arc::new(common::tiny_policy());
     let config = grpo(8);
     let pad = policy.tokenizer().specials().endoftext;
-    let mut trainer = SftTrainer::new(policy.model(), trainer_config(&config, pad)).expect("trainer");
+    let mut trainer = SftTrainer::new(policy.qwen3("the test").expect("a Qwen3 model"), trainer_config(&config, pad))
+        .expect("trainer");
     let start = weights(&trainer);
     let (tasks, environment) = chess_setup();
     let sampling = SamplingParams { max_tokens: 8, ..SamplingParams::default() };
@@ -251,7 +265,8 @@ fn a_grpo_step_learns_from_the_sampled_tokens_of_tasks_with_spread_and_replays_e
 
     // A resumed run replays the journal onto the same starting weights.
     let other = Arc::new(common::tiny_policy());
-    let mut replay = SftTrainer::new(other.model(), trainer_config(&config, pad)).expect("trainer");
+    let mut replay = SftTrainer::new(other.qwen3("the test").expect("a Qwen3 model"), trainer_config(&config, pad))
+        .expect("trainer");
     assert_eq!(weights(&replay), start);
     let journal: whale_loop::weight_phase::StepJournal =
         serde_json::from_str(&serde_json::to_string(&journal).expect("json")).expect("journal");

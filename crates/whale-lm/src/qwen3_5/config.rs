@@ -40,6 +40,8 @@ pub struct Qwen35Config {
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
+    /// The longest context the model is meant for (`transformers`' default: 32,768).
+    pub max_position_embeddings: usize,
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
     pub head_dim: usize,
@@ -57,7 +59,8 @@ pub struct Qwen35Config {
     pub eos_token_id: Vec<u32>,
     /// Whether the checkpoint is the multimodal wrapper (text weights under `model.language_model.`).
     pub multimodal: bool,
-    /// The `config.json` object as read (or as [`Qwen35Config::to_json_object`] makes it).
+    /// The `config.json` object as read (empty for a configuration made here); saving writes
+    /// its keys back beside the fields above ([`Qwen35Config::to_config_json`]).
     pub raw: Map<String, Value>,
 }
 
@@ -121,6 +124,7 @@ impl Qwen35Config {
             hidden_size: required(text, "hidden_size")?,
             intermediate_size: required(text, "intermediate_size")?,
             num_hidden_layers,
+            max_position_embeddings: optional(text, "max_position_embeddings")?.unwrap_or(32_768),
             num_attention_heads: required(text, "num_attention_heads")?,
             num_key_value_heads: required(text, "num_key_value_heads")?,
             head_dim: optional(text, "head_dim")?.unwrap_or(256),
@@ -146,6 +150,7 @@ impl Qwen35Config {
             ("hidden_size", self.hidden_size),
             ("intermediate_size", self.intermediate_size),
             ("num_hidden_layers", self.num_hidden_layers),
+            ("max_position_embeddings", self.max_position_embeddings),
             ("num_attention_heads", self.num_attention_heads),
             ("num_key_value_heads", self.num_key_value_heads),
             ("head_dim", self.head_dim),
@@ -157,6 +162,9 @@ impl Qwen35Config {
         ];
         if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(ConfigIssue::new(key, "must be positive"));
+        }
+        if self.linear_conv_kernel_dim < 2 {
+            return Err(ConfigIssue::new("linear_conv_kernel_dim", "must be at least 2"));
         }
         let divides = [
             ("num_key_value_heads", self.num_key_value_heads, "num_attention_heads", self.num_attention_heads),
@@ -220,11 +228,12 @@ impl Qwen35Config {
         let layer_types = (0..size.num_hidden_layers)
             .map(|i| if (i + 1) % 4 == 0 { LayerKind::FullAttention } else { LayerKind::LinearAttention })
             .collect();
-        let mut config = Self {
+        Self {
             vocab_size,
             hidden_size: size.hidden_size,
             intermediate_size: size.intermediate_size,
             num_hidden_layers: size.num_hidden_layers,
+            max_position_embeddings: 32_768,
             num_attention_heads: size.num_attention_heads,
             num_key_value_heads: size.num_key_value_heads,
             head_dim: size.head_dim,
@@ -241,13 +250,33 @@ impl Qwen35Config {
             eos_token_id: Vec::new(),
             multimodal: false,
             raw: Map::new(),
-        };
-        config.raw = config.to_json_object();
-        config
+        }
+    }
+
+    /// The `config.json` to save: the object read, with the text configuration's keys (at the
+    /// top level, or under `text_config` in the multimodal wrapper) set from the fields.
+    pub fn to_config_json(&self) -> Map<String, Value> {
+        let mut object = self.raw.clone();
+        let mut text = self.to_json_object();
+        if self.multimodal {
+            text.remove("architectures");
+            text.insert("model_type".into(), Value::from("qwen3_5_text"));
+            let tied = text.remove("tie_word_embeddings");
+            object.insert("tie_word_embeddings".into(), tied.unwrap_or(Value::Bool(false)));
+            let mut nested = match object.remove("text_config") {
+                Some(Value::Object(nested)) => nested,
+                _ => Map::new(),
+            };
+            nested.extend(text);
+            object.insert("text_config".into(), Value::Object(nested));
+        } else {
+            object.extend(text);
+        }
+        object
     }
 
     /// The text configuration as `transformers` writes a `Qwen3_5TextConfig`.
-    pub fn to_json_object(&self) -> Map<String, Value> {
+    fn to_json_object(&self) -> Map<String, Value> {
         let kinds: Vec<&str> = self
             .layer_types
             .iter()
@@ -263,6 +292,7 @@ impl Qwen35Config {
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,
+            "max_position_embeddings": self.max_position_embeddings,
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
@@ -389,7 +419,7 @@ mod tests {
 
     #[test]
     fn reads_the_text_config_of_the_multimodal_wrapper() {
-        let mut text = Qwen35Config::text(300, Qwen35Size::TINY).to_json_object();
+        let mut text = Qwen35Config::text(300, Qwen35Size::TINY).to_config_json();
         text.remove("layer_types");
         text.insert("full_attention_interval".into(), Value::from(2));
         let wrapper = serde_json::json!({"model_type": "qwen3_5", "tie_word_embeddings": true,
@@ -405,7 +435,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let valid = Value::Object(Qwen35Config::text(300, Qwen35Size::TINY).to_json_object()).to_string();
+        let valid = Value::Object(Qwen35Config::text(300, Qwen35Size::TINY).to_config_json()).to_string();
         let cases = [
             (valid.replace("\"linear_num_value_heads\":4", "\"linear_num_value_heads\":3"), "linear_num_key_heads"),
             (valid.replace("\"full_attention\"", "\"sliding\""), "layer_types[3]"),

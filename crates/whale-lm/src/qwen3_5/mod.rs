@@ -46,13 +46,14 @@ pub fn load_qwen35(dir: &Path, dtype: DType, device: &Device) -> Result<Qwen35Mo
 }
 
 /// Writes the model into `dir` (created if needed): its `config.json` as it was read, with the
-/// dtype updated, and one `model.safetensors` of the text weights under their names as read.
+/// text configuration and the dtype updated ([`Qwen35Config::to_config_json`]), and one
+/// `model.safetensors` of the text weights under their names as read.
 /// The vision tower of a multimodal checkpoint is not carried: whale does not load it.
 pub fn save_qwen35(model: &Qwen35Model, dir: &Path) -> Result<(), CheckpointError> {
     std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
     let tensors = model.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
     write_tensors(&dir.join(WEIGHTS_FILE), tensors)?;
-    let mut config = model.config().raw.clone();
+    let mut config = model.config().to_config_json();
     config.remove("torch_dtype");
     config.insert("dtype".to_string(), Value::from(torch_dtype_name(model.dtype())));
     let text = serde_json::to_string_pretty(&Value::Object(config))

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use whale_core::{ChatMessage, ModelCall, SampledTokens, Trajectory};
-use whale_lm::{load_model, LocalPolicy, LoraAdapter, Qwen3Model};
+use whale_lm::{Decoder, LocalPolicy, LoraAdapter};
 
 /// One line of `samples.jsonl`: a model call as a chat, its completion the final assistant
 /// turn, and which turns are trained on (only that last one). Under a policy gradient
@@ -268,7 +268,7 @@ pub enum WeightsTarget {
     Server { admin: ServerAdmin, policy: Arc<ServedPolicy>, base_model: String },
     /// The in-process engine (no `[server]`); adapters apply to `base`, the model it started
     /// with, and checkpoints load in its dtype and onto its device.
-    Local { policy: Arc<LocalPolicy>, base: Box<Qwen3Model> },
+    Local { policy: Arc<LocalPolicy>, base: Box<Decoder> },
 }
 
 /// The weight phase's external trainer and where its output is installed.
@@ -350,12 +350,18 @@ impl ExternalTrainer {
             WeightsTarget::Local { policy, base } => {
                 let model = match self.config.output {
                     TrainerOutput::Checkpoint => {
-                        load_model(&weights.path, base.dtype(), base.device()).map_err(|e| failed(e.to_string()))?
+                        Decoder::load(&weights.path, base.dtype(), base.device()).map_err(|e| failed(e.to_string()))?
                     }
                     TrainerOutput::Adapter => {
+                        let base = base.qwen3().ok_or_else(|| {
+                            failed(format!(
+                                "LoRA adapters apply to Qwen3 models; this run serves {}",
+                                base.architecture()
+                            ))
+                        })?;
                         let adapter = LoraAdapter::load_peft(&weights.path, base.config(), base.dtype(), base.device())
                             .map_err(|e| failed(e.to_string()))?;
-                        base.with_adapter(&adapter).map_err(|e| failed(e.to_string()))?
+                        Decoder::from(base.with_adapter(&adapter).map_err(|e| failed(e.to_string()))?)
                     }
                 };
                 policy.reload(model, version).map_err(|e| failed(e.to_string()))

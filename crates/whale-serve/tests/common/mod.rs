@@ -9,9 +9,10 @@ use candle_core::{DType, Device};
 use whale_core::ChatMessage;
 use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
 use whale_lm::engine::TOKENIZER_FILE;
+use whale_lm::qwen3_5::Qwen35Size;
 use whale_lm::{
-    save_model, ChatRequest, EngineConfig, GenerationConfig, LocalPolicy, Qwen3Config, Qwen3Model, RemoteConfig,
-    RemotePolicy, SamplingParams, Tokenizer,
+    save_model, save_qwen35, ChatRequest, EngineConfig, GenerationConfig, LocalPolicy, Qwen35Config, Qwen35Model,
+    Qwen3Config, Qwen3Model, RemoteConfig, RemotePolicy, SamplingParams, Tokenizer,
 };
 use whale_serve::{LoadSettings, ModelRegistry, ServeConfig, Server};
 
@@ -29,6 +30,22 @@ pub fn write_model(dir: &Path, seed: u64) {
     config.initializer_range = 0.2;
     let model = Qwen3Model::new_random(&config, seed, DType::F32, &Device::Cpu).expect("a model");
     save_model(&model, &GenerationConfig::for_model(model.config()), dir).expect("weights written");
+    tokenizer.save(dir.join(TOKENIZER_FILE)).expect("tokenizer written");
+    write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), CONTEXT).expect("tokenizer config written");
+}
+
+/// Writes a tiny random Qwen3.5 model (weights from `seed`, spread wider than the usual
+/// initialisation) in the Hugging Face layout to `dir`.
+pub fn write_qwen35_model(dir: &Path, seed: u64) {
+    let corpus = whale_lm::bench::synthetic_corpus(300, 1);
+    let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), 400).expect("a tokenizer");
+    let mut config = Qwen35Config::text(tokenizer.vocab_size(), Qwen35Size::TINY);
+    config.max_position_embeddings = CONTEXT;
+    let model = Qwen35Model::new_random(&config, seed, DType::F32, &Device::Cpu).expect("a model");
+    for (_, var) in model.named_parameters() {
+        var.set(&(var.as_tensor() * 10.0).expect("scaled")).expect("set");
+    }
+    save_qwen35(&model, dir).expect("weights written");
     tokenizer.save(dir.join(TOKENIZER_FILE)).expect("tokenizer written");
     write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), CONTEXT).expect("tokenizer config written");
 }
@@ -112,7 +129,7 @@ pub fn write_adapter(base_dir: &Path, dir: &Path, seed: u64) {
 /// The model in `base_dir` with the adapter in `adapter_dir` applied, in-process.
 pub fn local_with_adapter(base_dir: &Path, adapter_dir: &Path) -> LocalPolicy {
     let policy = local(base_dir);
-    let base = policy.model();
+    let base = policy.qwen3("a LoRA adapter").expect("a Qwen3 model");
     let adapter = whale_lm::LoraAdapter::load_peft(adapter_dir, base.config(), DType::F32, &Device::Cpu)
         .expect("the adapter loads");
     policy.reload(base.with_adapter(&adapter).expect("it fits"), 0).expect("reloaded");

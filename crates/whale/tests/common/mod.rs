@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 use whale_core::{Domain, Task, Trajectory};
 use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
 use whale_lm::engine::TOKENIZER_FILE;
+use whale_lm::qwen3_5::Qwen35Size;
 use whale_lm::{
-    save_model, ChatTemplate, EngineConfig, GenerationConfig, LocalPolicy, Qwen3Config, Qwen3Model, Tokenizer,
+    save_model, save_qwen35, ChatTemplate, EngineConfig, GenerationConfig, LocalPolicy, Qwen35Config, Qwen35Model,
+    Qwen3Config, Qwen3Model, Tokenizer,
 };
 use whale_tasks::{DomainTasks, Environment};
 
@@ -75,6 +77,20 @@ pub fn write_tiny_model(dir: &Path) {
     save_model(&model, &GenerationConfig::for_model(model.config()), dir).expect("weights written");
     tokenizer.save(dir.join(TOKENIZER_FILE)).expect("tokenizer written");
     write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), CONTEXT).expect("tokenizer config written");
+}
+
+/// Writes a tiny random Qwen3.5 model (three Gated DeltaNet layers, one full attention) in
+/// the Hugging Face layout to `dir/qwen3_5` and returns that directory.
+pub fn tiny_qwen35_in(dir: &Path) -> PathBuf {
+    let model_dir = dir.join("qwen3_5");
+    let tokenizer = tokenizer();
+    let mut config = Qwen35Config::text(tokenizer.vocab_size(), Qwen35Size::TINY);
+    config.max_position_embeddings = CONTEXT;
+    let model = Qwen35Model::new_random(&config, 7, DType::F32, &Device::Cpu).expect("a model");
+    save_qwen35(&model, &model_dir).expect("weights written");
+    tokenizer.save(model_dir.join(TOKENIZER_FILE)).expect("tokenizer written");
+    write_tokenizer_config(&model_dir, CHATML_TEMPLATE, &tokenizer.specials(), CONTEXT).expect("tokenizer config");
+    model_dir
 }
 
 /// Writes the tiny model to `dir/model` and returns that directory.
