@@ -77,4 +77,6 @@ pub use qwen3_5::{load_qwen35, save_qwen35, Qwen35Cache, Qwen35Config, Qwen35Mod
 pub use remote::{RemoteConfig, RemoteError, RemotePolicy};
 pub use sampling::{SampledToken, Sampler, SamplingParams};
 pub use tokenizer::{SpecialTokens, TextStream, Tokenizer, TokenizerError};
-pub use train::{LrSchedule, SftBatch, SftExample, SftTrainer, StepStats, TrainError, TrainerConfig, TrainerState};
+pub use train::{
+    LrSchedule, SftBatch, SftExample, SftTrainer, StepStats, TrainError, TrainableModel, TrainerConfig, TrainerState,
+};

@@ -19,8 +19,7 @@
 //! only the training pass applies). Where the clipped term is the smaller one its gradient is zero, so each token's
 //! term is built from a mask decided on the forward pass's values.
 
-use crate::model::Qwen3Model;
-use crate::train::{scored_cross_entropy, SftBatch, SftExample, SftTrainer, TrainError};
+use crate::train::{scored_cross_entropy, SftBatch, SftExample, SftTrainer, TrainError, TrainableModel};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
@@ -152,7 +151,7 @@ fn check(index: usize, example: &PgExample, with_reference: bool) -> Result<(), 
 }
 
 /// The log-probability (f32, differentiable) of each scored token of `batch` under `model`.
-pub fn token_logprobs(model: &Qwen3Model, batch: &SftBatch) -> Result<Tensor, TrainError> {
+pub fn token_logprobs<M: TrainableModel>(model: &M, batch: &SftBatch) -> Result<Tensor, TrainError> {
     Ok(scored_cross_entropy(model, batch)?.neg()?)
 }
 
@@ -217,7 +216,7 @@ fn k3(logprobs: &Tensor, values: &[f32], reference: &[f32]) -> Result<(Tensor, f
     Ok((summed, value))
 }
 
-impl SftTrainer {
+impl<M: TrainableModel> SftTrainer<M> {
     /// One policy-gradient update on a mini-batch: examples grouped by length into
     /// micro-batches (gradient accumulation), the loss the mean over all their completion
     /// tokens. Fails without touching the weights when there is nothing to train on or the
@@ -256,7 +255,7 @@ impl SftTrainer {
     }
 }
 
-impl SftTrainer {
+impl<M: TrainableModel> SftTrainer<M> {
     /// The mean per-token loss of `examples` under the current weights, no update.
     pub fn evaluate_policy_gradient(&self, examples: &[PgExample], objective: &PgObjective) -> Result<f64, TrainError> {
         let (batches, _) = self.pg_micro_batches(examples)?;
@@ -294,8 +293,8 @@ impl SftTrainer {
 
 /// The log-probabilities `model` gives each completion token of `examples` (no update), one
 /// vector per example: what a reference model contributes to the KL penalty.
-pub fn completion_logprobs(
-    model: &Qwen3Model,
+pub fn completion_logprobs<M: TrainableModel>(
+    model: &M,
     examples: &[SftExample],
     pad_token_id: u32,
     micro_batch: usize,

@@ -12,12 +12,16 @@
 //! only the adapter's matrices are optimized: the base weights are constants of the pass and
 //! stay bit-for-bit what they were. Such a trainer saves a PEFT adapter directory instead of a
 //! checkpoint, with the optimizer state beside it.
+//!
+//! The trainer runs any [`TrainableModel`]: Qwen3 (with or without an adapter) and Qwen3.5
+//! (every parameter); only saving and resuming are the architecture's own.
 
 use crate::checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
 use crate::config::optional;
 use crate::kernels;
 use crate::lora::{LoraAdapter, LoraError};
 use crate::model::{ModelError, Packing, Qwen3Model};
+use crate::qwen3_5::{load_qwen35, save_qwen35, Qwen35Model};
 use crate::tensor_file::{read_tensors, write_atomic, write_tensors};
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
@@ -243,17 +247,87 @@ impl SftBatch {
     }
 }
 
+/// What the trainer needs of a model: its training pass and the parameters an update changes.
+pub trait TrainableModel: Clone {
+    fn vocab_size(&self) -> usize;
+    fn device(&self) -> &Device;
+    /// The final hidden states `[Σ len, hidden]` of sequences packed end to end, differentiable.
+    fn packed_hidden(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError>;
+    /// Logits (f32) of hidden states.
+    fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor>;
+    /// The parameters an update changes, with their names (the names of the optimizer state).
+    fn trained_parameters(&self) -> Vec<(String, Var)>;
+    /// The model of one training pass, whose dropout masks (if any) are drawn from `seed`.
+    fn pass_model(&self, seed: u64) -> Self;
+}
+
+impl TrainableModel for Qwen3Model {
+    fn vocab_size(&self) -> usize {
+        self.config().vocab_size
+    }
+
+    fn device(&self) -> &Device {
+        Qwen3Model::device(self)
+    }
+
+    fn packed_hidden(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError> {
+        Qwen3Model::packed_hidden(self, sequences)
+    }
+
+    fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
+        Qwen3Model::logits(self, hidden)
+    }
+
+    /// The adapter's matrices when the model carries one, every parameter otherwise.
+    fn trained_parameters(&self) -> Vec<(String, Var)> {
+        match self.adapter() {
+            Some(adapter) => adapter.named_parameters(),
+            None => self.named_parameters(),
+        }
+    }
+
+    fn pass_model(&self, seed: u64) -> Self {
+        self.with_dropout(seed)
+    }
+}
+
+impl TrainableModel for Qwen35Model {
+    fn vocab_size(&self) -> usize {
+        self.config().vocab_size
+    }
+
+    fn device(&self) -> &Device {
+        Qwen35Model::device(self)
+    }
+
+    fn packed_hidden(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError> {
+        Qwen35Model::packed_hidden(self, sequences)
+    }
+
+    fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
+        Qwen35Model::logits(self, hidden)
+    }
+
+    fn trained_parameters(&self) -> Vec<(String, Var)> {
+        self.named_parameters()
+    }
+
+    fn pass_model(&self, _seed: u64) -> Self {
+        self.clone()
+    }
+}
+
 /// The summed cross-entropy (f32 scalar, differentiable) of the scored positions of a batch.
 /// The rows' real tokens run packed end to end ([`Qwen3Model::packed_hidden`]: no padding
 /// reaches a product) and only scored positions reach the LM head.
-pub fn completion_loss(model: &Qwen3Model, batch: &SftBatch) -> Result<Tensor, TrainError> {
+pub fn completion_loss<M: TrainableModel>(model: &M, batch: &SftBatch) -> Result<Tensor, TrainError> {
     Ok(scored_cross_entropy(model, batch)?.sum_all()?)
 }
 
 /// The cross-entropy (f32, differentiable) of each scored position of a batch, in row-major
 /// order: row by row, and within a row, completion token by completion token.
-pub fn scored_cross_entropy(model: &Qwen3Model, batch: &SftBatch) -> Result<Tensor, TrainError> {
-    batch.check(model.config().vocab_size)?;
+pub fn scored_cross_entropy<M: TrainableModel>(model: &M, batch: &SftBatch) -> Result<Tensor, TrainError> {
+    batch.check(model.vocab_size())?;
     let packing = Packing::of_padded(&batch.input_ids, batch.steps, |at| batch.attention_mask[at] != 0);
     let scored = (0..batch.rows * batch.steps).filter(|&at| batch.loss_mask[at]);
     let (rows, targets): (Vec<u32>, Vec<u32>) =
@@ -336,23 +410,20 @@ struct Moments {
 ///
 /// The optimizer state is f32 whatever the model's dtype; a bf16 or f16 model trains through f32
 /// master copies of its parameters, saved with the moments.
-pub struct SftTrainer {
-    model: Qwen3Model,
+pub struct SftTrainer<M: TrainableModel = Qwen3Model> {
+    model: M,
     params: Vec<(String, Var)>,
     moments: Vec<Moments>,
     config: TrainerConfig,
     state: TrainerState,
 }
 
-impl SftTrainer {
-    /// A trainer with fresh optimizer state: over the adapter's matrices when `model` carries
-    /// an adapter, over all its parameters otherwise.
-    pub fn new(model: Qwen3Model, config: TrainerConfig) -> Result<Self, TrainError> {
+impl<M: TrainableModel> SftTrainer<M> {
+    /// A trainer with fresh optimizer state over the model's [`TrainableModel::trained_parameters`]
+    /// (a Qwen3 model's adapter when it carries one, all its parameters otherwise).
+    pub fn new(model: M, config: TrainerConfig) -> Result<Self, TrainError> {
         config.validate()?;
-        let params = match model.adapter() {
-            Some(adapter) => adapter.named_parameters(),
-            None => model.named_parameters(),
-        };
+        let params = model.trained_parameters();
         let moments = params
             .iter()
             .map(|(_, var)| {
@@ -366,23 +437,6 @@ impl SftTrainer {
             })
             .collect::<candle_core::Result<_>>()?;
         Ok(Self { model, params, moments, config, state: TrainerState::default() })
-    }
-
-    /// Continues from a directory written by [`Self::save`]: weights, moments and counters.
-    pub fn resume(dir: &Path, config: TrainerConfig, dtype: DType, device: &Device) -> Result<Self, TrainError> {
-        let model = load_model(dir, dtype, device)?;
-        let mut trainer = Self::new(model, config)?;
-        trainer.restore(dir)?;
-        Ok(trainer)
-    }
-
-    /// Continues training the adapter of `base` saved by [`Self::save_adapter`] in `dir`: its
-    /// matrices, moments and counters.
-    pub fn resume_adapter(dir: &Path, base: &Qwen3Model, config: TrainerConfig) -> Result<Self, TrainError> {
-        let adapter = LoraAdapter::load_peft(dir, base.config(), base.dtype(), base.device())?;
-        let mut trainer = Self::new(base.with_adapter(&adapter)?, config)?;
-        trainer.restore(dir)?;
-        Ok(trainer)
     }
 
     /// Reads the counters, the moments and the master copies saved in `dir`.
@@ -419,7 +473,7 @@ impl SftTrainer {
     }
 
     /// The model being trained; a clone of it sees every update.
-    pub fn model(&self) -> &Qwen3Model {
+    pub fn model(&self) -> &M {
         &self.model
     }
 
@@ -429,29 +483,6 @@ impl SftTrainer {
 
     pub fn state(&self) -> &TrainerState {
         &self.state
-    }
-
-    /// Writes the checkpoint (`config.json`, `model.safetensors`, `generation_config.json`),
-    /// the optimizer moments (`optimizer.safetensors`) and, last, `trainer_state.json`, whose
-    /// presence therefore marks a complete save. Save into a fresh directory each time to be
-    /// safe against a kill in the middle. A trainer of an adapter saves with
-    /// [`Self::save_adapter`] instead.
-    pub fn save(&self, dir: &Path, generation: &GenerationConfig) -> Result<(), TrainError> {
-        if self.model.adapter().is_some() {
-            return Err(TrainError::Mode("a LoRA trainer saves its adapter (save_adapter), not a checkpoint"));
-        }
-        save_model(&self.model, generation, dir)?;
-        self.save_optimizer(dir)
-    }
-
-    /// Writes the adapter as a PEFT directory (`adapter_config.json` naming
-    /// `base_model_name_or_path`, `adapter_model.safetensors`), then the optimizer moments and,
-    /// last, `trainer_state.json`, as [`Self::save`] does.
-    pub fn save_adapter(&self, dir: &Path, base_model_name_or_path: &str) -> Result<(), TrainError> {
-        let adapter =
-            self.model.adapter().ok_or(TrainError::Mode("only a trainer of a LoRA adapter saves an adapter"))?;
-        adapter.save_peft(dir, base_model_name_or_path)?;
-        self.save_optimizer(dir)
     }
 
     fn save_optimizer(&self, dir: &Path) -> Result<(), TrainError> {
@@ -511,11 +542,11 @@ impl SftTrainer {
         &self,
         micro_batches: impl Iterator<Item = B>,
         tokens: usize,
-        mut loss: impl FnMut(&Qwen3Model, B) -> Result<Tensor, TrainError>,
+        mut loss: impl FnMut(&M, B) -> Result<Tensor, TrainError>,
     ) -> Result<Vec<Option<Tensor>>, TrainError> {
         let mut grads: Vec<Option<Tensor>> = vec![None; self.params.len()];
         for (index, batch) in micro_batches.enumerate() {
-            let model = self.model.with_dropout(dropout_seed(self.state.step, index));
+            let model = self.model.pass_model(dropout_seed(self.state.step, index));
             let summed = loss(&model, batch)?;
             let store = (summed / tokens as f64)?.backward()?;
             for ((_, var), total) in self.params.iter().zip(grads.iter_mut()) {
@@ -616,6 +647,65 @@ impl SftTrainer {
             }
         }
         Ok(())
+    }
+}
+
+impl SftTrainer {
+    /// Continues from a directory written by [`Self::save`]: weights, moments and counters.
+    pub fn resume(dir: &Path, config: TrainerConfig, dtype: DType, device: &Device) -> Result<Self, TrainError> {
+        let model = load_model(dir, dtype, device)?;
+        let mut trainer = Self::new(model, config)?;
+        trainer.restore(dir)?;
+        Ok(trainer)
+    }
+
+    /// Continues training the adapter of `base` saved by [`Self::save_adapter`] in `dir`: its
+    /// matrices, moments and counters.
+    pub fn resume_adapter(dir: &Path, base: &Qwen3Model, config: TrainerConfig) -> Result<Self, TrainError> {
+        let adapter = LoraAdapter::load_peft(dir, base.config(), base.dtype(), base.device())?;
+        let mut trainer = Self::new(base.with_adapter(&adapter)?, config)?;
+        trainer.restore(dir)?;
+        Ok(trainer)
+    }
+
+    /// Writes the checkpoint (`config.json`, `model.safetensors`, `generation_config.json`),
+    /// the optimizer moments (`optimizer.safetensors`) and, last, `trainer_state.json`, whose
+    /// presence therefore marks a complete save. Save into a fresh directory each time to be
+    /// safe against a kill in the middle. A trainer of an adapter saves with
+    /// [`Self::save_adapter`] instead.
+    pub fn save(&self, dir: &Path, generation: &GenerationConfig) -> Result<(), TrainError> {
+        if self.model.adapter().is_some() {
+            return Err(TrainError::Mode("a LoRA trainer saves its adapter (save_adapter), not a checkpoint"));
+        }
+        save_model(&self.model, generation, dir)?;
+        self.save_optimizer(dir)
+    }
+
+    /// Writes the adapter as a PEFT directory (`adapter_config.json` naming
+    /// `base_model_name_or_path`, `adapter_model.safetensors`), then the optimizer moments and,
+    /// last, `trainer_state.json`, as [`Self::save`] does.
+    pub fn save_adapter(&self, dir: &Path, base_model_name_or_path: &str) -> Result<(), TrainError> {
+        let adapter =
+            self.model.adapter().ok_or(TrainError::Mode("only a trainer of a LoRA adapter saves an adapter"))?;
+        adapter.save_peft(dir, base_model_name_or_path)?;
+        self.save_optimizer(dir)
+    }
+}
+
+impl SftTrainer<Qwen35Model> {
+    /// Continues a Qwen3.5 run from a directory written by [`Self::save`]: weights, moments and
+    /// counters.
+    pub fn resume_qwen35(dir: &Path, config: TrainerConfig, dtype: DType, device: &Device) -> Result<Self, TrainError> {
+        let mut trainer = Self::new(load_qwen35(dir, dtype, device)?, config)?;
+        trainer.restore(dir)?;
+        Ok(trainer)
+    }
+
+    /// Writes the Qwen3.5 checkpoint, the optimizer moments and, last, `trainer_state.json`,
+    /// as the Qwen3 trainer's `save` does.
+    pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
+        save_qwen35(&self.model, dir)?;
+        self.save_optimizer(dir)
     }
 }
 

@@ -8,8 +8,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use whale_lm::qwen3_5::{parameter_shapes, Qwen35Size};
 use whale_lm::{
-    load_qwen35, save_qwen35, ChatTemplate, EngineConfig, LocalPolicy, Qwen35Config, Qwen35Model, Qwen35Step,
-    SamplingParams, Tokenizer,
+    load_qwen35, save_qwen35, ChatTemplate, EngineConfig, LocalPolicy, LrSchedule, Qwen35Config, Qwen35Model,
+    Qwen35Step, SamplingParams, SftExample, SftTrainer, Tokenizer, TrainerConfig,
 };
 
 const VOCAB: usize = 97;
@@ -193,4 +193,49 @@ fn the_batching_engine_serves_qwen3_5_as_each_sequence_alone() {
     assert!(policy.stats().peak_decode_batch > 1, "the engine never batched: {:?}", policy.stats());
     let error = policy.qwen3("the trainer").err().expect("not a Qwen3 model").to_string();
     assert!(error.contains("Qwen3.5") && error.contains("the trainer"), "{error}");
+}
+
+fn sft_examples(count: usize, seed: u64) -> Vec<SftExample> {
+    (0..count)
+        .map(|i| SftExample {
+            prompt: tokens(10 + 3 * i, seed * 100 + i as u64),
+            completion: tokens(6 + i, seed * 200 + i as u64),
+        })
+        .collect()
+}
+
+fn flat_weights(model: &Qwen35Model) -> Vec<Vec<f32>> {
+    model.named_parameters().iter().map(|(_, var)| var.flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect()
+}
+
+#[test]
+fn the_sft_trainer_trains_qwen3_5_and_a_resumed_run_continues_exactly() {
+    let config = Qwen35Config::text(VOCAB, Qwen35Size::TINY);
+    let data: Vec<Vec<SftExample>> = (0..4).map(|seed| sft_examples(4, seed)).collect();
+    let settings = TrainerConfig {
+        learning_rate: 3e-3,
+        micro_batch_size: 2,
+        max_grad_norm: Some(0.5),
+        weight_decay: 0.1,
+        schedule: LrSchedule::Cosine { total_steps: 6, min_lr_ratio: 0.1 },
+        ..TrainerConfig::default()
+    };
+    let mut straight = SftTrainer::new(model(&config, 13), settings.clone()).unwrap();
+    let stats: Vec<_> = data.iter().map(|batch| straight.step(batch).unwrap()).collect();
+    let (before, _) = SftTrainer::new(model(&config, 13), settings.clone()).unwrap().evaluate(&data[0]).unwrap();
+    let (after, _) = straight.evaluate(&data[0]).unwrap();
+    assert!(after < before, "the loss on the first batch went from {before} to {after}");
+    assert!(stats.iter().any(|s| s.grad_norm > 0.5), "clipping never engaged: {stats:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut first_half = SftTrainer::new(model(&config, 13), settings.clone()).unwrap();
+    for batch in &data[..2] {
+        first_half.step(batch).unwrap();
+    }
+    first_half.save(dir.path()).unwrap();
+    let mut resumed = SftTrainer::resume_qwen35(dir.path(), settings, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(resumed.state(), first_half.state());
+    let resumed_stats: Vec<_> = data[2..].iter().map(|batch| resumed.step(batch).unwrap()).collect();
+    assert_eq!(resumed_stats, stats[2..]);
+    assert_eq!(flat_weights(resumed.model()), flat_weights(straight.model()));
 }

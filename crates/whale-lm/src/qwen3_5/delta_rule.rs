@@ -44,50 +44,53 @@ pub fn recurrent(inputs: &DeltaInputs<'_>, state: &Tensor) -> candle_core::Resul
 }
 
 /// Chunk by chunk from `state`: the same outputs and final state as [`recurrent`].
-pub fn chunked(inputs: &DeltaInputs<'_>, state: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
-    let steps = inputs.q.dim(1)?;
+///
+/// The sequence is padded to whole chunks (padding has `k = 0`, `β = 0` and `g = 0`, so it
+/// neither reads, writes nor decays the state). With `c` the cumulative decay within a chunk
+/// and `Γ[i, j] = e^(c_i − c_j)` for `j ≤ i` (0 above the diagonal), everything that does not
+/// depend on the incoming state is computed for all chunks at once: the UT transform
+/// `T = (I + tril₋₁(βK Kᵀ ∘ Γ))⁻¹`, `W = T βV`, `R = T (β e^c K)` and the intra-chunk scores
+/// `Q Kᵀ ∘ Γ`. The scan over chunks is then a few products each: with `U = W − R S`, the
+/// outputs are `e^c Q S + (Q Kᵀ ∘ Γ) U` and the next state `e^(c_L) S + (e^(c_L − c) K)ᵀ U`.
+pub fn chunked(x: &DeltaInputs<'_>, state: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+    let (heads, steps) = x.g.dims2()?;
+    let chunks = steps.div_ceil(CHUNK);
+    let batch = heads * chunks;
+    let extra = chunks * CHUNK - steps;
+    let split = |t: &Tensor| -> candle_core::Result<Tensor> {
+        let padded = t.pad_with_zeros(1, 0, extra)?;
+        match padded.rank() {
+            2 => padded.reshape((batch, CHUNK)),
+            _ => padded.reshape((batch, CHUNK, padded.dim(2)?)),
+        }
+    };
+    let (q, k, v, g, beta) = (split(x.q)?, split(x.k)?, split(x.v)?, split(x.g)?, split(x.beta)?.unsqueeze(2)?);
+    let cumulative = g.cumsum(1)?; // [HC, L]
+    let last = cumulative.narrow(1, CHUNK - 1, 1)?; // [HC, 1]
+    let pairwise = causal_exp(&cumulative.unsqueeze(2)?.broadcast_sub(&cumulative.unsqueeze(1)?)?)?;
+    let k_beta = k.broadcast_mul(&beta)?;
+    let inverse = unit_lower_inverse(&(k_beta.matmul(&k.transpose(1, 2)?)? * &pairwise)?, batch, CHUNK)?;
+    let growth = cumulative.exp()?.unsqueeze(2)?; // [HC, L, 1]
+    let per_chunk = |t: Tensor| -> candle_core::Result<Tensor> {
+        let (rows, cols) = (t.dim(1)?, t.dim(2)?);
+        t.reshape((heads, chunks, rows, cols))
+    };
+    let values = per_chunk(inverse.matmul(&v.broadcast_mul(&beta)?)?)?;
+    let read_keys = per_chunk(inverse.matmul(&k_beta.broadcast_mul(&growth)?)?)?;
+    let scores = per_chunk((q.matmul(&k.transpose(1, 2)?)? * &pairwise)?)?;
+    let grown_queries = per_chunk(q.broadcast_mul(&growth)?)?;
+    let keys_to_end =
+        per_chunk(k.broadcast_mul(&last.broadcast_sub(&cumulative)?.exp()?.unsqueeze(2)?)?.transpose(1, 2)?)?;
+    let chunk_decay = last.exp()?.reshape((heads, chunks, 1, 1))?;
     let mut state = state.clone();
-    let mut outputs = Vec::with_capacity(steps.div_ceil(CHUNK));
-    for start in (0..steps).step_by(CHUNK) {
-        let len = CHUNK.min(steps - start);
-        let part = |x: &Tensor| x.narrow(1, start, len);
-        let chunk = DeltaInputs {
-            q: &part(inputs.q)?,
-            k: &part(inputs.k)?,
-            v: &part(inputs.v)?,
-            g: &part(inputs.g)?,
-            beta: &part(inputs.beta)?,
-        };
-        let (out, next) = one_chunk(&chunk, &state)?;
-        outputs.push(out);
-        state = next;
+    let mut outputs = Vec::with_capacity(chunks);
+    for chunk in 0..chunks {
+        let at = |t: &Tensor| t.narrow(1, chunk, 1)?.squeeze(1);
+        let corrected = (at(&values)? - at(&read_keys)?.matmul(&state)?)?;
+        outputs.push((at(&grown_queries)?.matmul(&state)? + at(&scores)?.matmul(&corrected)?)?);
+        state = (state.broadcast_mul(&at(&chunk_decay)?)? + at(&keys_to_end)?.matmul(&corrected)?)?;
     }
-    Ok((Tensor::cat(&outputs, 1)?, state))
-}
-
-/// One chunk of `L` tokens. With `c` the cumulative decay within the chunk and
-/// `Γ[i, j] = e^(c_i − c_j)` for `j ≤ i` (0 above the diagonal), the chunk's corrected values are
-/// `U = (I + tril₋₁(βK Kᵀ ∘ Γ))⁻¹ (βV − β e^c K S)`, its outputs
-/// `e^c Q S + (Q Kᵀ ∘ Γ) U`, and the next state `e^(c_L) S + (e^(c_L − c) K)ᵀ U`.
-fn one_chunk(x: &DeltaInputs<'_>, state: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
-    let (heads, len) = x.g.dims2()?;
-    let cumulative = x.g.cumsum(1)?; // [H, L]
-    let last = cumulative.narrow(1, len - 1, 1)?; // [H, 1]
-    let pairwise = causal_exp(&cumulative.unsqueeze(2)?.broadcast_sub(&cumulative.unsqueeze(1)?)?)?; // [H, L, L]
-    let beta = x.beta.unsqueeze(2)?;
-    let k_beta = x.k.broadcast_mul(&beta)?;
-    let system = (k_beta.matmul(&x.k.transpose(1, 2)?)? * &pairwise)?;
-    let inverse = unit_lower_inverse(&system, heads, len)?;
-    let growth = cumulative.exp()?.unsqueeze(2)?; // [H, L, 1]
-    let values = inverse.matmul(&x.v.broadcast_mul(&beta)?)?;
-    let read_keys = inverse.matmul(&k_beta.broadcast_mul(&growth)?)?;
-    let corrected = (values - read_keys.matmul(state)?)?;
-    let inter = x.q.broadcast_mul(&growth)?.matmul(state)?;
-    let intra = (x.q.matmul(&x.k.transpose(1, 2)?)? * &pairwise)?.matmul(&corrected)?;
-    let to_end = last.broadcast_sub(&cumulative)?.exp()?.unsqueeze(2)?;
-    let written = x.k.broadcast_mul(&to_end)?.transpose(1, 2)?.matmul(&corrected)?;
-    let next = (state.broadcast_mul(&last.exp()?.unsqueeze(2)?)? + written)?;
-    Ok(((inter + intra)?, next))
+    Ok((Tensor::cat(&outputs, 1)?.narrow(1, 0, steps)?, state))
 }
 
 /// `e^x` on and below the diagonal of the last two dimensions, 0 above it (where `x` may be

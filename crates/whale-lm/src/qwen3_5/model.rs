@@ -155,7 +155,10 @@ impl GatedDeltaNet {
         let beta = sigmoid(&linear(x, &self.in_proj_b)?)?;
         let rate = softplus(&linear(x, &self.in_proj_a)?.broadcast_add(&self.dt_bias)?)?;
         let g = rate.broadcast_mul(&self.a_log.exp()?.neg()?)?;
-        let mut outputs = Vec::with_capacity(lengths.len());
+        // Every sequence's rule inputs, padded to the longest and stacked along the heads: the
+        // padding (k = 0, β = 0, g = 0) leaves each state as its real tokens left it.
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let (mut inputs, mut states): ([Vec<Tensor>; 5], Vec<Tensor>) = Default::default();
         let mut start = 0;
         for (&len, cache) in lengths.iter().zip(caches.iter_mut()) {
             let LayerCache::Linear { window, state } = &mut **cache else {
@@ -163,15 +166,27 @@ impl GatedDeltaNet {
             };
             let rows = |t: &Tensor| t.narrow(0, start, len);
             let (mixed, next_window) = self.convolve(&rows(&qkv)?, window)?;
+            *window = next_window.detach();
             let (q, k, v) = self.heads(&mixed.silu()?.to_dtype(DType::F32)?)?;
             let per_head = |t: &Tensor| rows(t)?.t()?.to_dtype(DType::F32)?.contiguous();
-            let inputs = DeltaInputs { q: &q, k: &k, v: &v, g: &per_head(&g)?, beta: &per_head(&beta)? };
-            let rule = if len == 1 { delta_rule::recurrent } else { delta_rule::chunked };
-            let (out, next_state) = rule(&inputs, state)?;
-            outputs.push(out.transpose(0, 1)?.reshape((len, self.value_heads * self.value_dim))?.to_dtype(x.dtype())?);
-            *window = next_window.detach();
-            *state = next_state.detach();
+            for (stack, t) in inputs.iter_mut().zip([q, k, v, per_head(&g)?, per_head(&beta)?]) {
+                stack.push(t.pad_with_zeros(1, 0, longest - len)?);
+            }
+            states.push(state.clone());
             start += len;
+        }
+        let [q, k, v, g, beta] = inputs.map(|stack| Tensor::cat(&stack, 0));
+        let stacked = DeltaInputs { q: &q?, k: &k?, v: &v?, g: &g?, beta: &beta? };
+        let rule = if longest == 1 { delta_rule::recurrent } else { delta_rule::chunked };
+        let (out, next_states) = rule(&stacked, &Tensor::cat(&states, 0)?)?;
+        let heads = self.value_heads;
+        let mut outputs = Vec::with_capacity(lengths.len());
+        for (index, (&len, cache)) in lengths.iter().zip(caches.iter_mut()).enumerate() {
+            if let LayerCache::Linear { state, .. } = &mut **cache {
+                *state = next_states.narrow(0, index * heads, heads)?.detach();
+            }
+            let own = out.narrow(0, index * heads, heads)?.narrow(1, 0, len)?;
+            outputs.push(own.transpose(0, 1)?.reshape((len, heads * self.value_dim))?.to_dtype(x.dtype())?);
         }
         let out = Tensor::cat(&outputs, 0)?;
         let gated = (kernels::rms_norm(&out, &self.norm, self.eps)? * z.silu()?)?;
