@@ -23,7 +23,7 @@ use crate::scale_out::server::{ServedPolicy, ServerAdmin, ServerConfig};
 use crate::schedule::{Outcome, Phase, Plan, Scheduler, Spent};
 use crate::search_phase::{self, iteration_row, open_search, SearchPhaseError, SearchRollouts};
 use crate::test_eval::{EvalReason, EvalRecord, EvalSchedule, TestSet};
-use crate::weight_phase::{self, PassStats, StepJournal, StepReport, WeightPhase, WeightPhaseError};
+use crate::weight_phase::{self, PassStats, RunTrainer, StepJournal, StepReport, WeightPhase, WeightPhaseError};
 use candle_core::{DType, Device};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -32,7 +32,7 @@ use std::time::Instant;
 use whale_core::{Ledger, Purpose, Spend, Task, Trajectory};
 use whale_harness::scoring::{environment, EvaluateError};
 use whale_harness::{stock_harness, validate, Harness};
-use whale_lm::{load_model, EngineConfig, LocalPolicy, Policy, Qwen3Model, SftTrainer};
+use whale_lm::{Decoder, EngineConfig, LocalPolicy, Policy};
 use whale_search::HarnessSearch;
 use whale_tasks::split::{split, SplitSizes, Splits};
 use whale_tasks::{DomainTasks, Environment};
@@ -238,7 +238,7 @@ enum Weights {
     /// The in-process trainer on the in-process engine's model (none before it is restored,
     /// and none for harness-only).
     /// `reference` is the starting weights, kept for a policy gradient's KL penalty.
-    InProcess { engine: Arc<LocalPolicy>, trainer: Option<Box<SftTrainer>>, reference: Option<Box<Qwen3Model>> },
+    InProcess { engine: Arc<LocalPolicy>, trainer: Option<RunTrainer>, reference: Option<Box<Decoder>> },
     /// The `[weights.trainer]` command.
     External(Box<ExternalTrainer>),
     /// Never: the served weights of a harness-only run on a `[server]` without a trainer.
@@ -411,17 +411,17 @@ impl Experiment {
         .map_err(|e| model_error(&e))?;
         for step in self.state.checkpoint_step + 1..=self.state.weight_steps {
             let journal: StepJournal = self.dir.read_journal(step)?;
-            weight_phase::apply(&mut trainer, &journal, weights).map_err(|e| model_error(&e))?;
+            trainer.apply(&journal, weights).map_err(|e| model_error(&e))?;
         }
         engine.set_weights_version(self.state.weights_version).map_err(|e| model_error(&e))?;
         let reference = if weights.algorithm.is_policy_gradient() && weights.policy_gradient.kl_coef > 0.0 {
-            let model = load_model(&self.base_model, dtype(&self.config), &device)
+            let model = Decoder::load(&self.base_model, dtype(&self.config), &device)
                 .map_err(|e| ExperimentError::Model(format!("{}: {e}", self.base_model.display())))?;
             Some(Box::new(model))
         } else {
             None
         };
-        self.weights = Weights::InProcess { engine, trainer: Some(Box::new(trainer)), reference };
+        self.weights = Weights::InProcess { engine, trainer: Some(trainer), reference };
         Ok(())
     }
 
@@ -606,7 +606,7 @@ impl Experiment {
         let Weights::InProcess { engine, trainer: Some(trainer), reference } = &mut self.weights else {
             return Err(ExperimentError::Model("no trainer".to_string()));
         };
-        let (report, journal, kept) = phase.step(step, &harnesses, engine, trainer, reference.as_deref())?;
+        let (report, journal, kept) = phase.step_run(step, &harnesses, engine, trainer, reference.as_deref())?;
         self.dir.write_journal(step, &journal)?;
         if report.updates > 0 {
             self.state.weights_version += 1;

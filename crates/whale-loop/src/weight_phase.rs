@@ -36,9 +36,9 @@ use whale_core::{ModelCall, SampledTokens, Task, Trajectory};
 use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use whale_lm::{
-    completion_logprobs, save_model, ChatCodec, EngineError, GenerationConfig, LocalPolicy, LoraAdapter, LrSchedule,
-    PgExample, PgObjective, Policy, PolicyError, Qwen3Model, SamplingParams, SftExample, SftTrainer, TrainError,
-    TrainerConfig,
+    completion_logprobs, save_model, save_qwen35, ChatCodec, Decoder, EngineError, GenerationConfig, LocalPolicy,
+    LoraAdapter, LrSchedule, PgExample, PgObjective, Policy, PolicyError, Qwen35Model, SamplingParams, SftExample,
+    SftTrainer, TrainError, TrainableModel, TrainerConfig,
 };
 use whale_tasks::{DomainTasks, Environment, EnvironmentError};
 
@@ -221,20 +221,54 @@ pub fn trainer_config(config: &WeightConfig, pad_token_id: u32) -> TrainerConfig
 /// What the in-process trainer is called in the error for a model it cannot train.
 const TRAINER: &str = "whale's in-process trainer (use [weights.trainer] for an external one)";
 
+/// LoRA is built for Qwen3's projections only.
+const QWEN35_LORA: &str = "[weights.lora] on a Qwen3.5 model (LoRA covers Qwen3 only; train all weights or use \
+                           [weights.trainer])";
+
+/// The in-process trainer of a run, for the architecture its engine serves.
+pub enum RunTrainer {
+    Qwen3(Box<SftTrainer>),
+    Qwen35(Box<SftTrainer<Qwen35Model>>),
+}
+
+impl RunTrainer {
+    /// The model being trained, as the engine serves it.
+    pub fn decoder(&self) -> Decoder {
+        match self {
+            Self::Qwen3(trainer) => trainer.model().clone().into(),
+            Self::Qwen35(trainer) => trainer.model().clone().into(),
+        }
+    }
+
+    /// The journal's updates ([`apply`]).
+    pub fn apply(&mut self, journal: &StepJournal, config: &WeightConfig) -> Result<PassStats, TrainError> {
+        match self {
+            Self::Qwen3(trainer) => apply(trainer, journal, config),
+            Self::Qwen35(trainer) => apply(trainer, journal, config),
+        }
+    }
+}
+
 /// The trainer of a run's weight phase, fresh: over the policy's model, or, with
 /// `[weights.lora]`, over a new adapter (initial matrices drawn from `seed`) that the policy
 /// serves from now on, sharing its matrices.
-pub fn new_trainer(config: &WeightConfig, policy: &LocalPolicy, seed: u64) -> Result<SftTrainer, WeightPhaseError> {
+pub fn new_trainer(config: &WeightConfig, policy: &LocalPolicy, seed: u64) -> Result<RunTrainer, WeightPhaseError> {
     let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
+    if let Decoder::Qwen35(model) = policy.decoder() {
+        if config.lora.is_some() {
+            return Err(EngineError::Architecture { architecture: "Qwen3.5", operation: QWEN35_LORA }.into());
+        }
+        return Ok(RunTrainer::Qwen35(Box::new(SftTrainer::new(model, settings)?)));
+    }
     let Some(lora) = &config.lora else {
-        return Ok(SftTrainer::new(policy.qwen3(TRAINER)?, settings)?);
+        return Ok(RunTrainer::Qwen3(Box::new(SftTrainer::new(policy.qwen3(TRAINER)?, settings)?)));
     };
     let base = policy.qwen3(TRAINER)?;
     let adapter =
         LoraAdapter::new(lora.clone(), base.config(), seed, base.dtype(), base.device()).map_err(TrainError::from)?;
     let trainer = SftTrainer::new(base.with_adapter(&adapter).map_err(TrainError::from)?, settings)?;
     policy.reload(trainer.model().clone(), policy.weights_version())?;
-    Ok(trainer)
+    Ok(RunTrainer::Qwen3(Box::new(trainer)))
 }
 
 /// The trainer saved by [`save_trainer`] in `dir` (a checkpoint, or with `[weights.lora]` an
@@ -244,33 +278,51 @@ pub fn resume_trainer(
     policy: &LocalPolicy,
     dir: &Path,
     device: &Device,
-) -> Result<SftTrainer, WeightPhaseError> {
+) -> Result<RunTrainer, WeightPhaseError> {
     let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
-    let trainer = match config.lora {
-        Some(_) => SftTrainer::resume_adapter(dir, &policy.qwen3(TRAINER)?, settings)?,
-        None => SftTrainer::resume(dir, settings, policy.qwen3(TRAINER)?.dtype(), device)?,
+    let trainer = match (policy.decoder(), &config.lora) {
+        (Decoder::Qwen35(_), Some(_)) => {
+            return Err(EngineError::Architecture { architecture: "Qwen3.5", operation: QWEN35_LORA }.into())
+        }
+        (Decoder::Qwen35(model), None) => {
+            RunTrainer::Qwen35(Box::new(SftTrainer::resume_qwen35(dir, settings, model.dtype(), device)?))
+        }
+        (_, Some(_)) => {
+            RunTrainer::Qwen3(Box::new(SftTrainer::resume_adapter(dir, &policy.qwen3(TRAINER)?, settings)?))
+        }
+        (_, None) => {
+            RunTrainer::Qwen3(Box::new(SftTrainer::resume(dir, settings, policy.qwen3(TRAINER)?.dtype(), device)?))
+        }
     };
-    policy.reload(trainer.model().clone(), policy.weights_version())?;
+    policy.reload(trainer.decoder(), policy.weights_version())?;
     Ok(trainer)
 }
 
 /// Saves the trainer into `dir`: a checkpoint, or the PEFT adapter of `base_model` (its
 /// `base_model_name_or_path`), with the optimizer state either way.
-pub fn save_trainer(trainer: &SftTrainer, dir: &Path, base_model: &Path) -> Result<(), TrainError> {
-    if trainer.model().adapter().is_some() {
-        trainer.save_adapter(dir, &base_model.display().to_string())
-    } else {
-        trainer.save(dir, &GenerationConfig::for_model(trainer.model().config()))
+pub fn save_trainer(trainer: &RunTrainer, dir: &Path, base_model: &Path) -> Result<(), TrainError> {
+    match trainer {
+        RunTrainer::Qwen3(trainer) if trainer.model().adapter().is_some() => {
+            trainer.save_adapter(dir, &base_model.display().to_string())
+        }
+        RunTrainer::Qwen3(trainer) => trainer.save(dir, &GenerationConfig::for_model(trainer.model().config())),
+        RunTrainer::Qwen35(trainer) => trainer.save(dir),
     }
 }
 
 /// Writes the trainer's weights (an adapter merged into its base) as a model directory that
 /// `LocalPolicy::load` and `whale harness run --model` read: config, weights, generation
 /// config, and the tokenizer files of `base_model`. No optimizer state: nothing resumes from it.
-pub fn save_phase_weights(trainer: &SftTrainer, dir: &Path, base_model: &Path) -> Result<(), WeightPhaseError> {
+pub fn save_phase_weights(trainer: &RunTrainer, dir: &Path, base_model: &Path) -> Result<(), WeightPhaseError> {
     let failed = |reason: String| WeightPhaseError::PhaseWeights { dir: dir.to_path_buf(), reason };
-    let model = trainer.model().merged().map_err(|e| failed(e.to_string()))?;
-    save_model(&model, &GenerationConfig::for_model(model.config()), dir).map_err(|e| failed(e.to_string()))?;
+    match trainer {
+        RunTrainer::Qwen3(trainer) => {
+            let model = trainer.model().merged().map_err(|e| failed(e.to_string()))?;
+            save_model(&model, &GenerationConfig::for_model(model.config()), dir)
+        }
+        RunTrainer::Qwen35(trainer) => save_qwen35(trainer.model(), dir),
+    }
+    .map_err(|e| failed(e.to_string()))?;
     ChatCodec::copy_files(base_model, dir).map_err(|e| failed(e.to_string()))
 }
 
@@ -301,13 +353,13 @@ impl WeightPhase<'_> {
     /// One step: rollouts, then one RFT pass or the policy-gradient passes. `reference` is
     /// the starting weights a KL penalty measures against. The caller bumps the policy's
     /// weights version when `report.updates > 0`.
-    pub fn step(
+    pub fn step<M: TrainableModel>(
         &self,
         step: u64,
         population: &[Harness],
         policy: &Arc<LocalPolicy>,
-        trainer: &mut SftTrainer,
-        reference: Option<&Qwen3Model>,
+        trainer: &mut SftTrainer<M>,
+        reference: Option<&M>,
     ) -> Result<(StepReport, StepJournal, Vec<Trajectory>), WeightPhaseError> {
         if self.train.is_empty() {
             return Err(WeightPhaseError::NoTasks);
@@ -347,6 +399,30 @@ impl WeightPhase<'_> {
         };
         let kept = kept.into_iter().cloned().collect();
         Ok((report, journal, kept))
+    }
+
+    /// [`Self::step`] with the run's trainer; `reference` is used when it is of the trainer's
+    /// architecture.
+    pub fn step_run(
+        &self,
+        step: u64,
+        population: &[Harness],
+        policy: &Arc<LocalPolicy>,
+        trainer: &mut RunTrainer,
+        reference: Option<&Decoder>,
+    ) -> Result<(StepReport, StepJournal, Vec<Trajectory>), WeightPhaseError> {
+        match trainer {
+            RunTrainer::Qwen3(trainer) => {
+                self.step(step, population, policy, trainer.as_mut(), reference.and_then(Decoder::qwen3))
+            }
+            RunTrainer::Qwen35(trainer) => {
+                let reference = reference.and_then(|r| match r {
+                    Decoder::Qwen35(model) => Some(model),
+                    Decoder::Qwen3(_) => None,
+                });
+                self.step(step, population, policy, trainer.as_mut(), reference)
+            }
+        }
     }
 
     /// The advantages of a step's rollouts, from the groups of k rollouts of each task.
@@ -532,7 +608,10 @@ impl TrainedCall<'_> {
 /// batched a sequence with others, and the trainer's do not: learning against the trainer's
 /// keeps a step a function of its tokens alone, so a resumed run replays it bit for bit (verl
 /// recomputes its `old_log_prob` the same way).
-fn recompute_behaviour(examples: &mut [JournalExample], trainer: &SftTrainer) -> Result<Option<f64>, TrainError> {
+fn recompute_behaviour<M: TrainableModel>(
+    examples: &mut [JournalExample],
+    trainer: &SftTrainer<M>,
+) -> Result<Option<f64>, TrainError> {
     let logprobs = logprobs_under(trainer.model(), examples, trainer.config())?;
     let mut deviation: Option<f64> = None;
     for (example, logprobs) in examples.iter_mut().zip(logprobs) {
@@ -547,9 +626,9 @@ fn recompute_behaviour(examples: &mut [JournalExample], trainer: &SftTrainer) ->
 
 /// Fills each example's reference log-probabilities: the reference model's, per completion
 /// token.
-fn add_reference(
+fn add_reference<M: TrainableModel>(
     examples: &mut [JournalExample],
-    reference: &Qwen3Model,
+    reference: &M,
     settings: &TrainerConfig,
 ) -> Result<(), TrainError> {
     let logprobs = logprobs_under(reference, examples, settings)?;
@@ -561,8 +640,8 @@ fn add_reference(
 
 /// The log-probabilities `model` gives each completion token of `examples`, in the trainer's
 /// micro-batches.
-fn logprobs_under(
-    model: &Qwen3Model,
+fn logprobs_under<M: TrainableModel>(
+    model: &M,
     examples: &[JournalExample],
     settings: &TrainerConfig,
 ) -> Result<Vec<Vec<f32>>, TrainError> {
@@ -650,7 +729,11 @@ pub struct PassStats {
 
 /// The journal's updates: per pass, one optimizer update per mini-batch (supervised for RFT,
 /// the clipped surrogate for a policy gradient); nothing when it is empty.
-pub fn apply(trainer: &mut SftTrainer, journal: &StepJournal, config: &WeightConfig) -> Result<PassStats, TrainError> {
+pub fn apply<M: TrainableModel>(
+    trainer: &mut SftTrainer<M>,
+    journal: &StepJournal,
+    config: &WeightConfig,
+) -> Result<PassStats, TrainError> {
     if config.algorithm.is_policy_gradient() {
         return apply_policy_gradient(trainer, journal, config);
     }
@@ -671,8 +754,8 @@ pub fn apply(trainer: &mut SftTrainer, journal: &StepJournal, config: &WeightCon
     Ok(stats)
 }
 
-fn apply_policy_gradient(
-    trainer: &mut SftTrainer,
+fn apply_policy_gradient<M: TrainableModel>(
+    trainer: &mut SftTrainer<M>,
     journal: &StepJournal,
     config: &WeightConfig,
 ) -> Result<PassStats, TrainError> {

@@ -1,11 +1,14 @@
-//! A run whose `[model] path` is a Qwen3.5 checkpoint: rollouts on the in-process engine, and
-//! weight steps through an external trainer whose Qwen3.5 checkpoints the engine installs;
-//! without one, the in-process trainer (Qwen3 only) refuses with an error saying so.
+//! A run whose `[model] path` is a Qwen3.5 checkpoint: rollouts on the in-process engine, weight
+//! steps by the in-process trainer (killed and resumed, it ends as if never interrupted) or by
+//! an external trainer whose Qwen3.5 checkpoints the engine installs; `[weights.lora]`, which
+//! covers Qwen3 only, is refused with an error saying so.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
 use whale_loop::config::RunConfig;
 use whale_loop::experiment::{Experiment, Verbosity};
 use whale_loop::scale_out::trainer_command::{TrainerCommandConfig, TrainerOutput};
@@ -50,12 +53,60 @@ fn a_qwen3_5_run_rolls_out_in_process_and_installs_an_external_trainers_checkpoi
 }
 
 #[test]
-fn the_in_process_trainer_refuses_a_qwen3_5_model_and_says_why() {
+fn lora_on_a_qwen3_5_model_is_refused_with_an_error_that_says_why() {
     let dir = tempfile::tempdir().expect("tempdir");
     let run = dir.path().join("runs/q");
-    let error = Experiment::create(config(dir.path(), false), &run, Verbosity::default())
+    let mut config = config(dir.path(), false);
+    config.weights.lora = Some(whale_lm::LoraConfig { rank: 4, ..whale_lm::LoraConfig::default() });
+    let error = Experiment::create(config, &run, Verbosity::default())
         .and_then(|mut experiment| experiment.run().map(|_| ()))
-        .expect_err("no trainer for Qwen3.5")
+        .expect_err("no LoRA for Qwen3.5")
         .to_string();
-    assert!(error.contains("Qwen3.5") && error.contains("[weights.trainer]"), "{error}");
+    assert!(error.contains("Qwen3.5") && error.contains("[weights.lora]"), "{error}");
+}
+
+fn whale() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    command
+}
+
+#[test]
+fn an_in_process_qwen3_5_run_killed_at_random_moments_ends_as_if_never_interrupted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let model = common::tiny_qwen35_in(root);
+    let file = root.join("q.toml");
+    std::fs::write(
+        &file,
+        common::weight_only_config("q", 4, &model, "")
+            .replace("[weights]\n", "[weights]\ncheckpoint_every = 1\n")
+            .replace("budget = 8", "budget = 12"),
+    )
+    .expect("config");
+    let started = Instant::now();
+    assert!(whale()
+        .args(["run", "--quiet", "--runs"])
+        .arg(root.join("straight"))
+        .arg(&file)
+        .status()
+        .expect("whale")
+        .success());
+    let typical = started.elapsed();
+    let killed = root.join("killed/q");
+    let landed = common::kill_and_resume(3, typical, 0.1..0.6, 8, |attempt| {
+        let mut command = whale();
+        match attempt {
+            0 => command.args(["run", "--quiet", "--runs"]).arg(root.join("killed")).arg(&file),
+            _ => command.args(["run", "--quiet", "--resume"]).arg(&killed),
+        };
+        command
+    });
+    assert!(landed > 0, "no kill landed before the run finished");
+    for name in ["metrics.jsonl", "state.json", "ledger.json"] {
+        let straight = common::untimed_file(&root.join("straight/q").join(name));
+        assert_eq!(straight, common::untimed_file(&killed.join(name)), "{name} differs after kills");
+    }
+    let state = common::untimed_file(&killed.join("state.json"));
+    assert_eq!((state["finished"].clone(), state["weight_steps"].clone()), (true.into(), 3.into()));
 }
