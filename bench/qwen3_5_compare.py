@@ -11,9 +11,11 @@ model.language_model., a one-block vision tower whale ignores). On each it check
   2. greedy decoding through whale's cached step (prefill, then one token at a time through the
      convolution window, the delta-rule state and the KV cache) equals transformers' `generate`
      token for token;
+  3. (text layout) a LoRA adapter of every Qwen3.5 module that whale trains here loads in `peft`,
+     and the logits through it equal whale's within 1e-4;
 then times that greedy decode and one training step (next-token loss, AdamW) in both.
 
-Not checked here (not built yet): LoRA on Qwen3.5 (peft), and vLLM serving the same checkpoint.
+Not checked here: vLLM serving the same checkpoint (its CPU kernel of the delta rule runs bf16 only).
 
 Usage: python3 bench/qwen3_5_compare.py
 The first run creates bench/.venv and installs torch, transformers and safetensors from PyPI
@@ -92,7 +94,7 @@ def build(kind, directory):
     return model
 
 
-def workload(seed):
+def workload(seed, adapter_dir):
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -103,6 +105,7 @@ def workload(seed):
         "greedy_tokens": GREEDY_TOKENS,
         "train_sequences": [tokens(128) for _ in range(4)],
         "train_steps": 3,
+        "adapter_dir": str(adapter_dir) if adapter_dir else None,
     }
 
 
@@ -118,6 +121,7 @@ def run_whale(model_dir, work, scratch):
 
 def transformers_side(model, work):
     import torch
+    from peft import PeftModel
 
     ids = torch.tensor([work["logits_input"]])
     with torch.no_grad():
@@ -130,6 +134,14 @@ def transformers_side(model, work):
                                    eos_token_id=None, pad_token_id=0)
     greedy_seconds = time.perf_counter() - started
     greedy = generated[0, prompt.shape[1]:].tolist()
+    adapter_logits = None
+    if work["adapter_dir"]:
+        adapted = PeftModel.from_pretrained(model, work["adapter_dir"])
+        with torch.no_grad():
+            adapter_logits = adapted(input_ids=ids).logits[0].float()
+        model = adapted.unload()
+        for parameter in model.parameters():
+            parameter.requires_grad_(True)  # peft froze the base
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     sequences = torch.tensor(work["train_sequences"])
@@ -142,7 +154,7 @@ def transformers_side(model, work):
         optimizer.step()
     step_seconds = (time.perf_counter() - started) / work["train_steps"]
     model.eval()
-    return logits, greedy, greedy_seconds, step_seconds
+    return logits, greedy, greedy_seconds, step_seconds, adapter_logits
 
 
 def main():
@@ -159,9 +171,9 @@ def main():
         for index, kind in enumerate(["text", "multimodal"]):
             model_dir = scratch / kind
             model = build(kind, model_dir)
-            work = workload(seed=10 + index)
+            work = workload(seed=10 + index, adapter_dir=scratch / f"{kind}-adapter" if kind == "text" else None)
             ours = run_whale(model_dir, work, scratch)
-            logits, greedy, greedy_seconds, step_seconds = transformers_side(model, work)
+            logits, greedy, greedy_seconds, step_seconds, adapter_logits = transformers_side(model, work)
             difference = (torch.tensor(ours["logits"]) - logits).abs().max().item()
             same_greedy = ours["greedy"] == greedy
             print(f"{kind}: logits of {len(work['logits_input'])} tokens, max |whale - transformers| = "
@@ -170,6 +182,12 @@ def main():
             if not same_greedy:
                 print(f"  whale        {ours['greedy']}\n  transformers {greedy}")
             failed |= difference > LOGITS_TOLERANCE or not same_greedy
+            if adapter_logits is not None:
+                through = (torch.tensor(ours["adapter_logits"]) - adapter_logits).abs().max().item()
+                moved = (adapter_logits - logits).abs().max().item()
+                print(f"{kind}: through whale's LoRA adapter loaded by peft, max |whale - transformers| = "
+                      f"{through:.2e} (the adapter moves the logits by up to {moved:.2f})")
+                failed |= through > LOGITS_TOLERANCE
             rows.append((kind, ours["greedy_seconds"], greedy_seconds, ours["train_step_seconds"], step_seconds))
     print("\n| checkpoint | greedy 40 tokens: whale | transformers | train step: whale | transformers |")
     print("|---|---|---|---|---|")

@@ -4,16 +4,17 @@
 //! `cargo run --release -p whale-lm --example qwen3_5_peer -- MODEL_DIR WORKLOAD.json OUT.json`
 //!
 //! The workload holds one token sequence to compute logits for (the full pass), a prompt to
-//! decode greedily through the cached decoding step, and sequences for a timed training step.
-//! The output holds the logits, the greedy tokens with the decoding time, and the step time.
+//! decode greedily through the cached decoding step, sequences for a timed training step and,
+//! optionally, a directory for a LoRA adapter trained on them. The output holds the logits, the
+//! greedy tokens with the decoding time, the step time and the logits through the adapter.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use serde::{Deserialize, Serialize};
-use whale_lm::{load_qwen35, Qwen35Model, Qwen35Step};
+use whale_lm::{load_qwen35, qwen3_5, LoraConfig, Qwen35Lora, Qwen35Model, Qwen35Step};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -24,6 +25,9 @@ struct Workload {
     greedy_tokens: usize,
     train_sequences: Vec<Vec<u32>>,
     train_steps: usize,
+    /// Where to save a LoRA adapter trained here on `train_sequences` (every Qwen3.5 module,
+    /// rank 4), whose logits of `logits_input` the output then holds too.
+    adapter_dir: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -32,6 +36,7 @@ struct Output {
     greedy: Vec<u32>,
     greedy_seconds: f64,
     train_step_seconds: f64,
+    adapter_logits: Option<Vec<Vec<f32>>>,
 }
 
 fn greedy(model: &Qwen35Model, prompt: &[u32], count: usize) -> Result<Vec<u32>, BoxError> {
@@ -46,10 +51,22 @@ fn greedy(model: &Qwen35Model, prompt: &[u32], count: usize) -> Result<Vec<u32>,
     Ok(out)
 }
 
-/// Seconds per AdamW step of the next-token loss over the packed sequences.
-fn train_step_seconds(model: &Qwen35Model, sequences: &[Vec<u32>], steps: usize) -> Result<f64, BoxError> {
-    let vars = model.named_parameters().into_iter().map(|(_, var)| var).collect();
-    let mut optimizer = AdamW::new(vars, ParamsAdamW { lr: 1e-4, ..Default::default() })?;
+/// Trains an adapter of every module for a few steps, saves it in `dir` and returns the
+/// logits of `ids` through it.
+fn adapter_logits(model: &Qwen35Model, work: &Workload, dir: &Path) -> Result<Vec<Vec<f32>>, BoxError> {
+    let targets = qwen3_5::lora::TARGET_MODULES.map(String::from).to_vec();
+    let lora = LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: targets };
+    let adapter = Qwen35Lora::new(lora, model.config(), 5, model.dtype(), model.device())?;
+    let adapted = model.with_adapter(&adapter)?;
+    let vars = adapter.named_parameters().into_iter().map(|(_, var)| var).collect();
+    train(&adapted, vars, &work.train_sequences, 5, 1e-2)?;
+    adapter.save_peft(dir, "tiny-qwen3.5")?;
+    Ok(adapted.logits(&adapted.packed_hidden(&[&work.logits_input])?)?.to_vec2::<f32>()?)
+}
+
+/// Seconds per AdamW step of the next-token loss over the packed sequences, on `vars`.
+fn train(model: &Qwen35Model, vars: Vec<Var>, sequences: &[Vec<u32>], steps: usize, lr: f64) -> Result<f64, BoxError> {
+    let mut optimizer = AdamW::new(vars, ParamsAdamW { lr, ..Default::default() })?;
     let inputs: Vec<&[u32]> = sequences.iter().map(|s| &s[..s.len() - 1]).collect();
     let targets: Vec<u32> = sequences.iter().flat_map(|s| s[1..].to_vec()).collect();
     let targets = Tensor::from_vec(targets.clone(), (targets.len(), 1), model.device())?;
@@ -73,8 +90,11 @@ fn main() -> Result<(), BoxError> {
     let started = Instant::now();
     let greedy = greedy(&model, &workload.greedy_prompt, workload.greedy_tokens)?;
     let greedy_seconds = started.elapsed().as_secs_f64();
-    let train_step_seconds = train_step_seconds(&model, &workload.train_sequences, workload.train_steps)?;
-    let output = Output { logits, greedy, greedy_seconds, train_step_seconds };
+    let adapter_logits =
+        workload.adapter_dir.as_deref().map(|dir| adapter_logits(&model, &workload, dir)).transpose()?;
+    let vars = model.named_parameters().into_iter().map(|(_, var)| var).collect();
+    let train_step_seconds = train(&model, vars, &workload.train_sequences, workload.train_steps, 1e-4)?;
+    let output = Output { logits, greedy, greedy_seconds, train_step_seconds, adapter_logits };
     std::fs::write(out, serde_json::to_string(&output)?)?;
     Ok(())
 }

@@ -37,8 +37,9 @@
 //!   adapter into a plain model for a full checkpoint.
 //! - After a trainer step the owner calls [`engine::LocalPolicy::set_weights_version`], which
 //!   bumps [`policy::Policy::weights_version`] and rebuilds the caches of requests in flight.
-//! - Qwen3.5 ([`qwen3_5`]): the hybrid Gated DeltaNet + gated-attention decoder, loaded, saved,
-//!   trained and decoded on its own; the engine, LoRA and `whale serve` do not run it yet.
+//! - Qwen3.5 ([`qwen3_5`]): the hybrid Gated DeltaNet + gated-attention decoder, with its own
+//!   checkpoints, cache and PEFT adapters ([`qwen3_5::Qwen35Lora`]); the engine serves it through
+//!   [`decoder::Decoder`] and the trainer trains it as a [`train::TrainableModel`].
 //! - [`bench::run_bench`] measures generation through the engine, SFT training steps and the
 //!   machine's matmul ceiling in one run, as a [`bench::BenchTable`].
 
@@ -73,7 +74,7 @@ pub use lora::{LoraAdapter, LoraConfig, LoraError, LoraTarget};
 pub use model::{KvCache, ModelError, Qwen3Model, SeqStep};
 pub use policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 pub use policy_gradient::{completion_logprobs, PgExample, PgObjective, PgStepStats};
-pub use qwen3_5::{load_qwen35, save_qwen35, Qwen35Cache, Qwen35Config, Qwen35Model, Qwen35Step};
+pub use qwen3_5::{load_qwen35, save_qwen35, Qwen35Cache, Qwen35Config, Qwen35Lora, Qwen35Model, Qwen35Step};
 pub use remote::{RemoteConfig, RemoteError, RemotePolicy};
 pub use sampling::{SampledToken, Sampler, SamplingParams};
 pub use tokenizer::{SpecialTokens, TextStream, Tokenizer, TokenizerError};

@@ -42,7 +42,7 @@ pub enum LoraError {
     Candle(#[from] candle_core::Error),
 }
 
-fn config_error(key: &str, reason: impl Into<String>) -> LoraError {
+pub(crate) fn config_error(key: &str, reason: impl Into<String>) -> LoraError {
     LoraError::Config { key: key.to_string(), reason: reason.into() }
 }
 
@@ -149,6 +149,12 @@ impl Default for LoraConfig {
 impl LoraConfig {
     /// Checks the ranges and the module names; the error names the key at fault.
     pub fn validate(&self) -> Result<(), LoraError> {
+        self.validate_ranges()?;
+        self.targets().map(|_| ())
+    }
+
+    /// Checks rank, alpha and dropout (the module names are the architecture's to check).
+    pub(crate) fn validate_ranges(&self) -> Result<(), LoraError> {
         if self.rank == 0 {
             return Err(config_error("rank", "must be positive"));
         }
@@ -158,7 +164,7 @@ impl LoraConfig {
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(config_error("dropout", "must lie in [0, 1)"));
         }
-        self.targets().map(|_| ())
+        Ok(())
     }
 
     /// The targeted projections in forward order; an error for an empty list, an unknown name
@@ -331,30 +337,9 @@ impl LoraAdapter {
         Ok(())
     }
 
-    /// `adapter_config.json` as PEFT writes it for a plain LoRA of a causal LM.
     fn peft_config(&self, base_model_name_or_path: &str) -> Value {
         let target_modules: Vec<&str> = self.targets.iter().map(|target| target.name()).collect();
-        json!({
-            "peft_type": "LORA",
-            "task_type": "CAUSAL_LM",
-            "base_model_name_or_path": base_model_name_or_path,
-            "revision": null,
-            "r": self.config.rank,
-            "lora_alpha": self.config.alpha,
-            "lora_dropout": self.config.dropout,
-            "target_modules": target_modules,
-            "bias": "none",
-            "fan_in_fan_out": false,
-            "inference_mode": true,
-            "init_lora_weights": true,
-            "use_rslora": false,
-            "use_dora": false,
-            "modules_to_save": null,
-            "layers_to_transform": null,
-            "layers_pattern": null,
-            "rank_pattern": {},
-            "alpha_pattern": {},
-        })
+        peft_config(&self.config, &target_modules, base_model_name_or_path)
     }
 
     /// Reads an adapter directory written by [`Self::save_peft`] or by PEFT for models of
@@ -382,8 +367,33 @@ impl LoraAdapter {
     }
 }
 
+/// `adapter_config.json` as PEFT writes it for a plain LoRA of a causal LM.
+pub(crate) fn peft_config(config: &LoraConfig, target_modules: &[&str], base_model_name_or_path: &str) -> Value {
+    json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path,
+        "revision": null,
+        "r": config.rank,
+        "lora_alpha": config.alpha,
+        "lora_dropout": config.dropout,
+        "target_modules": target_modules,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "inference_mode": true,
+        "init_lora_weights": true,
+        "use_rslora": false,
+        "use_dora": false,
+        "modules_to_save": null,
+        "layers_to_transform": null,
+        "layers_pattern": null,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+    })
+}
+
 /// The name PEFT gives a key of [`LoraConfig`].
-fn peft_key(key: &str) -> String {
+pub(crate) fn peft_key(key: &str) -> String {
     match key {
         "rank" => "r".to_string(),
         "alpha" => "lora_alpha".to_string(),
@@ -406,7 +416,7 @@ fn expected_shapes(targets: &[LoraTarget], rank: usize, model: &Qwen3Config) -> 
 }
 
 /// The hyper-parameters of a PEFT `adapter_config.json`, refusing what whale cannot apply.
-fn lora_config_from_peft(object: &Map<String, Value>) -> Result<LoraConfig, ConfigIssue> {
+pub(crate) fn lora_config_from_peft(object: &Map<String, Value>) -> Result<LoraConfig, ConfigIssue> {
     let peft_type: String = required(object, "peft_type")?;
     if peft_type != "LORA" {
         return Err(ConfigIssue::new("peft_type", format!("`{peft_type}` is not LORA")));

@@ -91,13 +91,13 @@ pub(crate) fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor>
 
 /// A linear projection `x W^T`, plus a LoRA update when an adapter targets it.
 #[derive(Clone)]
-struct Projection {
-    weight: Tensor,
-    lora: Option<LoraUpdate>,
+pub(crate) struct Projection {
+    pub(crate) weight: Tensor,
+    pub(crate) lora: Option<LoraUpdate>,
 }
 
 impl Projection {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let base = linear(x, &self.weight)?;
         match &self.lora {
             None => Ok(base),
@@ -109,12 +109,12 @@ impl Projection {
 /// `scale * (dropout(x) A^T) B^T`, with A `[rank, in]` and B `[out, rank]` sharing the
 /// adapter's variables.
 #[derive(Clone)]
-struct LoraUpdate {
-    a: Tensor,
-    b: Tensor,
-    scale: f64,
+pub(crate) struct LoraUpdate {
+    pub(crate) a: Tensor,
+    pub(crate) b: Tensor,
+    pub(crate) scale: f64,
     /// Set on the models of training passes only ([`Qwen3Model::with_dropout`]).
-    dropout: Option<Dropout>,
+    pub(crate) dropout: Option<Dropout>,
 }
 
 impl LoraUpdate {
@@ -130,7 +130,7 @@ impl LoraUpdate {
 /// Inverted dropout whose mask is drawn on the host from `seed`, so that a training pass is
 /// reproducible (and a resumed run repeats it) on any device.
 #[derive(Clone, Copy)]
-struct Dropout {
+pub(crate) struct Dropout {
     probability: f64,
     seed: u64,
 }

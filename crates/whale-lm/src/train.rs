@@ -21,7 +21,7 @@ use crate::config::optional;
 use crate::kernels;
 use crate::lora::{LoraAdapter, LoraError};
 use crate::model::{ModelError, Packing, Qwen3Model};
-use crate::qwen3_5::{load_qwen35, save_qwen35, Qwen35Model};
+use crate::qwen3_5::{load_qwen35, save_qwen35, Qwen35Lora, Qwen35Model};
 use crate::tensor_file::{read_tensors, write_atomic, write_tensors};
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
@@ -308,10 +308,15 @@ impl TrainableModel for Qwen35Model {
         Qwen35Model::logits(self, hidden)
     }
 
+    /// The adapter's matrices when the model carries one, every parameter otherwise.
     fn trained_parameters(&self) -> Vec<(String, Var)> {
-        self.named_parameters()
+        match self.adapter() {
+            Some(adapter) => adapter.named_parameters(),
+            None => self.named_parameters(),
+        }
     }
 
+    /// The model itself: adapter dropout is not built for Qwen3.5 ([`Qwen35Lora::new`] refuses it).
     fn pass_model(&self, _seed: u64) -> Self {
         self.clone()
     }
@@ -701,10 +706,31 @@ impl SftTrainer<Qwen35Model> {
         Ok(trainer)
     }
 
+    /// Continues training the adapter of `base` saved by [`Self::save_adapter`] in `dir`.
+    pub fn resume_qwen35_adapter(dir: &Path, base: &Qwen35Model, config: TrainerConfig) -> Result<Self, TrainError> {
+        let adapter = Qwen35Lora::load_peft(dir, base.config(), base.dtype(), base.device())?;
+        let mut trainer = Self::new(base.with_adapter(&adapter)?, config)?;
+        trainer.restore(dir)?;
+        Ok(trainer)
+    }
+
     /// Writes the Qwen3.5 checkpoint, the optimizer moments and, last, `trainer_state.json`,
-    /// as the Qwen3 trainer's `save` does.
+    /// as the Qwen3 trainer's `save` does. A trainer of an adapter saves with
+    /// [`Self::save_adapter`] instead.
     pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
+        if self.model.adapter().is_some() {
+            return Err(TrainError::Mode("a LoRA trainer saves its adapter (save_adapter), not a checkpoint"));
+        }
         save_qwen35(&self.model, dir)?;
+        self.save_optimizer(dir)
+    }
+
+    /// Writes the adapter as a PEFT directory, then the optimizer state, as the Qwen3
+    /// trainer's `save_adapter` does.
+    pub fn save_adapter(&self, dir: &Path, base_model_name_or_path: &str) -> Result<(), TrainError> {
+        let adapter =
+            self.model.adapter().ok_or(TrainError::Mode("only a trainer of a LoRA adapter saves an adapter"))?;
+        adapter.save_peft(dir, base_model_name_or_path)?;
         self.save_optimizer(dir)
     }
 }

@@ -37,8 +37,8 @@ use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use whale_lm::{
     completion_logprobs, save_model, save_qwen35, ChatCodec, Decoder, EngineError, GenerationConfig, LocalPolicy,
-    LoraAdapter, LrSchedule, PgExample, PgObjective, Policy, PolicyError, Qwen35Model, SamplingParams, SftExample,
-    SftTrainer, TrainError, TrainableModel, TrainerConfig,
+    LoraAdapter, LrSchedule, PgExample, PgObjective, Policy, PolicyError, Qwen35Lora, Qwen35Model, SamplingParams,
+    SftExample, SftTrainer, TrainError, TrainableModel, TrainerConfig,
 };
 use whale_tasks::{DomainTasks, Environment, EnvironmentError};
 
@@ -221,10 +221,6 @@ pub fn trainer_config(config: &WeightConfig, pad_token_id: u32) -> TrainerConfig
 /// What the in-process trainer is called in the error for a model it cannot train.
 const TRAINER: &str = "whale's in-process trainer (use [weights.trainer] for an external one)";
 
-/// LoRA is built for Qwen3's projections only.
-const QWEN35_LORA: &str = "[weights.lora] on a Qwen3.5 model (LoRA covers Qwen3 only; train all weights or use \
-                           [weights.trainer])";
-
 /// The in-process trainer of a run, for the architecture its engine serves.
 pub enum RunTrainer {
     Qwen3(Box<SftTrainer>),
@@ -254,11 +250,15 @@ impl RunTrainer {
 /// serves from now on, sharing its matrices.
 pub fn new_trainer(config: &WeightConfig, policy: &LocalPolicy, seed: u64) -> Result<RunTrainer, WeightPhaseError> {
     let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
-    if let Decoder::Qwen35(model) = policy.decoder() {
-        if config.lora.is_some() {
-            return Err(EngineError::Architecture { architecture: "Qwen3.5", operation: QWEN35_LORA }.into());
-        }
-        return Ok(RunTrainer::Qwen35(Box::new(SftTrainer::new(model, settings)?)));
+    if let Decoder::Qwen35(base) = policy.decoder() {
+        let Some(lora) = &config.lora else {
+            return Ok(RunTrainer::Qwen35(Box::new(SftTrainer::new(base, settings)?)));
+        };
+        let adapter = Qwen35Lora::new(lora.clone(), base.config(), seed, base.dtype(), base.device())
+            .map_err(TrainError::from)?;
+        let trainer = SftTrainer::new(base.with_adapter(&adapter).map_err(TrainError::from)?, settings)?;
+        policy.reload(trainer.model().clone(), policy.weights_version())?;
+        return Ok(RunTrainer::Qwen35(Box::new(trainer)));
     }
     let Some(lora) = &config.lora else {
         return Ok(RunTrainer::Qwen3(Box::new(SftTrainer::new(policy.qwen3(TRAINER)?, settings)?)));
@@ -281,8 +281,8 @@ pub fn resume_trainer(
 ) -> Result<RunTrainer, WeightPhaseError> {
     let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
     let trainer = match (policy.decoder(), &config.lora) {
-        (Decoder::Qwen35(_), Some(_)) => {
-            return Err(EngineError::Architecture { architecture: "Qwen3.5", operation: QWEN35_LORA }.into())
+        (Decoder::Qwen35(base), Some(_)) => {
+            RunTrainer::Qwen35(Box::new(SftTrainer::resume_qwen35_adapter(dir, &base, settings)?))
         }
         (Decoder::Qwen35(model), None) => {
             RunTrainer::Qwen35(Box::new(SftTrainer::resume_qwen35(dir, settings, model.dtype(), device)?))
@@ -306,6 +306,9 @@ pub fn save_trainer(trainer: &RunTrainer, dir: &Path, base_model: &Path) -> Resu
             trainer.save_adapter(dir, &base_model.display().to_string())
         }
         RunTrainer::Qwen3(trainer) => trainer.save(dir, &GenerationConfig::for_model(trainer.model().config())),
+        RunTrainer::Qwen35(trainer) if trainer.model().adapter().is_some() => {
+            trainer.save_adapter(dir, &base_model.display().to_string())
+        }
         RunTrainer::Qwen35(trainer) => trainer.save(dir),
     }
 }
@@ -320,7 +323,10 @@ pub fn save_phase_weights(trainer: &RunTrainer, dir: &Path, base_model: &Path) -
             let model = trainer.model().merged().map_err(|e| failed(e.to_string()))?;
             save_model(&model, &GenerationConfig::for_model(model.config()), dir)
         }
-        RunTrainer::Qwen35(trainer) => save_qwen35(trainer.model(), dir),
+        RunTrainer::Qwen35(trainer) => {
+            let model = trainer.model().merged().map_err(|e| failed(e.to_string()))?;
+            save_qwen35(&model, dir)
+        }
     }
     .map_err(|e| failed(e.to_string()))?;
     ChatCodec::copy_files(base_model, dir).map_err(|e| failed(e.to_string()))

@@ -16,7 +16,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use candle_core::{DType, Device};
 use whale_lm::checkpoint::CONFIG_FILE;
 use whale_lm::lora::ADAPTER_CONFIG_FILE;
-use whale_lm::{CheckpointError, Decoder, EngineConfig, EngineError, LocalPolicy, LoraAdapter, LoraError, ModelError};
+use whale_lm::{
+    CheckpointError, Decoder, EngineConfig, EngineError, LocalPolicy, LoraAdapter, LoraError, ModelError, Qwen35Lora,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -145,10 +147,17 @@ impl ModelRegistry {
     /// shared, and the tokenizer, chat template and end-of-sequence ids are the base model's.
     fn with_adapter(&self, dir: &Path) -> Result<LocalPolicy, RegistryError> {
         let base = self.get(&self.base).ok_or_else(|| RegistryError::Unknown(self.base.clone()))?;
-        let model = base.qwen3("a LoRA adapter")?;
-        let adapter = LoraAdapter::load_peft(dir, model.config(), model.dtype(), model.device())?;
+        let adapted = match base.decoder() {
+            Decoder::Qwen3(model) => {
+                let adapter = LoraAdapter::load_peft(dir, model.config(), model.dtype(), model.device())?;
+                Decoder::from(model.with_adapter(&adapter)?)
+            }
+            Decoder::Qwen35(model) => {
+                let adapter = Qwen35Lora::load_peft(dir, model.config(), model.dtype(), model.device())?;
+                Decoder::from(model.with_adapter(&adapter)?)
+            }
+        };
         let engine = EngineConfig { eos_token_ids: base.eos_token_ids().to_vec(), ..self.settings.engine.clone() };
-        let adapted = model.with_adapter(&adapter)?;
         Ok(LocalPolicy::new(adapted, base.tokenizer().clone(), base.template().clone(), engine)?)
     }
 

@@ -1,7 +1,7 @@
 //! A run whose `[model] path` is a Qwen3.5 checkpoint: rollouts on the in-process engine, weight
 //! steps by the in-process trainer (killed and resumed, it ends as if never interrupted) or by
-//! an external trainer whose Qwen3.5 checkpoints the engine installs; `[weights.lora]`, which
-//! covers Qwen3 only, is refused with an error saying so.
+//! an external trainer whose Qwen3.5 checkpoints the engine installs; with `[weights.lora]` only
+//! a PEFT adapter trains and is checkpointed.
 
 mod common;
 
@@ -53,16 +53,24 @@ fn a_qwen3_5_run_rolls_out_in_process_and_installs_an_external_trainers_checkpoi
 }
 
 #[test]
-fn lora_on_a_qwen3_5_model_is_refused_with_an_error_that_says_why() {
+fn a_lora_run_on_qwen3_5_trains_and_checkpoints_the_adapter_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let run = dir.path().join("runs/q");
     let mut config = config(dir.path(), false);
-    config.weights.lora = Some(whale_lm::LoraConfig { rank: 4, ..whale_lm::LoraConfig::default() });
-    let error = Experiment::create(config, &run, Verbosity::default())
-        .and_then(|mut experiment| experiment.run().map(|_| ()))
-        .expect_err("no LoRA for Qwen3.5")
-        .to_string();
-    assert!(error.contains("Qwen3.5") && error.contains("[weights.lora]"), "{error}");
+    let targets = ["q_proj", "in_proj_qkv", "down_proj"].map(String::from).to_vec();
+    config.weights.lora = Some(whale_lm::LoraConfig { rank: 4, target_modules: targets, ..Default::default() });
+    config.weights.checkpoint_every = 1;
+    let weights = std::fs::read(dir.path().join("qwen3_5/model.safetensors")).expect("base weights");
+    let mut experiment = Experiment::create(config, &run, Verbosity::default()).expect("created");
+    experiment.run().expect("the run finishes");
+    let state = experiment.state().clone();
+    assert_eq!((state.weight_steps, state.weights_version), (2, 2));
+    let checkpoint = run.join("checkpoints/step-000002");
+    for file in ["adapter_config.json", "adapter_model.safetensors", "optimizer.safetensors", "trainer_state.json"] {
+        assert!(checkpoint.join(file).is_file(), "{file} is missing from the checkpoint");
+    }
+    assert!(!checkpoint.join("model.safetensors").exists(), "a LoRA checkpoint holds no base weights");
+    assert_eq!(std::fs::read(dir.path().join("qwen3_5/model.safetensors")).expect("base"), weights);
 }
 
 fn whale() -> Command {

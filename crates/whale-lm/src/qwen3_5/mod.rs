@@ -7,14 +7,15 @@
 //! [`Qwen35Model::forward_step`] the batched decoding step over per-sequence [`Qwen35Cache`]s;
 //! [`save_qwen35`] writes the checkpoint back in the layout it came in.
 //!
-//! Not yet here: the continuous-batching engine and `whale serve` run Qwen3 models only, and
-//! LoRA targets Qwen3's projections only.
+//! [`Qwen35Lora`] is a PEFT LoRA adapter of its projections ([`Qwen35Model::with_adapter`]).
 
 pub mod config;
 mod delta_rule;
+pub mod lora;
 pub mod model;
 
 pub use config::{LayerKind, Qwen35Config, Qwen35Size};
+pub use lora::Qwen35Lora;
 pub use model::{parameter_shapes, Qwen35Cache, Qwen35Model, Qwen35Step};
 
 use crate::checkpoint::{torch_dtype_name, weight_files, CheckpointError, CONFIG_FILE};

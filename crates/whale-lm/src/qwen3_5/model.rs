@@ -13,8 +13,9 @@
 
 use super::config::{LayerKind, Qwen35Config};
 use super::delta_rule::{self, DeltaInputs};
+use super::lora::Qwen35Lora;
 use crate::kernels;
-use crate::model::{linear, ModelError};
+use crate::model::{linear, LoraUpdate, ModelError, Projection};
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
@@ -131,16 +132,16 @@ pub struct Qwen35Step<'a> {
 /// (`silu(z)`) and the output projection.
 #[derive(Clone)]
 struct GatedDeltaNet {
-    in_proj_qkv: Tensor,
-    in_proj_z: Tensor,
-    in_proj_b: Tensor,
-    in_proj_a: Tensor,
+    in_proj_qkv: Projection,
+    in_proj_z: Projection,
+    in_proj_b: Projection,
+    in_proj_a: Projection,
     /// `[kernel, conv_dim]`: row `j` weighs the input `kernel - 1 - j` tokens back.
     conv: Tensor,
     dt_bias: Tensor,
     a_log: Tensor,
     norm: Tensor,
-    out_proj: Tensor,
+    out_proj: Projection,
     key_heads: usize,
     value_heads: usize,
     key_dim: usize,
@@ -150,10 +151,10 @@ struct GatedDeltaNet {
 
 impl GatedDeltaNet {
     fn forward(&self, x: &Tensor, lengths: &[usize], caches: &mut [&mut LayerCache]) -> candle_core::Result<Tensor> {
-        let qkv = linear(x, &self.in_proj_qkv)?;
-        let z = linear(x, &self.in_proj_z)?;
-        let beta = sigmoid(&linear(x, &self.in_proj_b)?)?;
-        let rate = softplus(&linear(x, &self.in_proj_a)?.broadcast_add(&self.dt_bias)?)?;
+        let qkv = self.in_proj_qkv.forward(x)?;
+        let z = self.in_proj_z.forward(x)?;
+        let beta = sigmoid(&self.in_proj_b.forward(x)?)?;
+        let rate = softplus(&self.in_proj_a.forward(x)?.broadcast_add(&self.dt_bias)?)?;
         let g = rate.broadcast_mul(&self.a_log.exp()?.neg()?)?;
         // Every sequence's rule inputs, padded to the longest and stacked along the heads: the
         // padding (k = 0, β = 0, g = 0) leaves each state as its real tokens left it.
@@ -190,7 +191,7 @@ impl GatedDeltaNet {
         }
         let out = Tensor::cat(&outputs, 0)?;
         let gated = (kernels::rms_norm(&out, &self.norm, self.eps)? * z.silu()?)?;
-        linear(&gated, &self.out_proj)
+        self.out_proj.forward(&gated)
     }
 
     /// The causal depthwise convolution of `x` `[n, conv_dim]` after `window`; returns the
@@ -236,10 +237,10 @@ impl GatedDeltaNet {
 /// on the first `rotary_dim` dimensions of each head.
 #[derive(Clone)]
 struct GatedAttention {
-    q_proj: Tensor,
-    k_proj: Tensor,
-    v_proj: Tensor,
-    o_proj: Tensor,
+    q_proj: Projection,
+    k_proj: Projection,
+    v_proj: Projection,
+    o_proj: Projection,
     q_norm: Tensor,
     k_norm: Tensor,
     heads: usize,
@@ -259,13 +260,13 @@ impl GatedAttention {
     ) -> candle_core::Result<Tensor> {
         let rows = x.dim(0)?;
         let (d, width) = (self.head_dim, self.heads * self.head_dim);
-        let query_gate = linear(x, &self.q_proj)?.reshape((rows, self.heads, 2 * d))?;
+        let query_gate = self.q_proj.forward(x)?.reshape((rows, self.heads, 2 * d))?;
         let q = query_gate.narrow(2, 0, d)?.contiguous()?.reshape((rows, width))?;
         let gate = query_gate.narrow(2, d, d)?.contiguous()?.reshape((rows, width))?;
         let q = self.rotate(&zero_centred_norm(&q, &self.q_norm, self.eps)?, rotary, self.heads)?;
         let k =
-            self.rotate(&zero_centred_norm(&linear(x, &self.k_proj)?, &self.k_norm, self.eps)?, rotary, self.kv_heads)?;
-        let v = linear(x, &self.v_proj)?;
+            self.rotate(&zero_centred_norm(&self.k_proj.forward(x)?, &self.k_norm, self.eps)?, rotary, self.kv_heads)?;
+        let v = self.v_proj.forward(x)?;
         let scale = 1.0 / (d as f64).sqrt();
         let fresh = caches.iter().all(|cache| matches!(&**cache, LayerCache::Full { keys: None, .. }));
         let attended = if fresh {
@@ -289,7 +290,7 @@ impl GatedAttention {
             *values = Some(append(values, &v)?);
             start += len;
         }
-        linear(&(attended * sigmoid(&gate)?)?, &self.o_proj)
+        self.o_proj.forward(&(attended * sigmoid(&gate)?)?)
     }
 
     /// Attention of each sequence's new rows to its cached keys and its new ones (causal).
@@ -378,9 +379,9 @@ struct DecoderLayer {
     input_layernorm: Tensor,
     mixer: Mixer,
     post_attention_layernorm: Tensor,
-    gate_proj: Tensor,
-    up_proj: Tensor,
-    down_proj: Tensor,
+    gate_proj: Projection,
+    up_proj: Projection,
+    down_proj: Projection,
 }
 
 /// A Qwen3.5 causal language model whose parameters live in a [`VarMap`] under their
@@ -389,6 +390,7 @@ struct DecoderLayer {
 pub struct Qwen35Model {
     config: Qwen35Config,
     varmap: VarMap,
+    adapter: Option<Qwen35Lora>,
     device: Device,
     dtype: DType,
     embed_tokens: Tensor,
@@ -444,23 +446,44 @@ impl Qwen35Model {
             params.insert(name.clone(), var.as_tensor().clone());
             varmap.data().lock().unwrap_or_else(PoisonError::into_inner).insert(name, var);
         }
+        Self::assemble(config, varmap, params, dtype, device, None)
+    }
+
+    /// A model reading `params` (its variables' tensors, or constants sharing their storage)
+    /// and, when given, the adapter's matrices.
+    fn assemble(
+        config: &Qwen35Config,
+        varmap: VarMap,
+        params: HashMap<String, Tensor>,
+        dtype: DType,
+        device: &Device,
+        adapter: Option<&Qwen35Lora>,
+    ) -> Result<Self, ModelError> {
         let take =
             |name: &str| params.get(name).cloned().ok_or_else(|| ModelError::MissingTensor { name: name.to_string() });
         let prefix = config.weight_prefix();
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for (layer, kind) in config.layer_types.iter().enumerate() {
             let weight = |name: &str| take(&format!("{prefix}layers.{layer}.{name}"));
+            let projection = |name: &str| -> Result<Projection, ModelError> {
+                let path = format!("{prefix}layers.{layer}.{name}");
+                let lora = adapter.and_then(|adapter| {
+                    let (a, b) = adapter.matrices(&path)?;
+                    Some(LoraUpdate { a, b, scale: adapter.scale(), dropout: None })
+                });
+                Ok(Projection { weight: take(&format!("{path}.weight"))?, lora })
+            };
             let mixer = match kind {
                 LayerKind::LinearAttention => Mixer::Linear(GatedDeltaNet {
-                    in_proj_qkv: weight("linear_attn.in_proj_qkv.weight")?,
-                    in_proj_z: weight("linear_attn.in_proj_z.weight")?,
-                    in_proj_b: weight("linear_attn.in_proj_b.weight")?,
-                    in_proj_a: weight("linear_attn.in_proj_a.weight")?,
+                    in_proj_qkv: projection("linear_attn.in_proj_qkv")?,
+                    in_proj_z: projection("linear_attn.in_proj_z")?,
+                    in_proj_b: projection("linear_attn.in_proj_b")?,
+                    in_proj_a: projection("linear_attn.in_proj_a")?,
                     conv: weight("linear_attn.conv1d.weight")?.squeeze(1)?.t()?,
                     dt_bias: weight("linear_attn.dt_bias")?,
                     a_log: weight("linear_attn.A_log")?,
                     norm: weight("linear_attn.norm.weight")?,
-                    out_proj: weight("linear_attn.out_proj.weight")?,
+                    out_proj: projection("linear_attn.out_proj")?,
                     key_heads: config.linear_num_key_heads,
                     value_heads: config.linear_num_value_heads,
                     key_dim: config.linear_key_head_dim,
@@ -468,10 +491,10 @@ impl Qwen35Model {
                     eps: config.rms_norm_eps,
                 }),
                 LayerKind::FullAttention => Mixer::Full(GatedAttention {
-                    q_proj: weight("self_attn.q_proj.weight")?,
-                    k_proj: weight("self_attn.k_proj.weight")?,
-                    v_proj: weight("self_attn.v_proj.weight")?,
-                    o_proj: weight("self_attn.o_proj.weight")?,
+                    q_proj: projection("self_attn.q_proj")?,
+                    k_proj: projection("self_attn.k_proj")?,
+                    v_proj: projection("self_attn.v_proj")?,
+                    o_proj: projection("self_attn.o_proj")?,
                     q_norm: weight("self_attn.q_norm.weight")?,
                     k_norm: weight("self_attn.k_norm.weight")?,
                     heads: config.num_attention_heads,
@@ -485,9 +508,9 @@ impl Qwen35Model {
                 input_layernorm: weight("input_layernorm.weight")?,
                 mixer,
                 post_attention_layernorm: weight("post_attention_layernorm.weight")?,
-                gate_proj: weight("mlp.gate_proj.weight")?,
-                up_proj: weight("mlp.up_proj.weight")?,
-                down_proj: weight("mlp.down_proj.weight")?,
+                gate_proj: projection("mlp.gate_proj")?,
+                up_proj: projection("mlp.up_proj")?,
+                down_proj: projection("mlp.down_proj")?,
             });
         }
         let embed_tokens = take(&format!("{prefix}embed_tokens.weight"))?;
@@ -500,6 +523,7 @@ impl Qwen35Model {
             norm: take(&format!("{prefix}norm.weight"))?,
             config: config.clone(),
             varmap,
+            adapter: adapter.cloned(),
             device: device.clone(),
             dtype,
             embed_tokens,
@@ -524,6 +548,40 @@ impl Qwen35Model {
     /// The parameter store, keyed by checkpoint names.
     pub fn varmap(&self) -> &VarMap {
         &self.varmap
+    }
+
+    /// The adapter this model applies, if any.
+    pub fn adapter(&self) -> Option<&Qwen35Lora> {
+        self.adapter.as_ref()
+    }
+
+    /// This model with `adapter` applied (replacing any it carries): it shares this model's
+    /// parameters, as constants of its passes (a backward pass reaches the adapter only), and
+    /// the adapter's variables. The adapter must have been made for this configuration.
+    pub fn with_adapter(&self, adapter: &Qwen35Lora) -> Result<Self, ModelError> {
+        let params = self.named_parameters().into_iter().map(|(name, var)| (name, var.as_tensor().detach())).collect();
+        let model = Self::assemble(&self.config, self.varmap.clone(), params, self.dtype, &self.device, Some(adapter))?;
+        if adapter.named_parameters().iter().any(|(_, var)| var.dtype() != self.dtype) {
+            return Err(input_error(format!("the adapter is not {:?} like the model", self.dtype)));
+        }
+        Ok(model)
+    }
+
+    /// A new model with its own parameters, each adapted weight replaced by `W + scale B A`
+    /// (in f32), and no adapter: what a full checkpoint of the adapted model holds.
+    pub fn merged(&self) -> Result<Self, ModelError> {
+        let mut tensors: HashMap<String, Tensor> =
+            self.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
+        if let Some(adapter) = &self.adapter {
+            for (name, tensor) in tensors.iter_mut() {
+                let Some((a, b)) = name.strip_suffix(".weight").and_then(|path| adapter.matrices(path)) else {
+                    continue;
+                };
+                let update = (b.to_dtype(DType::F32)?.matmul(&a.to_dtype(DType::F32)?)? * adapter.scale())?;
+                *tensor = (tensor.to_dtype(DType::F32)? + update)?.to_dtype(self.dtype)?;
+            }
+        }
+        Self::from_tensors(&self.config, tensors, self.dtype, &self.device)
     }
 
     /// Every parameter with its checkpoint name, sorted by name.
@@ -617,8 +675,8 @@ impl Qwen35Model {
             };
             x = (x + mixed)?;
             let normed = zero_centred_norm(&x, &layer.post_attention_layernorm, eps)?;
-            let gated = kernels::swiglu(&linear(&normed, &layer.gate_proj)?, &linear(&normed, &layer.up_proj)?)?;
-            x = (&x + linear(&gated, &layer.down_proj)?)?;
+            let gated = kernels::swiglu(&layer.gate_proj.forward(&normed)?, &layer.up_proj.forward(&normed)?)?;
+            x = (&x + layer.down_proj.forward(&gated)?)?;
         }
         for (cache, len) in caches.iter_mut().zip(&lengths) {
             cache.len += len;

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use whale_core::{ChatMessage, ModelCall, SampledTokens, Trajectory};
-use whale_lm::{Decoder, LocalPolicy, LoraAdapter};
+use whale_lm::{Decoder, LocalPolicy, LoraAdapter, Qwen35Lora};
 
 /// One line of `samples.jsonl`: a model call as a chat, its completion the final assistant
 /// turn, and which turns are trained on (only that last one). Under a policy gradient
@@ -352,17 +352,20 @@ impl ExternalTrainer {
                     TrainerOutput::Checkpoint => {
                         Decoder::load(&weights.path, base.dtype(), base.device()).map_err(|e| failed(e.to_string()))?
                     }
-                    TrainerOutput::Adapter => {
-                        let base = base.qwen3().ok_or_else(|| {
-                            failed(format!(
-                                "LoRA adapters apply to Qwen3 models; this run serves {}",
-                                base.architecture()
-                            ))
-                        })?;
-                        let adapter = LoraAdapter::load_peft(&weights.path, base.config(), base.dtype(), base.device())
-                            .map_err(|e| failed(e.to_string()))?;
-                        Decoder::from(base.with_adapter(&adapter).map_err(|e| failed(e.to_string()))?)
-                    }
+                    TrainerOutput::Adapter => match base.as_ref() {
+                        Decoder::Qwen3(base) => {
+                            let adapter =
+                                LoraAdapter::load_peft(&weights.path, base.config(), base.dtype(), base.device())
+                                    .map_err(|e| failed(e.to_string()))?;
+                            Decoder::from(base.with_adapter(&adapter).map_err(|e| failed(e.to_string()))?)
+                        }
+                        Decoder::Qwen35(base) => {
+                            let adapter =
+                                Qwen35Lora::load_peft(&weights.path, base.config(), base.dtype(), base.device())
+                                    .map_err(|e| failed(e.to_string()))?;
+                            Decoder::from(base.with_adapter(&adapter).map_err(|e| failed(e.to_string()))?)
+                        }
+                    },
                 };
                 policy.reload(model, version).map_err(|e| failed(e.to_string()))
             }
