@@ -101,7 +101,7 @@ def workload(seed, adapter_dir):
     tokens = lambda n: torch.randint(0, VOCAB, (n,), generator=generator).tolist()
     return {
         "logits_input": tokens(300),
-        "greedy_prompt": tokens(20),
+        "greedy_prompts": [tokens(20)],
         "greedy_tokens": GREEDY_TOKENS,
         "train_sequences": [tokens(128) for _ in range(4)],
         "train_steps": 3,
@@ -126,7 +126,7 @@ def transformers_side(model, work):
     ids = torch.tensor([work["logits_input"]])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float()
-    prompt = torch.tensor([work["greedy_prompt"]])
+    prompt = torch.tensor(work["greedy_prompts"][:1])
     started = time.perf_counter()
     with torch.no_grad():
         generated = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
@@ -175,12 +175,12 @@ def main():
             ours = run_whale(model_dir, work, scratch)
             logits, greedy, greedy_seconds, step_seconds, adapter_logits = transformers_side(model, work)
             difference = (torch.tensor(ours["logits"]) - logits).abs().max().item()
-            same_greedy = ours["greedy"] == greedy
+            same_greedy = ours["greedy"][0] == greedy
             print(f"{kind}: logits of {len(work['logits_input'])} tokens, max |whale - transformers| = "
                   f"{difference:.2e} (tolerance {LOGITS_TOLERANCE:.0e}); greedy {GREEDY_TOKENS} tokens "
                   f"{'equal' if same_greedy else 'DIFFER'}")
             if not same_greedy:
-                print(f"  whale        {ours['greedy']}\n  transformers {greedy}")
+                print(f"  whale        {ours['greedy'][0]}\n  transformers {greedy}")
             failed |= difference > LOGITS_TOLERANCE or not same_greedy
             if adapter_logits is not None:
                 through = (torch.tensor(ours["adapter_logits"]) - adapter_logits).abs().max().item()

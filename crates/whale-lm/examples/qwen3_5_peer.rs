@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p whale-lm --example qwen3_5_peer -- MODEL_DIR WORKLOAD.json OUT.json`
 //!
-//! The workload holds one token sequence to compute logits for (the full pass), a prompt to
+//! The workload holds one token sequence to compute logits for (the full pass), prompts to
 //! decode greedily through the cached decoding step, sequences for a timed training step and,
 //! optionally, a directory for a LoRA adapter trained on them. The output holds the logits, the
 //! greedy tokens with the decoding time, the step time and the logits through the adapter.
@@ -21,8 +21,10 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Deserialize)]
 struct Workload {
     logits_input: Vec<u32>,
-    greedy_prompt: Vec<u32>,
+    greedy_prompts: Vec<Vec<u32>>,
     greedy_tokens: usize,
+    /// The dtype to load the model in: "f32" (the default) or "bf16".
+    dtype: Option<String>,
     train_sequences: Vec<Vec<u32>>,
     train_steps: usize,
     /// Where to save a LoRA adapter trained here on `train_sequences` (every Qwen3.5 module,
@@ -33,7 +35,7 @@ struct Workload {
 #[derive(Serialize)]
 struct Output {
     logits: Vec<Vec<f32>>,
-    greedy: Vec<u32>,
+    greedy: Vec<Vec<u32>>,
     greedy_seconds: f64,
     train_step_seconds: f64,
     adapter_logits: Option<Vec<Vec<f32>>>,
@@ -85,10 +87,17 @@ fn main() -> Result<(), BoxError> {
         return Err("usage: qwen3_5_peer MODEL_DIR WORKLOAD.json OUT.json".into());
     };
     let workload: Workload = serde_json::from_str(&std::fs::read_to_string(workload)?)?;
-    let model = load_qwen35(model_dir, DType::F32, &Device::Cpu)?;
+    let dtype = match workload.dtype.as_deref() {
+        None | Some("f32") => DType::F32,
+        Some("bf16") => DType::BF16,
+        Some(other) => return Err(format!("dtype {other:?} is neither f32 nor bf16").into()),
+    };
+    let model = load_qwen35(model_dir, dtype, &Device::Cpu)?;
     let logits = model.logits(&model.packed_hidden(&[&workload.logits_input])?)?.to_vec2::<f32>()?;
     let started = Instant::now();
-    let greedy = greedy(&model, &workload.greedy_prompt, workload.greedy_tokens)?;
+    let greedy = (workload.greedy_prompts.iter())
+        .map(|prompt| greedy(&model, prompt, workload.greedy_tokens))
+        .collect::<Result<_, _>>()?;
     let greedy_seconds = started.elapsed().as_secs_f64();
     let adapter_logits =
         workload.adapter_dir.as_deref().map(|dir| adapter_logits(&model, &workload, dir)).transpose()?;

@@ -10,6 +10,9 @@
 //! the delta rule and attention run per sequence. The pass is built from differentiable ops
 //! (whale's fused kernels where they exist), so a backward pass through it reaches every
 //! parameter.
+//!
+//! In bf16 it rounds where `transformers` does: the norms, the convolution, the decay `g`, the
+//! gate of the gated norm and the delta rule run in f32, the projections and attention in bf16.
 
 use super::config::{LayerKind, Qwen35Config};
 use super::delta_rule::{self, DeltaInputs};
@@ -74,14 +77,17 @@ pub fn parameter_shapes(config: &Qwen35Config) -> Vec<(String, Vec<usize>)> {
     shapes
 }
 
-/// `x̂ · (1 + w)` over runs of `w.len()` values (Qwen3.5's zero-centred RMSNorm).
+/// `x̂ · (1 + w)` over runs of `w.len()` values (Qwen3.5's zero-centred RMSNorm), in f32 as
+/// `transformers` computes it: in bf16, `1 + w` would keep only 8 bits of a small `w`.
 fn zero_centred_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    kernels::rms_norm(x, &(weight + 1.0)?, eps)
+    let scale = (weight.to_dtype(DType::F32)? + 1.0)?;
+    kernels::rms_norm(&x.to_dtype(DType::F32)?, &scale, eps)?.to_dtype(x.dtype())
 }
 
-/// `1 / (1 + e^-x)` as `(tanh(x/2) + 1) / 2`, finite in value and gradient for any `x`.
+/// `1 / (1 + e^-x)` as `(tanh(x/2) + 1) / 2`, finite in value and gradient for any `x`;
+/// computed in f32 and rounded once to `x`'s dtype, as torch's `sigmoid` is.
 fn sigmoid(x: &Tensor) -> candle_core::Result<Tensor> {
-    ((x * 0.5)?.tanh()? + 1.0)? * 0.5
+    (((x.to_dtype(DType::F32)? * 0.5)?.tanh()? + 1.0)? * 0.5)?.to_dtype(x.dtype())
 }
 
 /// `ln(1 + e^x)` as `max(x, 0) + ln(1 + e^-|x|)`, which never overflows.
@@ -154,8 +160,9 @@ impl GatedDeltaNet {
         let qkv = self.in_proj_qkv.forward(x)?;
         let z = self.in_proj_z.forward(x)?;
         let beta = sigmoid(&self.in_proj_b.forward(x)?)?;
-        let rate = softplus(&self.in_proj_a.forward(x)?.broadcast_add(&self.dt_bias)?)?;
-        let g = rate.broadcast_mul(&self.a_log.exp()?.neg()?)?;
+        let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+        let rate = softplus(&f32(&self.in_proj_a.forward(x)?)?.broadcast_add(&f32(&self.dt_bias)?)?)?;
+        let g = rate.broadcast_mul(&f32(&self.a_log)?.exp()?.neg()?)?;
         // Every sequence's rule inputs, padded to the longest and stacked along the heads: the
         // padding (k = 0, β = 0, g = 0) leaves each state as its real tokens left it.
         let longest = lengths.iter().copied().max().unwrap_or(0);
@@ -168,7 +175,7 @@ impl GatedDeltaNet {
             let rows = |t: &Tensor| t.narrow(0, start, len);
             let (mixed, next_window) = self.convolve(&rows(&qkv)?, window)?;
             *window = next_window.detach();
-            let (q, k, v) = self.heads(&mixed.silu()?.to_dtype(DType::F32)?)?;
+            let (q, k, v) = self.heads(&mixed.to_dtype(DType::F32)?)?;
             let per_head = |t: &Tensor| rows(t)?.t()?.to_dtype(DType::F32)?.contiguous();
             for (stack, t) in inputs.iter_mut().zip([q, k, v, per_head(&g)?, per_head(&beta)?]) {
                 stack.push(t.pad_with_zeros(1, 0, longest - len)?);
@@ -190,20 +197,22 @@ impl GatedDeltaNet {
             outputs.push(own.transpose(0, 1)?.reshape((len, heads * self.value_dim))?.to_dtype(x.dtype())?);
         }
         let out = Tensor::cat(&outputs, 0)?;
-        let gated = (kernels::rms_norm(&out, &self.norm, self.eps)? * z.silu()?)?;
+        let normed = kernels::rms_norm(&out, &self.norm, self.eps)?.to_dtype(DType::F32)?;
+        let gated = (normed * z.to_dtype(DType::F32)?.silu()?)?.to_dtype(x.dtype())?;
         self.out_proj.forward(&gated)
     }
 
-    /// The causal depthwise convolution of `x` `[n, conv_dim]` after `window`; returns the
-    /// output and the new window.
+    /// The causal depthwise convolution of `x` `[n, conv_dim]` after `window`, then SiLU,
+    /// summed in f32 and returned in `x`'s dtype; returns the output and the new window.
     fn convolve(&self, x: &Tensor, window: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
         let (kernel, n) = (self.conv.dim(0)?, x.dim(0)?);
         let full = Tensor::cat(&[window, x], 0)?;
-        let mut out = full.narrow(0, 0, n)?.broadcast_mul(&self.conv.narrow(0, 0, 1)?)?;
+        let (inputs, weights) = (full.to_dtype(DType::F32)?, self.conv.to_dtype(DType::F32)?);
+        let mut out = inputs.narrow(0, 0, n)?.broadcast_mul(&weights.narrow(0, 0, 1)?)?;
         for j in 1..kernel {
-            out = (out + full.narrow(0, j, n)?.broadcast_mul(&self.conv.narrow(0, j, 1)?)?)?;
+            out = (out + inputs.narrow(0, j, n)?.broadcast_mul(&weights.narrow(0, j, 1)?)?)?;
         }
-        Ok((out, full.narrow(0, n, kernel - 1)?))
+        Ok((out.silu()?.to_dtype(x.dtype())?, full.narrow(0, n, kernel - 1)?))
     }
 
     /// Splits convolved rows `[n, conv_dim]` into the delta rule's `q`, `k` `[Hv, n, dk]`
