@@ -1,4 +1,4 @@
-//! whale's local policy: a Qwen3-architecture transformer in candle, its Hugging Face
+//! whale's local policy: Qwen3 and Qwen3.5 decoders in candle, their Hugging Face
 //! checkpoints and the SFT trainer of the weight phase.
 //!
 //! Data flow:

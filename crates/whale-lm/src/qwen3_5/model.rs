@@ -163,6 +163,22 @@ impl GatedDeltaNet {
         let f32 = |t: &Tensor| t.to_dtype(DType::F32);
         let rate = softplus(&f32(&self.in_proj_a.forward(x)?)?.broadcast_add(&f32(&self.dt_bias)?)?)?;
         let g = rate.broadcast_mul(&f32(&self.a_log)?.exp()?.neg()?)?;
+        let out = self.mix(&qkv, &g, &beta, lengths, caches)?.to_dtype(x.dtype())?;
+        let normed = kernels::rms_norm(&out, &self.norm, self.eps)?.to_dtype(DType::F32)?;
+        let gated = (normed * z.to_dtype(DType::F32)?.silu()?)?.to_dtype(x.dtype())?;
+        self.out_proj.forward(&gated)
+    }
+
+    /// Each sequence's rows of `[q | k | v]` through its convolution window and its delta-rule
+    /// state (both advanced in its cache): the rule's outputs `[rows, value_heads · dv]` in f32.
+    fn mix(
+        &self,
+        qkv: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        lengths: &[usize],
+        caches: &mut [&mut LayerCache],
+    ) -> candle_core::Result<Tensor> {
         // Every sequence's rule inputs, padded to the longest and stacked along the heads: the
         // padding (k = 0, β = 0, g = 0) leaves each state as its real tokens left it.
         let longest = lengths.iter().copied().max().unwrap_or(0);
@@ -173,11 +189,11 @@ impl GatedDeltaNet {
                 candle_core::bail!("a linear-attention layer was given another layer's cache");
             };
             let rows = |t: &Tensor| t.narrow(0, start, len);
-            let (mixed, next_window) = self.convolve(&rows(&qkv)?, window)?;
+            let (mixed, next_window) = self.convolve(&rows(qkv)?, window)?;
             *window = next_window.detach();
             let (q, k, v) = self.heads(&mixed.to_dtype(DType::F32)?)?;
             let per_head = |t: &Tensor| rows(t)?.t()?.to_dtype(DType::F32)?.contiguous();
-            for (stack, t) in inputs.iter_mut().zip([q, k, v, per_head(&g)?, per_head(&beta)?]) {
+            for (stack, t) in inputs.iter_mut().zip([q, k, v, per_head(g)?, per_head(beta)?]) {
                 stack.push(t.pad_with_zeros(1, 0, longest - len)?);
             }
             states.push(state.clone());
@@ -194,12 +210,9 @@ impl GatedDeltaNet {
                 *state = next_states.narrow(0, index * heads, heads)?.detach();
             }
             let own = out.narrow(0, index * heads, heads)?.narrow(1, 0, len)?;
-            outputs.push(own.transpose(0, 1)?.reshape((len, heads * self.value_dim))?.to_dtype(x.dtype())?);
+            outputs.push(own.transpose(0, 1)?.reshape((len, heads * self.value_dim))?);
         }
-        let out = Tensor::cat(&outputs, 0)?;
-        let normed = kernels::rms_norm(&out, &self.norm, self.eps)?.to_dtype(DType::F32)?;
-        let gated = (normed * z.to_dtype(DType::F32)?.silu()?)?.to_dtype(x.dtype())?;
-        self.out_proj.forward(&gated)
+        Tensor::cat(&outputs, 0)
     }
 
     /// The causal depthwise convolution of `x` `[n, conv_dim]` after `window`, then SiLU,
