@@ -17,9 +17,9 @@ use std::path::{Path, PathBuf};
 use whale_core::ChatMessage;
 use whale_lm::{
     completion_logprobs, load_model, save_model, stored_dtype, ChatCodec, ChatCodecError, ChatRequest,
-    ChatTemplateError, CheckpointError, Completion, EngineConfig, EngineError, GenerationConfig, LocalPolicy,
-    LoraAdapter, LoraConfig, LoraError, ModelError, PgExample, PgObjective, Policy, PolicyError, Qwen3Config,
-    SamplingParams, SftExample, SftTrainer, TokenizerError, TrainError, TrainerConfig,
+    ChatTemplateError, CheckpointError, Completion, Decoder, EngineConfig, EngineError, GenerationConfig, LocalPolicy,
+    LoraAdapter, LoraConfig, LoraError, ModelError, PgExample, PgObjective, Policy, PolicyError, Qwen35Lora,
+    Qwen3Config, SamplingParams, SftExample, SftTrainer, TokenizerError, TrainError, TrainerConfig,
 };
 use whale_loop::scale_out::external_weights::Sample;
 use whale_tasks::{read_jsonl, RecordError};
@@ -434,9 +434,17 @@ pub struct GenerateSettings {
 pub fn generate(dir: &Path, prompt: &str, settings: &GenerateSettings) -> Result<Vec<Completion>, LmError> {
     let policy = LocalPolicy::load(dir, DType::F32, &Device::Cpu, EngineConfig::default())?;
     if let Some(adapter_dir) = &settings.adapter {
-        let base = policy.qwen3("a LoRA adapter")?;
-        let adapter = LoraAdapter::load_peft(adapter_dir, base.config(), base.dtype(), base.device())?;
-        policy.reload(base.with_adapter(&adapter)?, 0)?;
+        let adapted = match policy.decoder() {
+            Decoder::Qwen3(base) => {
+                let adapter = LoraAdapter::load_peft(adapter_dir, base.config(), base.dtype(), base.device())?;
+                Decoder::from(base.with_adapter(&adapter)?)
+            }
+            Decoder::Qwen35(base) => {
+                let adapter = Qwen35Lora::load_peft(adapter_dir, base.config(), base.dtype(), base.device())?;
+                Decoder::from(base.with_adapter(&adapter)?)
+            }
+        };
+        policy.reload(adapted, 0)?;
     }
     let params = |i: usize| SamplingParams {
         max_tokens: settings.max_tokens,

@@ -1,14 +1,16 @@
 //! A run whose `[model] path` is a Qwen3.5 checkpoint: rollouts on the in-process engine, weight
 //! steps by the in-process trainer (killed and resumed, it ends as if never interrupted) or by
 //! an external trainer whose Qwen3.5 checkpoints the engine installs; with `[weights.lora]` only
-//! a PEFT adapter trains and is checkpointed.
+//! a PEFT adapter trains and is checkpointed; `whale lm generate --adapter` applies one.
 
 mod common;
 
+use candle_core::{DType, Device};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
+use whale_lm::Qwen35Lora;
 use whale_loop::config::RunConfig;
 use whale_loop::experiment::{Experiment, Verbosity};
 use whale_loop::scale_out::trainer_command::{TrainerCommandConfig, TrainerOutput};
@@ -117,4 +119,38 @@ fn an_in_process_qwen3_5_run_killed_at_random_moments_ends_as_if_never_interrupt
     }
     let state = common::untimed_file(&killed.join("state.json"));
     assert_eq!((state["finished"].clone(), state["weight_steps"].clone()), (true.into(), 3.into()));
+}
+
+#[test]
+fn whale_lm_generate_applies_a_qwen3_5_adapter_as_its_merged_model_samples() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model_dir = common::tiny_qwen35_in(dir.path());
+    let base = whale_lm::load_qwen35(&model_dir, DType::F32, &Device::Cpu).expect("the model loads");
+    let lora = whale_lm::LoraConfig {
+        rank: 4,
+        target_modules: vec!["in_proj_qkv".into(), "o_proj".into()],
+        ..Default::default()
+    };
+    let adapter = Qwen35Lora::new(lora, base.config(), 1, DType::F32, &Device::Cpu).expect("an adapter");
+    for (name, var) in adapter.named_parameters().into_iter().filter(|(name, _)| name.contains("lora_B")) {
+        let moved = (var.as_tensor().ones_like().expect("ones") * 0.5).expect("scaled");
+        var.set(&moved).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let adapter_dir = dir.path().join("adapter");
+    adapter.save_peft(&adapter_dir, "tiny").expect("adapter saved");
+    let merged_dir = dir.path().join("merged");
+    whale_lm::save_qwen35(&base.with_adapter(&adapter).and_then(|m| m.merged()).expect("merged"), &merged_dir)
+        .expect("merged saved");
+    whale_lm::ChatCodec::copy_files(&model_dir, &merged_dir).expect("tokenizer files");
+    let generate = |model: &Path, extra: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
+        command.args(["lm", "generate", "--model"]).arg(model);
+        command.args(["--prompt", "What is 3 + 3?", "--max-tokens", "12", "--temperature", "0"]).args(extra);
+        let output = command.env("WHALE_HOME", dir.path()).output().expect("whale runs");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let adapted = generate(&model_dir, &["--adapter", adapter_dir.to_str().expect("utf-8")]);
+    assert_eq!(generate(&merged_dir, &[]), adapted, "the merged model decodes what the adapter does");
+    assert_ne!(generate(&model_dir, &[]), adapted, "the adapter changes what the base decodes");
 }
