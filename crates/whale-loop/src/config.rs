@@ -66,7 +66,7 @@ impl Default for RunConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
-    /// A model directory; absent: the default tiny base model (trained on first use).
+    /// A model directory (Qwen3 or Qwen3.5); absent: the default tiny base model (trained on first use).
     pub path: Option<PathBuf>,
     /// `cpu`, or `cuda` (a build with the `cuda` feature).
     pub device: String,

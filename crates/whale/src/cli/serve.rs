@@ -59,7 +59,8 @@ enum ServeCommand {
 
 #[derive(Debug, Args)]
 struct ServeOptions {
-    /// A Hugging Face model directory (default: the base model, pretrained first if needed).
+    /// A Hugging Face model directory, Qwen3 or Qwen3.5 (default: the base model, pretrained first
+    /// if needed).
     #[arg(long)]
     model: Option<PathBuf>,
     /// The name requests put in `model` (default: the model directory's name).
