@@ -36,18 +36,20 @@ LOGITS_TOLERANCE = 1e-4
 INSTRUCTION = "\nGive the final answer after ####."
 
 
-def ensure_venv():
-    """Re-runs this script inside the virtual environment, creating it on first use."""
+def ensure_venv(script=__file__):
+    """Re-runs `script` (this one by default) inside the virtual environment, creating it on
+    first use; one named by WHALE_HF_VENV that exists is used as it is."""
     python = VENV / "bin" / "python"
     if Path(sys.prefix).resolve() == VENV.resolve():
         return
     installed = VENV / ".whale-installed"
-    if not installed.exists():
+    given = "WHALE_HF_VENV" in os.environ and python.exists()
+    if not installed.exists() and not given:
         print(f"creating {VENV} and installing {' '.join(PACKAGES)} from PyPI ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PACKAGES], check=True)
         installed.touch()
-    os.execv(str(python), [str(python), __file__, *sys.argv[1:]])
+    os.execv(str(python), [str(python), script, *sys.argv[1:]])
 
 
 def shared_data():

@@ -18,9 +18,9 @@ then times that greedy decode and one training step (next-token loss, AdamW) in 
 Not checked here: vLLM serving the same checkpoint (its CPU kernel of the delta rule runs bf16 only).
 
 Usage: python3 bench/qwen3_5_compare.py
-The first run creates bench/.venv and installs torch, transformers and safetensors from PyPI
-(set WHALE_HF_VENV to reuse another virtual environment whose transformers has Qwen3.5, e.g.
-the one of scripts/vllm-venv.sh). Exits 1 when a check fails.
+The first run creates bench/.venv and installs torch, transformers, safetensors and peft from
+PyPI, as bench/hf_compare.py does (set WHALE_HF_VENV to use another virtual environment whose
+transformers has Qwen3.5, e.g. the one of scripts/vllm-venv.sh). Exits 1 when a check fails.
 """
 
 import json
@@ -32,25 +32,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-VENV = Path(os.environ.get("WHALE_HF_VENV", REPO / "bench" / ".venv"))
-PACKAGES = ["torch", "transformers", "safetensors", "peft"]
-LOGITS_TOLERANCE = 1e-4
+sys.path.insert(0, str(REPO / "bench"))
+from hf_compare import LOGITS_TOLERANCE, ensure_venv  # noqa: E402  (one venv for both scripts)
+
 VOCAB = 512
 GREEDY_TOKENS = 40
-
-
-def ensure_venv():
-    """Re-runs this script inside the virtual environment, creating it on first use."""
-    python = VENV / "bin" / "python"
-    if Path(sys.prefix).resolve() == VENV.resolve():
-        return
-    installed = VENV / ".whale-installed"
-    if not installed.exists() and not (VENV / "bin" / "python").exists():
-        print(f"creating {VENV} and installing {' '.join(PACKAGES)} from PyPI ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PACKAGES], check=True)
-        installed.touch()
-    os.execv(str(python), [str(python), __file__, *sys.argv[1:]])
 
 
 def text_config():
@@ -158,7 +144,7 @@ def transformers_side(model, work):
 
 
 def main():
-    ensure_venv()
+    ensure_venv(__file__)
     import torch
     import transformers
 

@@ -53,6 +53,7 @@ pub mod engine;
 mod kernels;
 pub mod lora;
 pub mod model;
+mod parameters;
 pub mod policy;
 pub mod policy_gradient;
 pub mod qwen3_5;

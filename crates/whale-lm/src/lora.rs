@@ -13,10 +13,11 @@
 //! B is `[out, rank]` and starts at zero, so a fresh adapter leaves the model's outputs unchanged.
 
 use crate::config::{optional, required, ConfigIssue, Qwen3Config};
+use crate::parameters;
 use crate::tensor_file::{read_exact_tensors, read_json_object, write_atomic, write_tensors, CheckpointError};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -228,11 +229,8 @@ impl LoraAdapter {
         for layer in 0..model.num_hidden_layers {
             for &target in &targets {
                 let (out_dim, in_dim) = target.weight_shape(model);
-                let bound = 1.0 / (in_dim as f64).sqrt();
-                let values: Vec<f32> = (0..config.rank * in_dim).map(|_| rng.gen_range(-bound..bound) as f32).collect();
-                let a = Tensor::from_vec(values, (config.rank, in_dim), &Device::Cpu)?;
+                let (a, b) = parameters::fresh_lora_pair(&mut rng, config.rank, in_dim, out_dim)?;
                 tensors.insert(peft_tensor_name(layer, target, "lora_A"), a);
-                let b = Tensor::zeros((out_dim, config.rank), DType::F32, &Device::Cpu)?;
                 tensors.insert(peft_tensor_name(layer, target, "lora_B"), b);
             }
         }
@@ -250,14 +248,7 @@ impl LoraAdapter {
         if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
             return Err(config_error("dtype", format!("{dtype:?} is not a float type")));
         }
-        let varmap = VarMap::new();
-        {
-            let mut data = varmap.data().lock().unwrap_or_else(PoisonError::into_inner);
-            for (name, tensor) in tensors {
-                let var = Var::from_tensor(&tensor.to_dtype(dtype)?.to_device(device)?.detach())?;
-                data.insert(name, var);
-            }
-        }
+        let varmap = parameters::variables(tensors, dtype, device)?;
         Ok(Self { config, targets, num_layers, varmap, dtype, device: device.clone() })
     }
 
@@ -289,10 +280,7 @@ impl LoraAdapter {
 
     /// Every matrix with its PEFT name, sorted by name.
     pub fn named_parameters(&self) -> Vec<(String, Var)> {
-        let data = self.varmap.data().lock().unwrap_or_else(PoisonError::into_inner);
-        let mut params: Vec<(String, Var)> = data.iter().map(|(name, var)| (name.clone(), var.clone())).collect();
-        params.sort_by(|a, b| a.0.cmp(&b.0));
-        params
+        parameters::sorted(&self.varmap)
     }
 
     /// Scalars in all matrices.

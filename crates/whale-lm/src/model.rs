@@ -34,12 +34,12 @@ pub(crate) use training::Packing;
 use crate::config::Qwen3Config;
 use crate::kernels;
 use crate::lora::{base_weight_name, LoraAdapter, LoraTarget};
+use crate::parameters;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
-use std::sync::PoisonError;
 
 fn input_error(message: impl Into<String>) -> ModelError {
     ModelError::Input(message.into())
@@ -435,8 +435,9 @@ impl Qwen3Model {
                 Tensor::ones(shape, DType::F32, &Device::Cpu)?
             } else {
                 let count = shape.iter().product();
-                let values =
-                    (0..count).map(|_| (standard_normal(&mut rng) * config.initializer_range) as f32).collect();
+                let values = (0..count)
+                    .map(|_| (parameters::standard_normal(&mut rng) * config.initializer_range) as f32)
+                    .collect();
                 Tensor::from_vec(values, shape, &Device::Cpu)?
             };
             tensors.insert(name, tensor);
@@ -453,21 +454,7 @@ impl Qwen3Model {
         device: &Device,
     ) -> Result<Self, ModelError> {
         config.validate()?;
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(input_error(format!("model dtype {dtype:?} is not a float type")));
-        }
-        let varmap = VarMap::new();
-        let mut params = HashMap::new();
-        for (name, shape) in parameter_shapes(config) {
-            let tensor = tensors.remove(&name).ok_or_else(|| ModelError::MissingTensor { name: name.clone() })?;
-            if tensor.dims() != shape.as_slice() {
-                return Err(ModelError::ShapeMismatch { name, expected: shape, found: tensor.dims().to_vec() });
-            }
-            // Detached so that the variable always owns a copy, even of another model's variable.
-            let var = Var::from_tensor(&tensor.to_dtype(dtype)?.to_device(device)?.detach())?;
-            params.insert(name.clone(), var.as_tensor().clone());
-            varmap.data().lock().unwrap_or_else(PoisonError::into_inner).insert(name, var);
-        }
+        let (varmap, params) = parameters::checked_variables(parameter_shapes(config), &mut tensors, dtype, device)?;
         Self::assemble(config, varmap, params, dtype, device, None)
     }
 
@@ -619,10 +606,7 @@ impl Qwen3Model {
     /// Every base parameter with its Hugging Face name, sorted by name (an adapter's are in
     /// [`LoraAdapter::named_parameters`]).
     pub fn named_parameters(&self) -> Vec<(String, Var)> {
-        let data = self.varmap.data().lock().unwrap_or_else(PoisonError::into_inner);
-        let mut params: Vec<(String, Var)> = data.iter().map(|(name, var)| (name.clone(), var.clone())).collect();
-        params.sort_by(|a, b| a.0.cmp(&b.0));
-        params
+        parameters::sorted(&self.varmap)
     }
 
     /// Logits `[B, T, vocab]` (f32) of a padded batch.
@@ -829,11 +813,4 @@ fn rotary_inverse_frequencies(config: &Qwen3Config, device: &Device) -> candle_c
     let inv_freq: Vec<f32> =
         (0..dim / 2).map(|i| (1.0 / config.rope_theta.powf((2 * i) as f64 / dim as f64)) as f32).collect();
     Tensor::from_vec(inv_freq, dim / 2, device)
-}
-
-/// A standard normal sample (Box-Muller).
-fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
-    let u1: f64 = 1.0 - rng.gen::<f64>();
-    let u2: f64 = rng.gen::<f64>();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }

@@ -13,10 +13,11 @@ use crate::lora::{
     config_error, lora_config_from_peft, peft_config, peft_key, LoraConfig, LoraError, ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
 };
+use crate::parameters;
 use crate::tensor_file::{read_exact_tensors, read_json_object, write_atomic, write_tensors, CheckpointError};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::path::Path;
@@ -100,17 +101,9 @@ impl Qwen35Lora {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut tensors = HashMap::new();
         for module in modules(&config, model)? {
-            let bound = 1.0 / (module.in_dim as f64).sqrt();
-            let values: Vec<f32> =
-                (0..config.rank * module.in_dim).map(|_| rng.gen_range(-bound..bound) as f32).collect();
-            tensors.insert(
-                peft_name(&module.path, "lora_A"),
-                Tensor::from_vec(values, (config.rank, module.in_dim), &Device::Cpu)?,
-            );
-            tensors.insert(
-                peft_name(&module.path, "lora_B"),
-                Tensor::zeros((module.out_dim, config.rank), DType::F32, &Device::Cpu)?,
-            );
+            let (a, b) = parameters::fresh_lora_pair(&mut rng, config.rank, module.in_dim, module.out_dim)?;
+            tensors.insert(peft_name(&module.path, "lora_A"), a);
+            tensors.insert(peft_name(&module.path, "lora_B"), b);
         }
         Self::from_tensors(config, tensors, dtype, device)
     }
@@ -121,13 +114,10 @@ impl Qwen35Lora {
         dtype: DType,
         device: &Device,
     ) -> Result<Self, LoraError> {
-        let varmap = VarMap::new();
-        {
-            let mut data = varmap.data().lock().unwrap_or_else(PoisonError::into_inner);
-            for (name, tensor) in tensors {
-                data.insert(name, Var::from_tensor(&tensor.to_dtype(dtype)?.to_device(device)?.detach())?);
-            }
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(config_error("dtype", format!("{dtype:?} is not a float type")));
         }
+        let varmap = parameters::variables(tensors, dtype, device)?;
         Ok(Self { config, varmap })
     }
 
@@ -142,10 +132,7 @@ impl Qwen35Lora {
 
     /// The matrices under their PEFT names, sorted by name.
     pub fn named_parameters(&self) -> Vec<(String, Var)> {
-        let data = self.varmap.data().lock().unwrap_or_else(PoisonError::into_inner);
-        let mut params: Vec<(String, Var)> = data.iter().map(|(name, var)| (name.clone(), var.clone())).collect();
-        params.sort_by(|a, b| a.0.cmp(&b.0));
-        params
+        parameters::sorted(&self.varmap)
     }
 
     /// A (`[rank, in]`) and B (`[out, rank]`) of the projection at `path`, if it is adapted.

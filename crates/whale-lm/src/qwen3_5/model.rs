@@ -19,12 +19,12 @@ use super::delta_rule::{self, DeltaInputs};
 use super::lora::Qwen35Lora;
 use crate::kernels;
 use crate::model::{linear, LoraUpdate, ModelError, Projection};
+use crate::parameters;
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
-use std::sync::PoisonError;
 
 fn input_error(message: impl Into<String>) -> ModelError {
     ModelError::Input(message.into())
@@ -292,37 +292,46 @@ impl GatedAttention {
         let scale = 1.0 / (d as f64).sqrt();
         let fresh = caches.iter().all(|cache| matches!(&**cache, LayerCache::Full { keys: None, .. }));
         let attended = if fresh {
-            kernels::attention(&q, &k, &v, lengths, d, scale)?
+            self.attend_fresh(&q, &k, &v, lengths, caches, scale)?
         } else {
             self.attend_after_cache(&q, &k, &v, lengths, caches, scale)?
         };
+        self.o_proj.forward(&(attended * sigmoid(&gate)?)?)
+    }
+
+    /// Causal attention within each sequence, none cached yet (the training pass, a first
+    /// prefill); each sequence's keys and values become its cache.
+    fn attend_fresh(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        lengths: &[usize],
+        caches: &mut [&mut LayerCache],
+        scale: f64,
+    ) -> candle_core::Result<Tensor> {
+        let attended = kernels::attention(q, k, v, lengths, self.head_dim, scale)?;
         let mut start = 0;
         for (&len, cache) in lengths.iter().zip(caches.iter_mut()) {
             let LayerCache::Full { keys, values } = &mut **cache else {
                 candle_core::bail!("a full-attention layer was given another layer's cache");
             };
-            let append = |past: &Option<Tensor>, new: &Tensor| -> candle_core::Result<Tensor> {
-                let new = new.narrow(0, start, len)?.detach();
-                match past {
-                    Some(past) => Tensor::cat(&[past, &new], 0),
-                    None => Ok(new),
-                }
-            };
-            *keys = Some(append(keys, &k)?);
-            *values = Some(append(values, &v)?);
+            *keys = Some(k.narrow(0, start, len)?.detach());
+            *values = Some(v.narrow(0, start, len)?.detach());
             start += len;
         }
-        self.o_proj.forward(&(attended * sigmoid(&gate)?)?)
+        Ok(attended)
     }
 
-    /// Attention of each sequence's new rows to its cached keys and its new ones (causal).
+    /// Attention of each sequence's new rows to its cached keys and its new ones (causal); the
+    /// keys and values attended to become its cache.
     fn attend_after_cache(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         lengths: &[usize],
-        caches: &[&mut LayerCache],
+        caches: &mut [&mut LayerCache],
         scale: f64,
     ) -> candle_core::Result<Tensor> {
         let d = self.head_dim;
@@ -332,8 +341,8 @@ impl GatedAttention {
         };
         let mut outputs = Vec::with_capacity(lengths.len());
         let mut start = 0;
-        for (&len, cache) in lengths.iter().zip(caches) {
-            let LayerCache::Full { keys, values } = &**cache else {
+        for (&len, cache) in lengths.iter().zip(caches.iter_mut()) {
+            let LayerCache::Full { keys, values } = &mut **cache else {
                 candle_core::bail!("a full-attention layer was given another layer's cache");
             };
             let with_past = |past: &Option<Tensor>, new: &Tensor| -> candle_core::Result<Tensor> {
@@ -362,6 +371,8 @@ impl GatedAttention {
                 kernels::softmax_last_dim,
             )?;
             outputs.push(out.transpose(1, 2)?.reshape((len, self.heads * d))?);
+            *keys = Some(all_k.detach());
+            *values = Some(all_v.detach());
             start += len;
         }
         Tensor::cat(&outputs, 0)
@@ -439,7 +450,7 @@ impl Qwen35Model {
             } else if shape.len() == 1 {
                 vec![0.0; count]
             } else {
-                (0..count).map(|_| (standard_normal(&mut rng) * 0.02) as f32).collect()
+                (0..count).map(|_| (parameters::standard_normal(&mut rng) * 0.02) as f32).collect()
             };
             tensors.insert(name, Tensor::from_vec(values, shape, &Device::Cpu)?);
         }
@@ -454,20 +465,7 @@ impl Qwen35Model {
         dtype: DType,
         device: &Device,
     ) -> Result<Self, ModelError> {
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(input_error(format!("model dtype {dtype:?} is not a float type")));
-        }
-        let varmap = VarMap::new();
-        let mut params = HashMap::new();
-        for (name, shape) in parameter_shapes(config) {
-            let tensor = tensors.remove(&name).ok_or_else(|| ModelError::MissingTensor { name: name.clone() })?;
-            if tensor.dims() != shape.as_slice() {
-                return Err(ModelError::ShapeMismatch { name, expected: shape, found: tensor.dims().to_vec() });
-            }
-            let var = Var::from_tensor(&tensor.to_dtype(dtype)?.to_device(device)?.detach())?;
-            params.insert(name.clone(), var.as_tensor().clone());
-            varmap.data().lock().unwrap_or_else(PoisonError::into_inner).insert(name, var);
-        }
+        let (varmap, params) = parameters::checked_variables(parameter_shapes(config), &mut tensors, dtype, device)?;
         Self::assemble(config, varmap, params, dtype, device, None)
     }
 
@@ -581,12 +579,11 @@ impl Qwen35Model {
     /// parameters, as constants of its passes (a backward pass reaches the adapter only), and
     /// the adapter's variables. The adapter must have been made for this configuration.
     pub fn with_adapter(&self, adapter: &Qwen35Lora) -> Result<Self, ModelError> {
-        let params = self.named_parameters().into_iter().map(|(name, var)| (name, var.as_tensor().detach())).collect();
-        let model = Self::assemble(&self.config, self.varmap.clone(), params, self.dtype, &self.device, Some(adapter))?;
         if adapter.named_parameters().iter().any(|(_, var)| var.dtype() != self.dtype) {
             return Err(input_error(format!("the adapter is not {:?} like the model", self.dtype)));
         }
-        Ok(model)
+        let params = self.named_parameters().into_iter().map(|(name, var)| (name, var.as_tensor().detach())).collect();
+        Self::assemble(&self.config, self.varmap.clone(), params, self.dtype, &self.device, Some(adapter))
     }
 
     /// A new model with its own parameters, each adapted weight replaced by `W + scale B A`
@@ -608,10 +605,7 @@ impl Qwen35Model {
 
     /// Every parameter with its checkpoint name, sorted by name.
     pub fn named_parameters(&self) -> Vec<(String, Var)> {
-        let data = self.varmap.data().lock().unwrap_or_else(PoisonError::into_inner);
-        let mut params: Vec<(String, Var)> = data.iter().map(|(name, var)| (name.clone(), var.clone())).collect();
-        params.sort_by(|a, b| a.0.cmp(&b.0));
-        params
+        parameters::sorted(&self.varmap)
     }
 
     /// An empty cache for one sequence.
@@ -718,11 +712,4 @@ impl Qwen35Model {
             Tensor::from_vec(positions, (rows, 1), &self.device)?.broadcast_mul(&self.inv_freq.unsqueeze(0)?)?;
         Ok(Rotary { cos: angles.cos()?.to_dtype(self.dtype)?, sin: angles.sin()?.to_dtype(self.dtype)? })
     }
-}
-
-/// A standard normal sample (Box-Muller).
-fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
-    let u1: f64 = 1.0 - rng.gen::<f64>();
-    let u2: f64 = rng.gen::<f64>();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
