@@ -12,6 +12,12 @@
 //! its prompt, parameters and seed only, never on what shares its batch (up to the float
 //! rounding of a batched forward pass).
 //!
+//! Threads: the scheduler runs inside a rayon pool of its own, one thread per core, and the
+//! matrix products, the two halves of a one-sequence step's LM head and the sampling of many
+//! rows run on that pool. The scheduler being one of its threads, handing work to the others
+//! is cheap: it goes on working meanwhile instead of sleeping until they finish (measured: a
+//! 64-sequence decode on the 5.25M model went from about 2,900 to 3,300 tokens/s).
+//!
 //! Weights: the SFT trainer updates the parameters in place and the engine's model shares them,
 //! so after a trainer step the owner calls [`LocalPolicy::set_weights_version`]; a different
 //! model (a loaded checkpoint) comes in through [`LocalPolicy::reload`]. Either way the
@@ -28,6 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
 use candle_core::{DType, Device};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use whale_core::ChatMessage;
 
@@ -98,6 +105,8 @@ pub enum EngineError {
     Architecture { architecture: &'static str, operation: &'static str },
     #[error("cannot start the scheduler thread: {0}")]
     Spawn(std::io::Error),
+    #[error("cannot start the engine's threads: {0}")]
+    Pool(String),
     #[error("the generation engine has stopped")]
     Stopped,
 }
@@ -172,9 +181,14 @@ impl LocalPolicy {
             live: Vec::new(),
             stats: Arc::clone(&stats),
         };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
+            .thread_name(|index| format!("whale-lm-{index}"))
+            .build()
+            .map_err(|error| EngineError::Pool(error.to_string()))?;
         let handle = std::thread::Builder::new()
             .name("whale-lm-scheduler".to_string())
-            .spawn(move || scheduler.run())
+            .spawn(move || pool.install(|| scheduler.run()))
             .map_err(EngineError::Spawn)?;
         Ok(Self {
             name: "local".to_string(),
@@ -527,27 +541,20 @@ impl Sequence {
 /// than it saves (sampling costs about 10 ns per logit).
 const LOGITS_PER_SAMPLING_THREAD: usize = 1 << 17;
 
-/// Samples every row, on several threads when there is enough work: with a real vocabulary of
-/// 150k ids, sampling 64 rows on one thread takes longer than the decode step itself.
+/// Samples every row, on the engine's threads when there is enough work: with a real
+/// vocabulary of 150k ids, sampling 64 rows on one thread takes longer than the decode step
+/// itself. Each row is sampled by its own sequence's sampler, so the threads change nothing.
 fn accept_rows(mut rows: Vec<(&mut Sequence, &Vec<f32>)>, tokenizer: &Tokenizer, eos: &[u32]) {
     let logits: usize = rows.iter().map(|(_, row)| row.len()).sum();
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let threads = cores.min(logits / LOGITS_PER_SAMPLING_THREAD).clamp(1, rows.len().max(1));
-    let accept_all = |part: &mut [(&mut Sequence, &Vec<f32>)]| {
-        for (sequence, row) in part {
+    let threads = rayon::current_num_threads().min(logits / LOGITS_PER_SAMPLING_THREAD).clamp(1, rows.len().max(1));
+    if threads == 1 {
+        for (sequence, row) in rows {
             sequence.accept(row, tokenizer, eos);
         }
-    };
-    if threads == 1 {
-        accept_all(&mut rows);
         return;
     }
     let per_thread = rows.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        for part in rows.chunks_mut(per_thread) {
-            scope.spawn(move || accept_all(part));
-        }
-    });
+    rows.par_iter_mut().with_min_len(per_thread).for_each(|(sequence, row)| sequence.accept(row, tokenizer, eos));
 }
 
 #[derive(Clone, Copy)]

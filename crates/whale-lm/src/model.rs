@@ -6,9 +6,9 @@
 //! fused on the CPU with backward passes, composed from differentiable ops elsewhere) over
 //! the token rows of sequences packed end to end, `[Σ len, width]`. The cached decoding pass
 //! (this file) needs no gradient and runs candle's kernels over `[B, heads, T, d]`, the layout of
-//! the key/value cache. The two passes share the weights, the projections (LoRA included) and the
-//! MLP (whose SwiGLU is whale's op in both), and agree to float rounding (the tests hold their
-//! logits to 1e-4).
+//! the key/value cache; its attention reads each sequence's cache where it lies ([`step_kv`]).
+//! The two passes share the weights, the projections (LoRA included) and the MLP (whose SwiGLU
+//! is whale's op in both), and agree to float rounding (the tests hold their logits to 1e-4).
 //!
 //! A model may carry a LoRA adapter ([`Qwen3Model::with_adapter`]): each targeted projection
 //! then adds `scale * (x A^T) B^T` to `x W^T`, in every entry point; a model without one does no
@@ -25,10 +25,12 @@
 //!   sequences may join or leave between calls: the batch is formed anew on every call.
 
 pub mod error;
+mod step_kv;
 mod training;
 
 pub use error::ModelError;
 
+use step_kv::StepKv;
 pub(crate) use training::Packing;
 
 use crate::config::Qwen3Config;
@@ -78,7 +80,7 @@ pub fn parameter_shapes(config: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
 /// straight to the product, without reshapes for autograd to carry).
 pub(crate) fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
     if x.rank() == 2 {
-        return x.matmul(&weight.t()?);
+        return product(x, weight);
     }
     let (out_dim, in_dim) = weight.dims2()?;
     let mut shape = x.dims().to_vec();
@@ -86,7 +88,44 @@ pub(crate) fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor>
         *last = out_dim;
     }
     let rows = x.elem_count() / in_dim;
-    x.reshape((rows, in_dim))?.matmul(&weight.t()?)?.reshape(shape)
+    product(&x.reshape((rows, in_dim))?, weight)?.reshape(shape)
+}
+
+/// Outputs each half of a one-row product needs for `gemm` to compute it as it computes the
+/// whole: up to 256 outputs it takes another kernel.
+const GEMV_MIN_OUTPUTS: usize = 257;
+
+/// Weights below which a one-row product stays on one thread (handing half to another thread
+/// costs more than it saves).
+const SPLIT_MIN_WEIGHTS: usize = 1 << 18;
+
+/// `x @ w^T` of a matrix `x`. A decoding step of one sequence multiplies one row by each
+/// weight: `gemm` computes that as independent dot products, one per output, on one thread.
+/// For a large weight on the CPU each half of the outputs goes to its own thread; every
+/// output is the same dot product as before, so the result is the same to the last bit
+/// (a unit test holds it there).
+pub(crate) fn product(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
+    let (out_dim, in_dim) = weight.dims2()?;
+    let split = x.dim(0)? == 1
+        && x.is_contiguous()
+        && x.device().is_cpu()
+        && x.dtype() == DType::F32
+        && out_dim >= 2 * GEMV_MIN_OUTPUTS
+        && out_dim * in_dim >= SPLIT_MIN_WEIGHTS;
+    if split {
+        halved_product(x, weight)
+    } else {
+        x.matmul(&weight.t()?)
+    }
+}
+
+/// `x @ w^T` with each half of the outputs computed on its own thread.
+fn halved_product(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
+    let out_dim = weight.dim(0)?;
+    let half = out_dim / 2;
+    let part = |start: usize, len: usize| x.matmul(&weight.narrow(0, start, len)?.t()?);
+    let (first, second) = rayon::join(|| part(0, half), || part(half, out_dim - half));
+    Tensor::cat(&[first?, second?], 1)
 }
 
 /// A linear projection `x W^T`, plus a LoRA update when an adapter targets it.
@@ -197,27 +236,16 @@ struct Attention {
 }
 
 impl Attention {
-    /// Returns the output and this pass's keys and values (after k-norm and rotary).
-    fn forward(
-        &self,
-        x: &Tensor,
-        rotary: &Rotary,
-        mask: &Tensor,
-        past: Option<&LayerKv>,
-    ) -> candle_core::Result<(Tensor, LayerKv)> {
+    /// Stores this pass's keys and values (after k-norm and rotary) as layer `layer` of `kv`
+    /// and attends over everything `kv` holds for it.
+    fn forward(&self, x: &Tensor, rotary: &Rotary, kv: &StepKv, layer: usize) -> candle_core::Result<Tensor> {
         let (batch, steps, _) = x.dims3()?;
         let q = rotary.apply(&self.heads(x, &self.q_proj, self.num_heads, Some(&self.q_norm))?)?;
         let k = rotary.apply(&self.heads(x, &self.k_proj, self.num_kv_heads, Some(&self.k_norm))?)?;
         let v = self.heads(x, &self.v_proj, self.num_kv_heads, None)?;
-        let (all_k, all_v) = match past {
-            Some((past_k, past_v)) => (Tensor::cat(&[past_k, &k], 2)?, Tensor::cat(&[past_v, &v], 2)?),
-            None => (k.clone(), v.clone()),
-        };
-        let attended = kernels::composed_attention(&q, &all_k, &all_v, mask, self.scale(), |scores| {
-            candle_nn::ops::softmax_last_dim(&scores.contiguous()?)
-        })?;
+        let attended = kv.attend(layer, &q, &k, &v, self.scale())?;
         let merged = attended.transpose(1, 2)?.reshape((batch, steps, self.num_heads * self.head_dim))?;
-        Ok((self.o_proj.forward(&merged)?, (k, v)))
+        self.o_proj.forward(&merged)
     }
 
     /// Projects to `[B, heads, T, head_dim]`, normalising each head when `norm` is given.
@@ -266,17 +294,10 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn forward(
-        &self,
-        x: &Tensor,
-        rotary: &Rotary,
-        mask: &Tensor,
-        past: Option<&LayerKv>,
-    ) -> candle_core::Result<(Tensor, LayerKv)> {
-        let (attended, kv) = self.attention.forward(&self.input_layernorm.forward(x)?, rotary, mask, past)?;
+    fn forward(&self, x: &Tensor, rotary: &Rotary, kv: &StepKv, layer: usize) -> candle_core::Result<Tensor> {
+        let attended = self.attention.forward(&self.input_layernorm.forward(x)?, rotary, kv, layer)?;
         let x = (x + attended)?;
-        let out = (&x + self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)?;
-        Ok((out, kv))
+        &x + self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?
     }
 
     fn projections_mut(&mut self) -> [(LoraTarget, &mut Projection); 7] {
@@ -299,8 +320,6 @@ struct PassInputs {
     ids: Tensor,
     /// `[B, T]` f32 rotary positions.
     positions: Tensor,
-    /// `[B, 1, 1, T, S]` f32, 0 where attention is allowed and -inf where not.
-    mask: Tensor,
 }
 
 /// The keys and values of every token of one sequence so far, per layer.
@@ -381,12 +400,6 @@ impl KvCache {
         self.layers = grown;
         self.capacity = capacity;
         Ok(())
-    }
-
-    /// The first `len` slots of one layer, `[1, kv_heads, len, head_dim]`.
-    fn prefix(&self, layer: usize, len: usize) -> candle_core::Result<LayerKv> {
-        let (keys, values) = &self.layers[layer];
-        Ok((keys.narrow(2, 0, len)?, values.narrow(2, 0, len)?))
     }
 
     /// Stores `[1, kv_heads, n, head_dim]` keys and values at slots `len..len + n` of one layer.
@@ -657,9 +670,9 @@ impl Qwen3Model {
         }
     }
 
-    /// Runs the decoder on `[B, T]` ids after `past` (per layer, `[B, kv, S_past, d]`).
-    /// Returns the normalised hidden states and each layer's new keys and values.
-    fn run_layers(&self, inputs: &PassInputs, past: Option<&[LayerKv]>) -> candle_core::Result<(Tensor, Vec<LayerKv>)> {
+    /// Runs the decoder on `[B, T]` ids, each layer storing its keys and values in `kv` and
+    /// attending over what `kv` holds. Returns the normalised hidden states.
+    fn run_layers(&self, inputs: &PassInputs, kv: &StepKv) -> candle_core::Result<Tensor> {
         let (rows, steps) = inputs.ids.dims2()?;
         let rotary = Rotary::new(&self.inv_freq, &inputs.positions, self.dtype)?;
         let mut x = self.embed_tokens.index_select(&inputs.ids.flatten_all()?, 0)?.reshape((
@@ -667,14 +680,10 @@ impl Qwen3Model {
             steps,
             self.config.hidden_size,
         ))?;
-        let mut new_kv = Vec::with_capacity(self.layers.len());
         for (index, layer) in self.layers.iter().enumerate() {
-            let layer_past = past.map(|past| &past[index]);
-            let (out, kv) = layer.forward(&x, &rotary, &inputs.mask, layer_past)?;
-            x = out;
-            new_kv.push(kv);
+            x = layer.forward(&x, &rotary, kv, index)?;
         }
-        Ok((self.norm.forward(&x)?, new_kv))
+        self.norm.forward(&x)
     }
 
     /// An empty cache for one sequence of this model.
@@ -697,11 +706,11 @@ impl Qwen3Model {
     ///
     /// Chunks may have any non-zero lengths (a prompt being prefilled, a single sampled token,
     /// or a continuation after tool output) and caches any lengths: chunks are right-padded to
-    /// the longest chunk, cached keys are padded to the longest cache, and a mask keeps every
-    /// sequence to its own tokens. Sequence `i`'s new token `j` sits at position
-    /// `cache.len() + j`. The result agrees with running each sequence alone up to float
-    /// rounding. The cost grows with `steps.len() * longest chunk * (longest cache + longest
-    /// chunk)`, so a scheduler may prefer to prefill long prompts apart from decode steps.
+    /// the longest chunk, and each sequence attends only to its own tokens ([`step_kv`]).
+    /// Sequence `i`'s new token `j` sits at position `cache.len() + j`. The result agrees with
+    /// running each sequence alone up to float rounding. The projections cost grows with
+    /// `steps.len() * longest chunk`, so a scheduler may prefer to prefill long prompts apart
+    /// from decode steps.
     ///
     /// The inputs are checked before any cache is touched.
     pub fn forward_step(&self, steps: &mut [SeqStep<'_>]) -> Result<Tensor, ModelError> {
@@ -714,16 +723,15 @@ impl Qwen3Model {
             let needed = past_max.max(step.cache.len + step.tokens.len());
             step.cache.reserve(needed)?;
         }
-        let inputs = self.step_inputs(steps, &past_lens, &chunk_lens, past_max, chunk_max)?;
-        let past = if past_max == 0 { None } else { Some(self.gather_past(steps, past_max)?) };
-        let (hidden, new_kv) = self.run_layers(&inputs, past.as_deref())?;
-        for (row, step) in steps.iter_mut().enumerate() {
-            let len = step.tokens.len();
-            for (layer, (keys, values)) in new_kv.iter().enumerate() {
-                let keys = keys.narrow(0, row, 1)?.narrow(2, 0, len)?;
-                let values = values.narrow(0, row, 1)?.narrow(2, 0, len)?;
-                step.cache.write(layer, &keys, &values)?;
-            }
+        let inputs = self.step_inputs(steps, chunk_max)?;
+        let hidden = {
+            let caches: Vec<&KvCache> = steps.iter().map(|step| &*step.cache).collect();
+            let kv = StepKv::new(&caches, &chunk_lens, &self.device, self.dtype)?;
+            let hidden = self.run_layers(&inputs, &kv)?;
+            kv.write_back(&caches, &chunk_lens)?;
+            hidden
+        };
+        for (step, len) in steps.iter_mut().zip(&chunk_lens) {
             step.cache.len += len;
         }
         let last: Vec<u32> =
@@ -751,14 +759,7 @@ impl Qwen3Model {
         Ok(())
     }
 
-    fn step_inputs(
-        &self,
-        steps: &[SeqStep<'_>],
-        past_lens: &[usize],
-        chunk_lens: &[usize],
-        past_max: usize,
-        chunk_max: usize,
-    ) -> candle_core::Result<PassInputs> {
+    fn step_inputs(&self, steps: &[SeqStep<'_>], chunk_max: usize) -> candle_core::Result<PassInputs> {
         let rows = steps.len();
         let mut ids = vec![0u32; rows * chunk_max];
         let mut positions = vec![0f32; rows * chunk_max];
@@ -766,44 +767,13 @@ impl Qwen3Model {
             let start = row * chunk_max;
             ids[start..start + step.tokens.len()].copy_from_slice(step.tokens);
             for (offset, position) in positions[start..start + chunk_max].iter_mut().enumerate() {
-                *position = (past_lens[row] + offset) as f32;
+                *position = (step.cache.len + offset) as f32;
             }
         }
-        let mask = kernels::attention_bias(
-            rows,
-            chunk_max,
-            past_max + chunk_max,
-            |query| past_max + query,
-            |row, query, key| {
-                if key < past_max {
-                    key < past_lens[row]
-                } else {
-                    key - past_max <= query && query < chunk_lens[row]
-                }
-            },
-            &self.device,
-        )?;
         Ok(PassInputs {
             ids: Tensor::from_vec(ids, (rows, chunk_max), &self.device)?,
             positions: Tensor::from_vec(positions, (rows, chunk_max), &self.device)?,
-            mask,
         })
-    }
-
-    /// Each layer's cached keys and values of all sequences, `[B, kv, past_max, d]`; slots past
-    /// a sequence's length are zeros and are masked.
-    fn gather_past(&self, steps: &[SeqStep<'_>], past_max: usize) -> candle_core::Result<Vec<LayerKv>> {
-        (0..self.layers.len())
-            .map(|layer| {
-                let (keys, values): (Vec<Tensor>, Vec<Tensor>) = steps
-                    .iter()
-                    .map(|step| step.cache.prefix(layer, past_max))
-                    .collect::<candle_core::Result<Vec<_>>>()?
-                    .into_iter()
-                    .unzip();
-                Ok((Tensor::cat(&keys, 0)?, Tensor::cat(&values, 0)?))
-            })
-            .collect()
     }
 }
 
@@ -813,4 +783,26 @@ fn rotary_inverse_frequencies(config: &Qwen3Config, device: &Device) -> candle_c
     let inv_freq: Vec<f32> =
         (0..dim / 2).map(|i| (1.0 / config.rope_theta.powf((2 * i) as f64 / dim as f64)) as f32).collect();
     Tensor::from_vec(inv_freq, dim / 2, device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The split one-row product gives `gemm`'s own result bit for bit, at the sizes the models
+    /// use (tall weights, wide inputs, odd counts) and with the halves unequal.
+    #[test]
+    fn a_split_one_row_product_equals_the_whole_to_the_last_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for (out_dim, in_dim) in [(8192, 256), (768, 256), (514, 768), (3001, 517), (151_936, 64)] {
+            let mut random = |count: usize| -> Vec<f32> { (0..count).map(|_| rng.gen_range(-1.0..1.0)).collect() };
+            let x = Tensor::from_vec(random(in_dim), (1, in_dim), &Device::Cpu).unwrap();
+            let weight = Tensor::from_vec(random(out_dim * in_dim), (out_dim, in_dim), &Device::Cpu).unwrap();
+            let split: Vec<f32> = halved_product(&x, &weight).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let whole: Vec<f32> = x.matmul(&weight.t().unwrap()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(split.len(), out_dim);
+            let differing = split.iter().zip(&whole).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differing, 0, "{out_dim} x {in_dim}: {differing} outputs differ");
+        }
+    }
 }

@@ -168,6 +168,36 @@ fn a_batched_step_matches_each_sequence_alone() {
     assert!(caches.iter().all(|c| c.allocated_bytes() > 0));
 }
 
+/// On the CPU in f32 a step attends straight over the caches; in other dtypes (and on GPUs)
+/// it gathers the caches into padded buffers. The same weights in f16 take the second path:
+/// both give the same logits, to f16's rounding, over a schedule of joins, decodes and chunks
+/// of mixed lengths.
+#[test]
+fn attention_read_from_the_caches_agrees_with_the_gathered_path() {
+    let single = tiny_model(false, 23);
+    let tensors = single.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
+    let double = Qwen3Model::from_tensors(single.config(), tensors, DType::F16, &Device::Cpu).unwrap();
+    let mut rng = rng(8);
+    let chunks: Vec<Vec<u32>> = [5, 9, 1, 1, 3, 1, 2].iter().map(|&len| random_tokens(&mut rng, len)).collect();
+    let mut logits = Vec::new();
+    for model in [&single, &double] {
+        let mut caches = [(); 3].map(|_| model.new_cache());
+        let [c0, c1, c2] = caches.each_mut();
+        let mut rows = batched(model, &mut [(&chunks[0], &mut *c0), (&chunks[1], &mut *c1)]);
+        rows.extend(batched(model, &mut [(&chunks[2], &mut *c0), (&chunks[3], &mut *c1), (&chunks[4], &mut *c2)]));
+        rows.extend(batched(model, &mut [(&chunks[5], &mut *c0), (&chunks[6], &mut *c2)]));
+        logits.push(rows);
+    }
+    for (row, (a, b)) in logits[0].iter().zip(&logits[1]).enumerate() {
+        let diff = max_abs_diff(a, b);
+        assert!(diff < 0.05, "row {row}: {diff}");
+    }
+    // f16's rounding moves these logits by about 0.01; one sequence's logits attended over
+    // another's keys would be far outside that.
+    assert!(max_abs_diff(&logits[0][0], &logits[0][1]) > 1.0);
+    assert!(max_abs_diff(&logits[0][2], &logits[0][5]) > 1.0);
+}
+
 fn batched(model: &Qwen3Model, work: &mut [(&Vec<u32>, &mut whale_lm::KvCache)]) -> Vec<Vec<f32>> {
     let mut steps: Vec<SeqStep> = work.iter_mut().map(|(tokens, cache)| SeqStep { tokens, cache }).collect();
     let logits = model.forward_step(&mut steps).unwrap();

@@ -8,8 +8,11 @@
 //! gradient in one or a few passes (the formulas below); attention ([`attention`]) and the
 //! cross-entropy of the logits ([`cross_entropy`]) have their own modules. They take f32
 //! tensors on the CPU; every other case uses the composition, which computes the same function.
+//! One kernel is for decoding and has no backward pass: [`cached_attention`], attention read
+//! straight from the sequences' key-value caches.
 
 mod attention;
+mod cached_attention;
 mod cross_entropy;
 mod vectorised;
 
@@ -17,6 +20,8 @@ use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Storage, StorageRef, Tensor, D,
 };
 use rayon::prelude::*;
+
+pub use cached_attention::{cached_attention, AttentionShape, CachedSequence};
 
 /// Rows of at least this many elements in all go to rayon's pool.
 const PARALLEL_ELEMENTS: usize = 1 << 15;
