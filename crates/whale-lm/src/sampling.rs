@@ -128,18 +128,41 @@ impl Sampler {
     /// Unmasked (index, logit) pairs after top-k, most likely first (ties: lower index first)
     /// whenever top-k or top-p needs a ranking.
     fn candidates(&self, logits: &[f32]) -> Vec<(usize, f32)> {
-        let mut candidates: Vec<(usize, f32)> =
-            logits.iter().copied().enumerate().filter(|&(_, logit)| logit > f32::NEG_INFINITY).collect();
-        let by_rank = |a: &(usize, f32), b: &(usize, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if self.top_k > 0 && self.top_k < candidates.len() {
-            candidates.select_nth_unstable_by(self.top_k - 1, by_rank);
-            candidates.truncate(self.top_k);
-        }
+        let unmasked = logits.iter().copied().enumerate().filter(|&(_, logit)| logit > f32::NEG_INFINITY);
+        let mut candidates = if self.top_k > 0 { best(unmasked, self.top_k) } else { unmasked.collect() };
         if self.top_k > 0 || self.top_p < 1.0 {
             candidates.sort_unstable_by(by_rank);
         }
         candidates
     }
+}
+
+/// The ranking of (index, logit) pairs: higher logits first, then lower indices. A total order,
+/// so the best `k` and their order are the same however they are found.
+fn by_rank(a: &(usize, f32), b: &(usize, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The `k` best pairs of `pairs` by [`by_rank`] (all of them when there are fewer), in no
+/// particular order. One pass that keeps the best so far: after the first few hundred logits a
+/// new one rarely beats the worst kept, so this costs little more than reading the logits
+/// (collecting every pair and selecting among them cost most of a 64-sequence step's sampling).
+fn best(pairs: impl Iterator<Item = (usize, f32)>, k: usize) -> Vec<(usize, f32)> {
+    let mut kept: Vec<(usize, f32)> = Vec::with_capacity(k);
+    let mut worst = 0;
+    let worst_of = |kept: &[(usize, f32)]| (0..kept.len()).max_by(|&a, &b| by_rank(&kept[a], &kept[b])).unwrap_or(0);
+    for pair in pairs {
+        if kept.len() < k {
+            kept.push(pair);
+            if kept.len() == k {
+                worst = worst_of(&kept);
+            }
+        } else if by_rank(&pair, &kept[worst]).is_lt() {
+            kept[worst] = pair;
+            worst = worst_of(&kept);
+        }
+    }
+    kept
 }
 
 /// How many of the ranked `weights` form the smallest prefix holding at least `top_p` of the mass.
@@ -235,5 +258,28 @@ impl StopMatcher {
                 haystack.find(pattern.as_str()).map(|at| StopMatch { start: from + at, stop })
             })
             .min_by_key(|found| (found.start, found.stop))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-pass selection keeps exactly what sorting every pair and cutting at `k` keeps,
+    /// ties (equal logits, kept by lower index) and fewer pairs than `k` included.
+    #[test]
+    fn the_best_k_are_those_a_full_sort_ranks_first() {
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        for (vocab, k) in [(8192, 20), (50, 20), (20, 20), (7, 20), (1000, 1), (300, 299)] {
+            // Few distinct values, so many ties.
+            let logits: Vec<f32> = (0..vocab).map(|_| f32::from(rng.gen_range(0u8..40)) / 4.0).collect();
+            let pairs = || logits.iter().copied().enumerate();
+            let mut ours = best(pairs(), k);
+            ours.sort_unstable_by(by_rank);
+            let mut sorted: Vec<(usize, f32)> = pairs().collect();
+            sorted.sort_unstable_by(by_rank);
+            sorted.truncate(k);
+            assert_eq!(ours, sorted, "vocab {vocab}, k {k}");
+        }
     }
 }
