@@ -13,10 +13,11 @@
 //! rounding of a batched forward pass).
 //!
 //! Threads: the scheduler runs inside a rayon pool of its own, one thread per core, and the
-//! matrix products, the two halves of a one-sequence step's LM head and the sampling of many
-//! rows run on that pool. The scheduler being one of its threads, handing work to the others
-//! is cheap: it goes on working meanwhile instead of sleeping until they finish (measured: a
-//! 64-sequence decode on the 5.25M model went from about 2,900 to 3,300 tokens/s).
+//! matrix products and the sampling of many rows run on that pool. The scheduler being one of
+//! its threads, handing work to the others is cheap: it goes on working meanwhile instead of
+//! sleeping until they finish (measured: a 64-sequence decode on the 5.25M model went from
+//! about 2,900 to 3,300 tokens/s). A one-sequence step's products each hand half their outputs
+//! to a helper thread instead (`model/helper_thread.rs`).
 //!
 //! Weights: the SFT trainer updates the parameters in place and the engine's model shares them,
 //! so after a trainer step the owner calls [`LocalPolicy::set_weights_version`]; a different

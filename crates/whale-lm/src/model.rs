@@ -25,6 +25,7 @@
 //!   sequences may join or leave between calls: the batch is formed anew on every call.
 
 pub mod error;
+mod helper_thread;
 mod step_kv;
 mod training;
 
@@ -91,26 +92,28 @@ pub(crate) fn linear(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor>
     product(&x.reshape((rows, in_dim))?, weight)?.reshape(shape)
 }
 
-/// Outputs each half of a one-row product needs for `gemm` to compute it as it computes the
-/// whole: up to 256 outputs it takes another kernel.
+/// Outputs of a one-row product from which `gemm` computes it with its matrix-vector kernel;
+/// below, with another kernel. A product is split only where the whole and both halves take the
+/// same kernel.
 const GEMV_MIN_OUTPUTS: usize = 257;
 
-/// Weights below which a one-row product stays on one thread (handing half to another thread
-/// costs more than it saves).
-const SPLIT_MIN_WEIGHTS: usize = 1 << 18;
+/// Weights below which a one-row product stays whole (handing half to another thread costs
+/// more than it saves).
+const SPLIT_MIN_WEIGHTS: usize = 1 << 14;
 
 /// `x @ w^T` of a matrix `x`. A decoding step of one sequence multiplies one row by each
 /// weight: `gemm` computes that as independent dot products, one per output, on one thread.
-/// For a large weight on the CPU each half of the outputs goes to its own thread; every
-/// output is the same dot product as before, so the result is the same to the last bit
-/// (a unit test holds it there).
+/// On the CPU each half of the outputs of such a product goes to its own thread
+/// ([`helper_thread`]); every output is the same dot product by the same kernel as before, so
+/// the result is the same to the last bit (a unit test holds it there).
 pub(crate) fn product(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
     let (out_dim, in_dim) = weight.dims2()?;
+    let same_kernel = out_dim >= 2 * GEMV_MIN_OUTPUTS || (64..GEMV_MIN_OUTPUTS).contains(&out_dim);
     let split = x.dim(0)? == 1
         && x.is_contiguous()
         && x.device().is_cpu()
         && x.dtype() == DType::F32
-        && out_dim >= 2 * GEMV_MIN_OUTPUTS
+        && same_kernel
         && out_dim * in_dim >= SPLIT_MIN_WEIGHTS;
     if split {
         halved_product(x, weight)
@@ -119,12 +122,13 @@ pub(crate) fn product(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor
     }
 }
 
-/// `x @ w^T` with each half of the outputs computed on its own thread.
+/// `x @ w^T` with the first half of the outputs computed here and the second on the helper.
 fn halved_product(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
     let out_dim = weight.dim(0)?;
     let half = out_dim / 2;
-    let part = |start: usize, len: usize| x.matmul(&weight.narrow(0, start, len)?.t()?);
-    let (first, second) = rayon::join(|| part(0, half), || part(half, out_dim - half));
+    let (row, second) = (x.clone(), weight.narrow(0, half, out_dim - half)?);
+    let (first, second) =
+        helper_thread::join(|| x.matmul(&weight.narrow(0, 0, half)?.t()?), Box::new(move || row.matmul(&second.t()?)));
     Tensor::cat(&[first?, second?], 1)
 }
 
@@ -790,11 +794,24 @@ mod tests {
     use super::*;
 
     /// The split one-row product gives `gemm`'s own result bit for bit, at the sizes the models
-    /// use (tall weights, wide inputs, odd counts) and with the halves unequal.
+    /// use (tall weights, wide inputs, odd counts; both of `gemm`'s kernels) and with the halves
+    /// unequal.
     #[test]
     fn a_split_one_row_product_equals_the_whole_to_the_last_bit() {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
-        for (out_dim, in_dim) in [(8192, 256), (768, 256), (514, 768), (3001, 517), (151_936, 64)] {
+        let sizes = [
+            (8192, 256),
+            (768, 256),
+            (514, 768),
+            (3001, 517),
+            (151_936, 64),
+            (256, 256),
+            (128, 256),
+            (256, 768),
+            (64, 64),
+            (255, 129),
+        ];
+        for (out_dim, in_dim) in sizes {
             let mut random = |count: usize| -> Vec<f32> { (0..count).map(|_| rng.gen_range(-1.0..1.0)).collect() };
             let x = Tensor::from_vec(random(in_dim), (1, in_dim), &Device::Cpu).unwrap();
             let weight = Tensor::from_vec(random(out_dim * in_dim), (out_dim, in_dim), &Device::Cpu).unwrap();
