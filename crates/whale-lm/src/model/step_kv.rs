@@ -2,11 +2,11 @@
 //! it attends to.
 //!
 //! On the CPU in f32 each layer writes the chunk into the sequences' own caches and attends
-//! over them where they lie ([`kernels::cached_attention`]): nothing is padded or copied, and a
-//! sequence's attention reads only its own keys. Elsewhere (a GPU, bf16) the step gathers each
-//! cache once into a padded `[B, kv_heads, past_max + chunk_max, head_dim]` buffer per layer,
-//! each layer writes its chunk into the buffer's last slots, and candle's products attend over
-//! it under a mask; the chunk is copied into the caches after the pass.
+//! over them where they lie ([`kernels::cached_attention`]): no cached key is copied or padded,
+//! and a sequence's attention reads only its own keys. Elsewhere (a GPU, bf16, f16) the step
+//! gathers each cache once into a padded `[B, kv_heads, past_max + chunk_max, head_dim]` buffer
+//! per layer, each layer writes its chunk into the buffer's last slots, and candle's products
+//! attend over it under a mask; the chunk is copied into the caches after the pass.
 
 use super::{KvCache, LayerKv};
 use crate::kernels::{self, AttentionShape, CachedSequence};
