@@ -147,6 +147,8 @@ fn by_rank(a: &(usize, f32), b: &(usize, f32)) -> std::cmp::Ordering {
 /// particular order. One pass that keeps the best so far: after the first few hundred logits a
 /// new one rarely beats the worst kept, so this costs little more than reading the logits
 /// (collecting every pair and selecting among them cost most of a 64-sequence step's sampling).
+/// A logit below the worst kept one is passed over without the full comparison: for logits
+/// that are not NaN (the sampler refuses those first), `<` implies `by_rank`'s order.
 fn best(pairs: impl Iterator<Item = (usize, f32)>, k: usize) -> Vec<(usize, f32)> {
     let mut kept: Vec<(usize, f32)> = Vec::with_capacity(k);
     let mut worst = 0;
@@ -157,7 +159,7 @@ fn best(pairs: impl Iterator<Item = (usize, f32)>, k: usize) -> Vec<(usize, f32)
             if kept.len() == k {
                 worst = worst_of(&kept);
             }
-        } else if by_rank(&pair, &kept[worst]).is_lt() {
+        } else if pair.1 >= kept[worst].1 && by_rank(&pair, &kept[worst]).is_lt() {
             kept[worst] = pair;
             worst = worst_of(&kept);
         }
