@@ -5,8 +5,9 @@
 //! [`Decoder::qwen3`] is how a caller that needs one asks for it.
 
 use crate::checkpoint::{load_model, CheckpointError};
+use crate::lora::{LoraAdapter, LoraError};
 use crate::model::{KvCache, ModelError, Qwen3Model, SeqStep};
-use crate::qwen3_5::{is_qwen35, load_qwen35, Qwen35Cache, Qwen35Model, Qwen35Step};
+use crate::qwen3_5::{is_qwen35, load_qwen35, Qwen35Cache, Qwen35Lora, Qwen35Model, Qwen35Step};
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 
@@ -21,6 +22,17 @@ pub enum Decoder {
 pub enum DecoderCache {
     Qwen3(KvCache),
     Qwen35(Qwen35Cache),
+}
+
+/// Why a PEFT adapter directory could not be applied to a [`Decoder`].
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    /// The directory does not hold an adapter this architecture reads.
+    #[error(transparent)]
+    Load(#[from] LoraError),
+    /// The adapter does not fit the model (configuration, dtype or device).
+    #[error(transparent)]
+    Mismatch(#[from] ModelError),
 }
 
 /// One sequence's share of a [`Decoder::forward_step`].
@@ -42,6 +54,21 @@ impl From<Qwen35Model> for Decoder {
 }
 
 impl Decoder {
+    /// This model with the PEFT LoRA adapter in `dir` applied, sharing this model's weights
+    /// (`whale serve`'s adapters, `whale lm generate --adapter`, an external trainer's adapter).
+    pub fn with_peft_adapter(&self, dir: &Path) -> Result<Self, AdapterError> {
+        Ok(match self {
+            Self::Qwen3(model) => {
+                let adapter = LoraAdapter::load_peft(dir, model.config(), model.dtype(), model.device())?;
+                Self::from(model.with_adapter(&adapter)?)
+            }
+            Self::Qwen35(model) => {
+                let adapter = Qwen35Lora::load_peft(dir, model.config(), model.dtype(), model.device())?;
+                Self::from(model.with_adapter(&adapter)?)
+            }
+        })
+    }
+
     /// Loads a checkpoint directory of either architecture (by its `config.json`'s `model_type`).
     pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self, CheckpointError> {
         if is_qwen35(dir) {

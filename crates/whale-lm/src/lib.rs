@@ -69,7 +69,7 @@ pub use chat_codec::{ChatCodec, ChatCodecError};
 pub use chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
 pub use checkpoint::{load_model, save_model, stored_dtype, CheckpointError, GenerationConfig};
 pub use config::{ConfigError, ConfigIssue, ModelSize, Qwen3Config};
-pub use decoder::{Decoder, DecoderCache, DecoderStep};
+pub use decoder::{AdapterError, Decoder, DecoderCache, DecoderStep};
 pub use engine::{EngineConfig, EngineError, EngineStats, LocalPolicy};
 pub use lora::{LoraAdapter, LoraConfig, LoraError, LoraTarget};
 pub use model::{KvCache, ModelError, Qwen3Model, SeqStep};

@@ -723,9 +723,10 @@ impl Qwen3Model {
         let chunk_lens: Vec<usize> = steps.iter().map(|step| step.tokens.len()).collect();
         let past_max = past_lens.iter().copied().max().unwrap_or(0);
         let chunk_max = chunk_lens.iter().copied().max().unwrap_or(0);
+        let gathers = StepKv::gathers(&self.device, self.dtype);
         for step in steps.iter_mut() {
-            let needed = past_max.max(step.cache.len + step.tokens.len());
-            step.cache.reserve(needed)?;
+            let own = step.cache.len + step.tokens.len();
+            step.cache.reserve(if gathers { past_max.max(own) } else { own })?;
         }
         let inputs = self.step_inputs(steps, chunk_max)?;
         let hidden = {

@@ -11,6 +11,11 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::sync::PoisonError;
 
+/// Whether parameters can be kept in `dtype`: the float types candle trains and decodes in.
+pub(crate) fn is_float(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+}
+
 /// A map of the `expected` tensors taken from `tensors` (each checked against its shape),
 /// converted to `dtype` on `device`, with the variables' tensors by name. Tensors not expected
 /// are left in `tensors`.
@@ -20,7 +25,7 @@ pub(crate) fn checked_variables(
     dtype: DType,
     device: &Device,
 ) -> Result<(VarMap, HashMap<String, Tensor>), ModelError> {
-    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+    if !is_float(dtype) {
         return Err(ModelError::Input(format!("model dtype {dtype:?} is not a float type")));
     }
     let mut taken = Vec::with_capacity(expected.len());

@@ -16,9 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use candle_core::{DType, Device};
 use whale_lm::checkpoint::CONFIG_FILE;
 use whale_lm::lora::ADAPTER_CONFIG_FILE;
-use whale_lm::{
-    CheckpointError, Decoder, EngineConfig, EngineError, LocalPolicy, LoraAdapter, LoraError, ModelError, Qwen35Lora,
-};
+use whale_lm::{AdapterError, CheckpointError, Decoder, EngineConfig, EngineError, LocalPolicy, LoraError, ModelError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -38,6 +36,15 @@ pub enum RegistryError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+}
+
+impl From<AdapterError> for RegistryError {
+    fn from(error: AdapterError) -> Self {
+        match error {
+            AdapterError::Load(error) => Self::Adapter(error),
+            AdapterError::Mismatch(error) => Self::AdapterMismatch(error),
+        }
+    }
 }
 
 /// What an entry serves, for `/v1/models`.
@@ -147,16 +154,7 @@ impl ModelRegistry {
     /// shared, and the tokenizer, chat template and end-of-sequence ids are the base model's.
     fn with_adapter(&self, dir: &Path) -> Result<LocalPolicy, RegistryError> {
         let base = self.get(&self.base).ok_or_else(|| RegistryError::Unknown(self.base.clone()))?;
-        let adapted = match base.decoder() {
-            Decoder::Qwen3(model) => {
-                let adapter = LoraAdapter::load_peft(dir, model.config(), model.dtype(), model.device())?;
-                Decoder::from(model.with_adapter(&adapter)?)
-            }
-            Decoder::Qwen35(model) => {
-                let adapter = Qwen35Lora::load_peft(dir, model.config(), model.dtype(), model.device())?;
-                Decoder::from(model.with_adapter(&adapter)?)
-            }
-        };
+        let adapted = base.decoder().with_peft_adapter(dir)?;
         let engine = EngineConfig { eos_token_ids: base.eos_token_ids().to_vec(), ..self.settings.engine.clone() };
         Ok(LocalPolicy::new(adapted, base.tokenizer().clone(), base.template().clone(), engine)?)
     }

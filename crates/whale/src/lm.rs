@@ -16,10 +16,10 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use whale_core::ChatMessage;
 use whale_lm::{
-    completion_logprobs, load_model, save_model, stored_dtype, ChatCodec, ChatCodecError, ChatRequest,
-    ChatTemplateError, CheckpointError, Completion, Decoder, EngineConfig, EngineError, GenerationConfig, LocalPolicy,
-    LoraAdapter, LoraConfig, LoraError, ModelError, PgExample, PgObjective, Policy, PolicyError, Qwen35Lora,
-    Qwen3Config, SamplingParams, SftExample, SftTrainer, TokenizerError, TrainError, TrainerConfig,
+    completion_logprobs, load_model, save_model, stored_dtype, AdapterError, ChatCodec, ChatCodecError, ChatRequest,
+    ChatTemplateError, CheckpointError, Completion, EngineConfig, EngineError, GenerationConfig, LocalPolicy,
+    LoraAdapter, LoraConfig, LoraError, ModelError, PgExample, PgObjective, Policy, PolicyError, Qwen3Config,
+    SamplingParams, SftExample, SftTrainer, TokenizerError, TrainError, TrainerConfig,
 };
 use whale_loop::scale_out::external_weights::Sample;
 use whale_tasks::{read_jsonl, RecordError};
@@ -53,6 +53,15 @@ pub enum LmError {
 impl From<LoraError> for LmError {
     fn from(error: LoraError) -> Self {
         Self::Lora(Box::new(error))
+    }
+}
+
+impl From<AdapterError> for LmError {
+    fn from(error: AdapterError) -> Self {
+        match error {
+            AdapterError::Load(error) => error.into(),
+            AdapterError::Mismatch(error) => error.into(),
+        }
     }
 }
 
@@ -434,17 +443,7 @@ pub struct GenerateSettings {
 pub fn generate(dir: &Path, prompt: &str, settings: &GenerateSettings) -> Result<Vec<Completion>, LmError> {
     let policy = LocalPolicy::load(dir, DType::F32, &Device::Cpu, EngineConfig::default())?;
     if let Some(adapter_dir) = &settings.adapter {
-        let adapted = match policy.decoder() {
-            Decoder::Qwen3(base) => {
-                let adapter = LoraAdapter::load_peft(adapter_dir, base.config(), base.dtype(), base.device())?;
-                Decoder::from(base.with_adapter(&adapter)?)
-            }
-            Decoder::Qwen35(base) => {
-                let adapter = Qwen35Lora::load_peft(adapter_dir, base.config(), base.dtype(), base.device())?;
-                Decoder::from(base.with_adapter(&adapter)?)
-            }
-        };
-        policy.reload(adapted, 0)?;
+        policy.reload(policy.decoder().with_peft_adapter(adapter_dir)?, 0)?;
     }
     let params = |i: usize| SamplingParams {
         max_tokens: settings.max_tokens,

@@ -22,15 +22,22 @@ pub(super) enum StepKv<'a> {
 }
 
 impl<'a> StepKv<'a> {
-    /// For a step feeding `chunk_lens[i]` tokens to the sequence of `caches[i]`; a gathered
-    /// step needs every cache to have room for the longest of them.
+    /// Whether a step of a model in `dtype` on `device` gathers the caches into padded
+    /// buffers, which needs every cache to have room for the longest cache of the step; in
+    /// place, each needs room for its own chunk only.
+    pub(super) fn gathers(device: &Device, dtype: DType) -> bool {
+        !(device.is_cpu() && dtype == DType::F32)
+    }
+
+    /// For a step feeding `chunk_lens[i]` tokens to the sequence of `caches[i]`, whose caches
+    /// have the room [`Self::gathers`] says.
     pub(super) fn new(
         caches: &'a [&'a KvCache],
         chunk_lens: &'a [usize],
         device: &Device,
         dtype: DType,
     ) -> candle_core::Result<Self> {
-        if device.is_cpu() && dtype == DType::F32 {
+        if !Self::gathers(device, dtype) {
             return Ok(Self::InCaches { caches, chunk_lens });
         }
         let past_lens: Vec<usize> = caches.iter().map(|cache| cache.len).collect();

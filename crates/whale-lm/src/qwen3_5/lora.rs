@@ -114,7 +114,7 @@ impl Qwen35Lora {
         dtype: DType,
         device: &Device,
     ) -> Result<Self, LoraError> {
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+        if !parameters::is_float(dtype) {
             return Err(config_error("dtype", format!("{dtype:?} is not a float type")));
         }
         let varmap = parameters::variables(tensors, dtype, device)?;

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use whale_core::{ChatMessage, ModelCall, SampledTokens, Trajectory};
-use whale_lm::{Decoder, LocalPolicy, LoraAdapter, Qwen35Lora};
+use whale_lm::{Decoder, LocalPolicy};
 
 /// One line of `samples.jsonl`: a model call as a chat, its completion the final assistant
 /// turn, and which turns are trained on (only that last one). Under a policy gradient
@@ -352,20 +352,9 @@ impl ExternalTrainer {
                     TrainerOutput::Checkpoint => {
                         Decoder::load(&weights.path, base.dtype(), base.device()).map_err(|e| failed(e.to_string()))?
                     }
-                    TrainerOutput::Adapter => match base.as_ref() {
-                        Decoder::Qwen3(base) => {
-                            let adapter =
-                                LoraAdapter::load_peft(&weights.path, base.config(), base.dtype(), base.device())
-                                    .map_err(|e| failed(e.to_string()))?;
-                            Decoder::from(base.with_adapter(&adapter).map_err(|e| failed(e.to_string()))?)
-                        }
-                        Decoder::Qwen35(base) => {
-                            let adapter =
-                                Qwen35Lora::load_peft(&weights.path, base.config(), base.dtype(), base.device())
-                                    .map_err(|e| failed(e.to_string()))?;
-                            Decoder::from(base.with_adapter(&adapter).map_err(|e| failed(e.to_string()))?)
-                        }
-                    },
+                    TrainerOutput::Adapter => {
+                        base.with_peft_adapter(&weights.path).map_err(|e| failed(e.to_string()))?
+                    }
                 };
                 policy.reload(model, version).map_err(|e| failed(e.to_string()))
             }
