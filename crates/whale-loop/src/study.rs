@@ -88,17 +88,36 @@ pub struct Difference {
     /// Test tasks per seed.
     pub tasks: usize,
     /// The test tasks per seed that would bring the interval's half-width to
-    /// [`TARGET_HALF_WIDTH`], projected from this one as if it shrank with the square root of
-    /// the tasks (the spread between seeds does not, so this is a lower bound).
-    pub tasks_for_target: usize,
+    /// [`TARGET_HALF_WIDTH`] with the same seeds ([`tasks_for_target`]); `None` where the
+    /// spread between seeds alone is wider, so that only more seeds would help.
+    pub tasks_for_target: Option<usize>,
 }
 
 /// The half-width the issue asks of the main comparison's paired interval.
 pub const TARGET_HALF_WIDTH: f64 = 0.03;
 
-/// Test tasks per seed for a half-width of [`TARGET_HALF_WIDTH`], from `half_width` at `tasks`.
-pub fn tasks_for_target(half_width: f64, tasks: usize) -> usize {
-    ((tasks as f64) * (half_width / TARGET_HALF_WIDTH).powi(2)).ceil() as usize
+/// Test tasks per seed for a half-width of [`TARGET_HALF_WIDTH`], from the paired differences
+/// of each seed. The nested bootstrap's variance is about `(V + W/n) / S` for `S` seeds of `n`
+/// tasks, with `V` the variance of the seed means and `W` the mean variance within a seed. `V`
+/// holds a spread between seeds, `B`, that more tasks do not shrink, beside `W/n`:
+/// `V ≈ (S-1)/S (B + W/n)`. The projection keeps `B` and `W` and solves for `n`.
+pub fn tasks_for_target(paired: &[Vec<f64>]) -> Option<usize> {
+    let seeds: Vec<&Vec<f64>> = paired.iter().filter(|seed| !seed.is_empty()).collect();
+    let s = seeds.len() as f64;
+    if seeds.is_empty() {
+        return None;
+    }
+    let variance = |values: &[f64]| {
+        let m = mean(values);
+        values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / values.len() as f64
+    };
+    let within = seeds.iter().map(|seed| variance(seed)).sum::<f64>() / s;
+    let tasks = seeds.iter().map(|seed| seed.len()).sum::<usize>() as f64 / s;
+    let means: Vec<f64> = seeds.iter().map(|seed| mean(seed)).collect();
+    let between = if seeds.len() < 2 { 0.0 } else { (variance(&means) * s / (s - 1.0) - within / tasks).max(0.0) };
+    let target = (TARGET_HALF_WIDTH / 1.96).powi(2);
+    let room = s * target - (s - 1.0) / s * between;
+    (room > 0.0).then(|| (within * (2.0 * s - 1.0) / s / room).ceil().max(1.0) as usize)
 }
 
 /// The training rollouts an arm spent before its test mean@k first reached the weight-only
@@ -157,14 +176,15 @@ pub struct Study {
 }
 
 /// Runs (or resumes) every arm of every config under every seed in `root`, then writes
-/// `root/study.json` and `root/report.html`.
+/// `root/study.json` and `root/report.html`. Seeds are the outer loop, and a seed's coupling
+/// matrices follow its runs, so a study stopped early has every config on the seeds it finished.
 pub fn run(plan: &StudyPlan, root: &Path, verbosity: Verbosity) -> Result<Study, StudyError> {
     check_names(&plan.configs)?;
     let has_whale = plan.arms.iter().any(|arm| arm.name() == Condition::Whale.as_str());
     let units = plan.configs.len() * plan.seeds.len() * (1 + usize::from(has_whale));
     let bar = progress_bar(units as u64, verbosity.progress);
-    for config in &plan.configs {
-        for &seed in &plan.seeds {
+    for &seed in &plan.seeds {
+        for config in &plan.configs {
             bar.set_message(format!("{} seed {seed}", config.name));
             let config = seeded(config, seed, plan.quick);
             let quiet = Verbosity { progress: false };
@@ -172,11 +192,7 @@ pub fn run(plan: &StudyPlan, root: &Path, verbosity: Verbosity) -> Result<Study,
                 StudyError::Compare { config: config.name.clone(), seed, source: Box::new(source) }
             })?;
             bar.inc(1);
-        }
-    }
-    if has_whale {
-        for config in &plan.configs {
-            for &seed in &plan.seeds {
+            if has_whale {
                 bar.set_message(format!("{} seed {seed}: coupling matrix", config.name));
                 coupling::compute(&whale_dir(root, &config.name, seed), false).map_err(|source| {
                     StudyError::Coupling { config: config.name.clone(), seed, source: Box::new(source) }
@@ -339,7 +355,6 @@ fn difference(per_seed: &[Vec<Series>], arm: &str, metric: &'static str) -> Opti
     let agrees = |d: f64| d == 0.0 || estimate.value == 0.0 || (d > 0.0) == (estimate.value > 0.0);
     let seeds_agreeing = paired.iter().filter(|seed| agrees(mean(seed))).count();
     let tasks = paired.first().map_or(0, Vec::len);
-    let half_width = (estimate.hi - estimate.lo) / 2.0;
     Some(Difference {
         arm: arm.to_string(),
         metric,
@@ -347,7 +362,7 @@ fn difference(per_seed: &[Vec<Series>], arm: &str, metric: &'static str) -> Opti
         seeds_agreeing,
         seeds: paired.len(),
         tasks,
-        tasks_for_target: tasks_for_target(half_width, tasks),
+        tasks_for_target: tasks_for_target(&paired),
     })
 }
 
@@ -632,7 +647,7 @@ pub fn text(study: &Study) -> String {
                 signed(&d.estimate),
                 seeds,
                 d.tasks,
-                d.tasks_for_target
+                sized(d.tasks_for_target)
             );
         }
         for SeedCoupling { seed, matrix: coupling } in &domain.couplings {
@@ -646,6 +661,11 @@ pub fn text(study: &Study) -> String {
         }
     }
     out
+}
+
+/// A projected size, or why there is none.
+fn sized(tasks: Option<usize>) -> String {
+    tasks.map_or("more seeds".to_string(), |tasks| tasks.to_string())
 }
 
 fn domain_html(domain: &DomainStudy, figures: &[Figure]) -> String {
@@ -673,7 +693,7 @@ fn domain_html(domain: &DomainStudy, figures: &[Figure]) -> String {
             d.seeds_agreeing,
             d.seeds,
             d.tasks,
-            d.tasks_for_target
+            sized(d.tasks_for_target)
         );
     }
     body.push_str("</table>\n<table><tr><th>condition</th><th>rollouts to the weight-only peak, per seed</th></tr>\n");
@@ -711,7 +731,7 @@ mod tests {
             seeds_agreeing: 3,
             seeds: 3,
             tasks: 64,
-            tasks_for_target: 64,
+            tasks_for_target: Some(64),
         }
     }
 
@@ -839,10 +859,21 @@ mod tests {
     }
 
     #[test]
-    fn the_tasks_for_the_target_half_width_grow_with_its_square() {
-        assert_eq!(tasks_for_target(0.03, 64), 64);
-        assert_eq!(tasks_for_target(0.06, 64), 256);
-        assert_eq!(tasks_for_target(0.015, 64), 16);
+    fn one_seeds_projection_is_the_square_law_of_the_normal_interval() {
+        // 32 tasks at +0.1 and 32 at -0.1: W = 0.01, so n = W (1.96 / 0.03)^2.
+        let seed: Vec<f64> = (0..64).map(|i| if i % 2 == 0 { 0.1 } else { -0.1 }).collect();
+        let expected = (0.01 * (1.96f64 / 0.03).powi(2)).ceil() as usize;
+        assert_eq!(tasks_for_target(&[seed]), Some(expected));
+    }
+
+    #[test]
+    fn seeds_that_agree_need_fewer_tasks_each_and_seeds_that_disagree_need_more_seeds() {
+        let seed = |shift: f64| -> Vec<f64> { (0..64).map(|i| shift + if i % 2 == 0 { 0.1 } else { -0.1 }).collect() };
+        let one = tasks_for_target(&[seed(0.0)]).unwrap();
+        let three = tasks_for_target(&[seed(0.0), seed(0.0), seed(0.0)]).unwrap();
+        assert!(three < one && three * 3 >= one, "one seed {one}, three agreeing seeds {three}");
+        assert_eq!(tasks_for_target(&[seed(-0.2), seed(0.0), seed(0.2)]), None, "seed means 0.2 apart");
+        assert_eq!(tasks_for_target(&[]), None);
     }
 
     #[test]
