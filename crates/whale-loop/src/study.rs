@@ -120,6 +120,18 @@ pub fn tasks_for_target(paired: &[Vec<f64>]) -> Option<usize> {
     (room > 0.0).then(|| (within * (2.0 * s - 1.0) / s / room).ceil().max(1.0) as usize)
 }
 
+/// How far one arm moved: its final test mean@k minus its first (the start), paired over test
+/// tasks and pooled over seeds as a [`Difference`] is. Whether each half alone moves a domain is
+/// the testbed's own signal, read before any comparison with WHALE.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Movement {
+    pub arm: String,
+    pub estimate: Estimate,
+    /// Seeds whose own movement has the pooled estimate's sign (0 counts with either).
+    pub seeds_agreeing: usize,
+    pub seeds: usize,
+}
+
 /// The training rollouts an arm spent before its test mean@k first reached the weight-only
 /// peak of the same seed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -158,6 +170,8 @@ pub struct DomainStudy {
     /// Test mean@k of the first arm's evaluations (for the axis label).
     pub k: usize,
     pub differences: Vec<Difference>,
+    /// Each arm's final test mean@k minus its start.
+    pub movements: Vec<Movement>,
     pub peak_rollouts: Vec<PeakRollouts>,
     /// Each arm's curve: the mean over seeds with the range as a band.
     pub curves: Vec<BandCurve>,
@@ -296,6 +310,7 @@ pub fn domain_study(
             }
         }
     }
+    let movements = arms.iter().filter_map(|arm| movement(per_seed, arm)).collect();
     let peak_rollouts = arms.iter().map(|arm| peak_rollouts(per_seed, arm)).collect();
     let curves = arms.iter().map(|arm| band(per_seed, arm)).collect();
     let verdicts = vec![
@@ -310,6 +325,7 @@ pub fn domain_study(
         seeds: seeds.to_vec(),
         k,
         differences,
+        movements,
         peak_rollouts,
         curves,
         couplings,
@@ -352,8 +368,7 @@ fn difference(per_seed: &[Vec<Series>], arm: &str, metric: &'static str) -> Opti
         paired.push(other.iter().zip(whale).map(|(a, b)| a - b).collect());
     }
     let estimate = bootstrap_nested_mean(&paired, RESAMPLES, BOOTSTRAP_SEED);
-    let agrees = |d: f64| d == 0.0 || estimate.value == 0.0 || (d > 0.0) == (estimate.value > 0.0);
-    let seeds_agreeing = paired.iter().filter(|seed| agrees(mean(seed))).count();
+    let seeds_agreeing = paired.iter().filter(|seed| agrees(mean(seed), estimate.value)).count();
     let tasks = paired.first().map_or(0, Vec::len);
     Some(Difference {
         arm: arm.to_string(),
@@ -364,6 +379,26 @@ fn difference(per_seed: &[Vec<Series>], arm: &str, metric: &'static str) -> Opti
         tasks,
         tasks_for_target: tasks_for_target(&paired),
     })
+}
+
+fn movement(per_seed: &[Vec<Series>], arm: &str) -> Option<Movement> {
+    let mut paired: Vec<Vec<f64>> = Vec::new();
+    for runs in per_seed {
+        let series = find(runs, arm)?;
+        let (start, last) = (&series.points.first()?.task_means, &series.points.last()?.task_means);
+        if start.len() != last.len() || start.is_empty() {
+            return None;
+        }
+        paired.push(last.iter().zip(start).map(|(a, b)| a - b).collect());
+    }
+    let estimate = bootstrap_nested_mean(&paired, RESAMPLES, BOOTSTRAP_SEED);
+    let seeds_agreeing = paired.iter().filter(|seed| agrees(mean(seed), estimate.value)).count();
+    Some(Movement { arm: arm.to_string(), estimate, seeds_agreeing, seeds: paired.len() })
+}
+
+/// Whether a seed's `value` has the pooled estimate's sign (0 counts with either).
+fn agrees(value: f64, pooled: f64) -> bool {
+    value == 0.0 || pooled == 0.0 || (value > 0.0) == (pooled > 0.0)
 }
 
 fn peak_rollouts(per_seed: &[Vec<Series>], arm: &str) -> PeakRollouts {
@@ -650,6 +685,11 @@ pub fn text(study: &Study) -> String {
                 sized(d.tasks_for_target)
             );
         }
+        let _ = writeln!(out, "  {:<22} {:>28} {:>8}", "condition", "final - start [95% CI]", "seeds");
+        for m in &domain.movements {
+            let seeds = format!("{}/{}", m.seeds_agreeing, m.seeds);
+            let _ = writeln!(out, "  {:<22} {:>28} {:>8}", m.arm, signed(&m.estimate), seeds);
+        }
         for SeedCoupling { seed, matrix: coupling } in &domain.couplings {
             let _ = writeln!(out, "  coupling matrix, seed {seed}:");
             for line in coupling.text().lines() {
@@ -694,6 +734,19 @@ fn domain_html(domain: &DomainStudy, figures: &[Figure]) -> String {
             d.seeds,
             d.tasks,
             sized(d.tasks_for_target)
+        );
+    }
+    body.push_str(
+        "</table>\n<table><tr><th>condition</th><th>final − start [95% CI]</th><th>seeds agreeing</th></tr>\n",
+    );
+    for m in &domain.movements {
+        let _ = writeln!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}/{}</td></tr>",
+            m.arm,
+            signed(&m.estimate),
+            m.seeds_agreeing,
+            m.seeds
         );
     }
     body.push_str("</table>\n<table><tr><th>condition</th><th>rollouts to the weight-only peak, per seed</th></tr>\n");
@@ -856,6 +909,27 @@ mod tests {
         let tied = Difference { metric: "final", ..tied };
         assert_eq!(alternating_beats_sequential(&[seed(200), seed(300)], &[tied]).status, "inconclusive");
         assert_eq!(alternating_beats_sequential(&[seed(200)], &[]).status, "inconclusive", "no final difference");
+    }
+
+    fn with_task_means(arm: &str, start: &[f64], last: &[f64]) -> Series {
+        let mut series = run(arm, &[(0, mean(start)), (64, mean(last))], 64);
+        series.points[0].task_means = start.to_vec();
+        series.points[1].task_means = last.to_vec();
+        series
+    }
+
+    #[test]
+    fn a_movement_is_final_minus_start_paired_over_tasks_and_pooled_over_seeds() {
+        let seeds = vec![
+            vec![with_task_means("weight-only", &[0.0, 0.5, 1.0], &[0.5, 0.5, 1.0])],
+            vec![with_task_means("weight-only", &[0.0, 0.0, 0.0, 0.0], &[0.0, 0.25, 0.0, 0.25])],
+        ];
+        let moved = movement(&seeds, "weight-only").expect("both seeds have a start and an end");
+        let expected = (0.5 / 3.0 + 0.5 / 4.0) / 2.0;
+        assert!((moved.estimate.value - expected).abs() < 1e-12, "{moved:?}");
+        assert!(moved.estimate.lo >= 0.0 && moved.estimate.hi <= 0.5, "no task moved down: {moved:?}");
+        assert_eq!((moved.seeds_agreeing, moved.seeds), (2, 2));
+        assert!(movement(&seeds, "harness-only").is_none(), "an arm that did not run");
     }
 
     #[test]
