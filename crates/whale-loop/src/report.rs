@@ -126,12 +126,13 @@ fn curve_point(row: &Value) -> Option<CurvePoint> {
 /// The mean of `after - before` over the same test tasks with its 95% bootstrap interval
 /// (tasks resampled, each keeping its pair); `None` unless both list every task.
 pub fn paired_gain(before: &CurvePoint, after: &CurvePoint) -> Option<Estimate> {
-    let (a, b) = (&before.task_means, &after.task_means);
-    if a.is_empty() || a.len() != b.len() {
-        return None;
-    }
-    let differences: Vec<f64> = a.iter().zip(b).map(|(x, y)| y - x).collect();
+    let differences = task_differences(&before.task_means, &after.task_means)?;
     Some(whale_core::metrics::bootstrap_mean(&differences, 1000, 0x9A1D))
+}
+
+/// `after - before` task by task; `None` unless both list the same, non-zero number of tasks.
+pub fn task_differences(before: &[f64], after: &[f64]) -> Option<Vec<f64>> {
+    (!before.is_empty() && before.len() == after.len()).then(|| before.iter().zip(after).map(|(b, a)| a - b).collect())
 }
 
 /// The run directories under `path`: itself if it is one, else its subdirectories that are

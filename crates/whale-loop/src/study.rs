@@ -18,7 +18,7 @@ use crate::config::RunConfig;
 use crate::coupling::{self, Coupling, CouplingError, COUPLING_FILE};
 use crate::experiment::Verbosity;
 use crate::figures::{self, BandCurve, FigureError, ForestRow};
-use crate::report::{self, ReportError, Series};
+use crate::report::{self, task_differences, ReportError, Series};
 use crate::run_dir::{read_json, write_atomic};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
@@ -359,41 +359,40 @@ fn task_means<'a>(series: &'a Series, metric: &str) -> Option<&'a [f64]> {
 }
 
 fn difference(per_seed: &[Vec<Series>], arm: &str, metric: &'static str) -> Option<Difference> {
-    let mut paired: Vec<Vec<f64>> = Vec::new();
-    for runs in per_seed {
-        let (other, whale) = (task_means(find(runs, arm)?, metric)?, task_means(find(runs, "whale")?, metric)?);
-        if other.len() != whale.len() || other.is_empty() {
-            return None;
-        }
-        paired.push(other.iter().zip(whale).map(|(a, b)| a - b).collect());
-    }
-    let estimate = bootstrap_nested_mean(&paired, RESAMPLES, BOOTSTRAP_SEED);
-    let seeds_agreeing = paired.iter().filter(|seed| agrees(mean(seed), estimate.value)).count();
-    let tasks = paired.first().map_or(0, Vec::len);
+    let paired = per_seed
+        .iter()
+        .map(|runs| task_differences(task_means(find(runs, "whale")?, metric)?, task_means(find(runs, arm)?, metric)?))
+        .collect::<Option<Vec<_>>>()?;
+    let (estimate, seeds_agreeing) = pooled(&paired);
     Some(Difference {
         arm: arm.to_string(),
         metric,
         estimate,
         seeds_agreeing,
         seeds: paired.len(),
-        tasks,
+        tasks: paired.first().map_or(0, Vec::len),
         tasks_for_target: tasks_for_target(&paired),
     })
 }
 
 fn movement(per_seed: &[Vec<Series>], arm: &str) -> Option<Movement> {
-    let mut paired: Vec<Vec<f64>> = Vec::new();
-    for runs in per_seed {
-        let series = find(runs, arm)?;
-        let (start, last) = (&series.points.first()?.task_means, &series.points.last()?.task_means);
-        if start.len() != last.len() || start.is_empty() {
-            return None;
-        }
-        paired.push(last.iter().zip(start).map(|(a, b)| a - b).collect());
-    }
-    let estimate = bootstrap_nested_mean(&paired, RESAMPLES, BOOTSTRAP_SEED);
-    let seeds_agreeing = paired.iter().filter(|seed| agrees(mean(seed), estimate.value)).count();
+    let paired = per_seed
+        .iter()
+        .map(|runs| {
+            let points = &find(runs, arm)?.points;
+            task_differences(&points.first()?.task_means, &points.last()?.task_means)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let (estimate, seeds_agreeing) = pooled(&paired);
     Some(Movement { arm: arm.to_string(), estimate, seeds_agreeing, seeds: paired.len() })
+}
+
+/// The mean of per-seed paired differences with its bootstrap interval over seeds, then tasks,
+/// and the seeds whose own mean has the pooled sign.
+fn pooled(paired: &[Vec<f64>]) -> (Estimate, usize) {
+    let estimate = bootstrap_nested_mean(paired, RESAMPLES, BOOTSTRAP_SEED);
+    let seeds_agreeing = paired.iter().filter(|seed| agrees(mean(seed), estimate.value)).count();
+    (estimate, seeds_agreeing)
 }
 
 /// Whether a seed's `value` has the pooled estimate's sign (0 counts with either).
