@@ -122,6 +122,16 @@ fn outcomes(source: &str, domain: Domain, tasks: &[Task], environment: &Environm
 
 /// One rollout of `source` per task, played by [`Generalist`].
 fn rollouts(source: &str, domain: Domain, tasks: &[Task], environment: &Environment) -> Vec<Trajectory> {
+    rollouts_by(Arc::new(Generalist), source, domain, tasks, environment)
+}
+
+fn rollouts_by(
+    policy: Arc<dyn Policy>,
+    source: &str,
+    domain: Domain,
+    tasks: &[Task],
+    environment: &Environment,
+) -> Vec<Trajectory> {
     let harness = Arc::new(Harness::from_source(source));
     let jobs = tasks
         .iter()
@@ -136,7 +146,7 @@ fn rollouts(source: &str, domain: Domain, tasks: &[Task], environment: &Environm
         })
         .collect();
     let options = RunOptions { threads: 4, progress: false, ..RunOptions::default() };
-    run_rollouts(jobs, Arc::new(Generalist), &Limits::default(), options).expect("run")
+    run_rollouts(jobs, policy, &Limits::default(), options).expect("run")
 }
 
 #[test]
@@ -321,4 +331,119 @@ fn where_no_tool_shows_two_forms_the_proposals_are_those_without_the_view_swap()
         assert_eq!(all, MutateProposer::with_mutations(without).propose(&ctx).expect("propose"), "{name}");
         assert_eq!(all.len(), 8);
     }
+}
+
+/// Answers the search protocol with its own queries: the question's last word, then (shown
+/// results) `more <that word>`; every other prompt gets a short answer.
+struct Searcher;
+
+impl Policy for Searcher {
+    fn chat(&self, request: ChatRequest) -> Result<Completion, PolicyError> {
+        let protocol = request.messages.first().is_some_and(|m| m.role == "system" && m.content.contains("SEARCH:"));
+        let question = request.messages.get(1).map_or("", |m| m.content.as_str());
+        let word = question.split_whitespace().last().unwrap_or("").trim_end_matches('?');
+        let text = match request.messages.len() {
+            2 if protocol => format!("SEARCH: {word}"),
+            4 if protocol => format!("SEARCH: more {word}"),
+            _ => "Answer: Paris".to_string(),
+        };
+        Ok(Completion {
+            text,
+            token_ids: vec![1],
+            logprobs: vec![0.0],
+            finish_reason: FinishReason::Stop,
+            prompt_tokens: 3,
+            completion_tokens: 2,
+        })
+    }
+    fn name(&self) -> String {
+        "searcher".into()
+    }
+    fn weights_version(&self) -> u64 {
+        0
+    }
+}
+
+#[test]
+fn a_query_rewrite_searches_the_models_queries_first_and_returns_as_many_passages() {
+    let limits = Limits::default();
+    let stock = STOCK_HARNESSES.iter().find(|s| s.name == "qa/search").expect("stock");
+    let tasks = Domain::Qa.generate(4, 5, 2);
+    let environment = Environment::for_tasks(Domain::Qa, &tasks).expect("environment");
+    let recorded = rollouts(stock.source, Domain::Qa, &tasks, &environment);
+    let incumbent = candidate(stock.source);
+    assert_eq!(MutateProposer::mutate(Mutation::Query, &context(&incumbent, &[], &limits), 1), None, "no search seen");
+    let ctx = ProposalContext { failures: &recorded, ..context(&incumbent, &[], &limits) };
+    let proposals: Vec<_> = (0..8).filter_map(|seed| MutateProposer::mutate(Mutation::Query, &ctx, seed)).collect();
+    for hops in [1, 2] {
+        let proposal = proposals
+            .iter()
+            .find(|p| p.hypothesis.contains("second hop") == (hops == 2))
+            .unwrap_or_else(|| panic!("a proposal with {hops} hop(s)"));
+        assert!(proposal.hypothesis.contains("(`search`)"), "{}", proposal.hypothesis);
+        let played = rollouts_by(Arc::new(Searcher), &proposal.source, Domain::Qa, &tasks, &environment);
+        for (task, (before, after)) in tasks.iter().zip(recorded.iter().zip(&played)) {
+            assert_eq!(after.error, None, "{}", proposal.source);
+            let question = task.payload["question"].as_str().expect("question");
+            let word = question.split_whitespace().last().expect("a word").trim_end_matches('?');
+            let searches: Vec<_> = after.tool_calls.iter().filter(|c| c.name == "search").collect();
+            let queries: Vec<&str> = searches.iter().filter_map(|c| c.args[0].as_str()).collect();
+            let expected: Vec<String> =
+                [question.to_string(), word.to_string(), format!("more {word}")][..1 + hops].to_vec();
+            assert_eq!(queries, expected, "the harness's search, then the model's");
+            assert_eq!(after.model_calls.len(), hops + 1, "one query per hop, then the answer");
+            let own = &searches[0].result;
+            let first_of_model = &searches[1].result[0]["title"];
+            let answer_prompt = &after.model_calls[hops].messages.last().expect("prompt").content;
+            let shown: Vec<&str> = answer_prompt.lines().filter(|l| l.starts_with('[')).collect();
+            assert_eq!(shown.len(), own.as_array().expect("hits").len(), "as many passages as the harness asked for");
+            assert!(shown[0].starts_with(&format!("[{}]", first_of_model.as_str().expect("title"))), "{answer_prompt}");
+            assert_eq!(before.tool_calls.iter().filter(|c| c.name == "search").count(), 1);
+        }
+    }
+}
+
+#[test]
+fn where_no_tool_searches_or_is_passed_an_integer_the_proposals_are_those_without_those_edits() {
+    let limits = Limits::default();
+    for name in ["math/calculator", "chess/legal-moves"] {
+        let stock = STOCK_HARNESSES.iter().find(|s| s.name == name).expect("stock");
+        let tasks = stock.domain.generate(3, 5, 1);
+        let environment = Environment::for_tasks(stock.domain, &tasks).expect("environment");
+        let recorded = rollouts(stock.source, stock.domain, &tasks, &environment);
+        assert!(recorded.iter().any(|t| !t.tool_calls.is_empty()), "{name} calls tools");
+        let incumbent = candidate(stock.source);
+        let ctx = ProposalContext { failures: &recorded, candidates: 8, ..context(&incumbent, &[], &limits) };
+        let new = [Mutation::Query, Mutation::ToolArgument];
+        let without: Vec<Mutation> = Mutation::ALL.into_iter().filter(|m| !new.contains(m)).collect();
+        let all = MutateProposer::default().propose(&ctx).expect("propose");
+        assert_eq!(all, MutateProposer::with_mutations(without).propose(&ctx).expect("propose"), "{name}");
+        for mutation in new {
+            assert_eq!(MutateProposer::mutate(mutation, &ctx, 3), None, "{name} {mutation:?}");
+        }
+    }
+}
+
+#[test]
+fn a_tool_argument_step_changes_how_many_passages_the_search_returns() {
+    let limits = Limits::default();
+    let stock = STOCK_HARNESSES.iter().find(|s| s.name == "qa/search").expect("stock");
+    let tasks = Domain::Qa.generate(4, 5, 2);
+    let environment = Environment::for_tasks(Domain::Qa, &tasks).expect("environment");
+    let incumbent = candidate(stock.source);
+    let ctx = context(&incumbent, &[], &limits);
+    let mut ks = BTreeSet::new();
+    for seed in 0..8 {
+        let proposal = MutateProposer::mutate(Mutation::ToolArgument, &ctx, seed).expect("search(question, 3)");
+        let played = rollouts(&proposal.source, Domain::Qa, &tasks, &environment);
+        for trajectory in &played {
+            assert_eq!(trajectory.error, None);
+            let search = trajectory.tool_calls.iter().find(|c| c.name == "search").expect("a search");
+            let k = search.args[1].as_u64().expect("k");
+            assert_eq!(search.result.as_array().expect("hits").len() as u64, k);
+            assert!(proposal.hypothesis.starts_with(&format!("Tool argument: pass {k} instead of 3 as argument 2")));
+            ks.insert(k);
+        }
+    }
+    assert_eq!(ks, BTreeSet::from([2, 4]));
 }

@@ -294,3 +294,72 @@ whaleLayers.push(function whaleInstruction(task, ctx, next) {{
         js(&instruction)
     )
 }
+
+/// The search protocol a query is asked for in: one `SEARCH: <query>` line, answered by
+/// `RESULTS:` (the protocol of the QA corpus, and of ReAct-style agents generally).
+const SEARCH_PROTOCOL: &str = "You can search a collection of passages. To search, reply with one line \
+                               `SEARCH: <query>` and wait for the RESULTS. Answer with the short answer only.";
+
+/// Lets the model write the query of each of a rollout's first `searches` searches: every tool
+/// whose first argument is named like `query` still runs on the harness's query, and before it
+/// the model, shown that query under the search protocol, may reply `SEARCH: <its own query>`;
+/// with `hops` 2 it sees those results and may search once more. The harness gets back as many
+/// items as its own search returned, the model's results first and then its own, interleaved,
+/// each item once (by `title` where items have one).
+pub(crate) fn query(hops: usize, searches: usize) -> String {
+    format!(
+        r#"const HOPS = {hops};
+const SEARCHES = {searches};
+const PROTOCOL = {};
+const key = (item) => (item && typeof item === "object" && "title" in item ? `t:${{item.title}}` : JSON.stringify(item));
+const show = (items) => items.map((item) => (item && typeof item === "object" && "title" in item ? `[${{item.title}}] ${{item.text ?? ""}}` : JSON.stringify(item))).join("\n");
+whaleLayers.push(function whaleQuery(task, ctx, next) {{
+  const names = ctx.env.tools.filter((t) => t.args.length > 0 && /query/i.test(t.args[0])).map((t) => t.name);
+  if (names.length === 0) return next(task, ctx);
+  let rewritten = 0;
+  const ask = (messages) => {{
+    if (!whaleHasRoom(2, whalePromptChars(messages))) return null;
+    try {{
+      const found = ctx.llm.chat(messages, {{ max_tokens: 32 }}).text.match(/SEARCH:\s*([^\n]+)/);
+      return found && found[1].trim() !== "" ? found[1].trim() : null;
+    }} catch (error) {{
+      ctx.log(`query rewrite: model call refused: ${{error.message}}`);
+      return null;
+    }}
+  }};
+  const rewrite = (name) => (query, ...rest) => {{
+    const own = ctx.tools[name](query, ...rest);
+    if (!Array.isArray(own) || rewritten >= SEARCHES) return own;
+    rewritten += 1;
+    const messages = [{{ role: "system", content: PROTOCOL }}, {{ role: "user", content: String(query) }}];
+    const lists = [];
+    let asked = ask(messages);
+    while (asked !== null && lists.length < HOPS) {{
+      const hits = ctx.tools[name](asked, ...rest);
+      if (!Array.isArray(hits)) break;
+      lists.push(hits);
+      messages.push({{ role: "assistant", content: `SEARCH: ${{asked}}` }}, {{ role: "user", content: `RESULTS:\n${{show(hits)}}` }});
+      asked = lists.length < HOPS ? ask(messages) : null;
+    }}
+    if (lists.length === 0) return own;
+    lists.push(own);
+    const merged = [];
+    const seen = new Set();
+    const longest = Math.max(...lists.map((list) => list.length));
+    for (let i = 0; i < longest; i++) {{
+      for (const list of lists) {{
+        if (i < list.length && !seen.has(key(list[i]))) {{
+          seen.add(key(list[i]));
+          merged.push(list[i]);
+        }}
+      }}
+    }}
+    return merged.slice(0, Math.max(own.length, 1));
+  }};
+  const tools = {{}};
+  for (const name of names) tools[name] = rewrite(name);
+  return next(task, Object.freeze({{ ...ctx, tools: new Proxy(Object.freeze(tools), {{ get: (target, name) => (name in target ? target[name] : ctx.tools[name]) }}) }}));
+}});"#,
+        js(&SEARCH_PROTOCOL)
+    )
+}

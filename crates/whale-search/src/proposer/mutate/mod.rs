@@ -10,11 +10,16 @@
 //!   the context, inserts few-shot examples or changes how answers are parsed; earlier layers
 //!   can be removed again (an ablation, e.g. dropping a tool step);
 //! - on what a prompt shows (`views`): a tool result's field swapped for a sibling holding the
-//!   same items in another form (legal moves in SAN instead of UCI).
+//!   same items in another form (legal moves in SAN instead of UCI);
+//! - on what a search looks for (`query`, a layer): the model writes the query of a search the
+//!   harness makes, and may search once more from what it found;
+//! - on how much a tool returns (`arguments`): an integer passed to a tool (a search's count
+//!   of results) moved a step up or down.
 //!
 //! The proposer is deterministic for (seed, iteration, incumbent, examples), and every
 //! candidate it returns has passed `whale_harness::validate`.
 
+mod arguments;
 mod instructions;
 mod layers;
 mod mechanisms;
@@ -29,7 +34,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use whale_core::Trajectory;
 use whale_harness::{content_hash, validate, Limits};
 
@@ -67,13 +72,20 @@ pub enum Mutation {
     Parse,
     /// Show another form of a tool result's items in a prompt.
     ViewSwap,
+    /// The model writes the query of each search (and may search a second time).
+    Query,
+    /// An integer argument of a tool call a step up or down.
+    ToolArgument,
 }
 
 impl Mutation {
     /// The edits of the prompt text alone: what fast-slow's fast half may do.
     pub const PROMPT_TEXT: [Mutation; 3] = [Mutation::AddPhrase, Mutation::RewriteSentence, Mutation::DropSentence];
 
-    pub const ALL: [Mutation; 11] = [
+    /// The edits drawn only where what they edit exists, each after the others are shuffled.
+    const WHERE_THEY_APPLY: [Mutation; 3] = [Mutation::ViewSwap, Mutation::Query, Mutation::ToolArgument];
+
+    pub const ALL: [Mutation; 13] = [
         Mutation::AddPhrase,
         Mutation::RewriteSentence,
         Mutation::DropSentence,
@@ -85,6 +97,8 @@ impl Mutation {
         Mutation::FewShot,
         Mutation::Parse,
         Mutation::ViewSwap,
+        Mutation::Query,
+        Mutation::ToolArgument,
     ];
 }
 
@@ -123,6 +137,8 @@ impl MutateProposer {
             Mutation::FewShot => few_shot(source, ctx, &mut rng),
             Mutation::Parse => parse(source, ctx.limits, &mut rng),
             Mutation::ViewSwap => views::swap(source, &views::forms(&recorded(ctx)), &mut rng),
+            Mutation::Query => query(source, ctx, &mut rng),
+            Mutation::ToolArgument => arguments::step(source, &mut rng),
         }?;
         validate(&edited, ctx.limits).ok()?;
         Some(Proposal { source: edited, hypothesis, parent: Some(ctx.incumbent.meta.id.clone()) })
@@ -141,13 +157,24 @@ impl Proposer for MutateProposer {
             order.retain(|m| Mutation::PROMPT_TEXT.contains(m));
         }
         let view_swap = order.contains(&Mutation::ViewSwap);
-        order.retain(|&m| m != Mutation::ViewSwap);
+        let query = order.contains(&Mutation::Query);
+        let argument = order.contains(&Mutation::ToolArgument);
+        order.retain(|m| !Mutation::WHERE_THEY_APPLY.contains(m));
         order.shuffle(&mut rng);
-        // Drawn only where a tool shows several forms, so that in a domain without one (math,
-        // QA) every other draw, and every proposal, is what it was before this mutation existed.
+        // Each drawn only where it applies (a tool shows several forms; a tool searches; a
+        // tool is passed an integer), so that in a domain without one every other draw, and
+        // every proposal, is what it was before the mutation existed.
         if view_swap && !views::forms(&recorded(ctx)).is_empty() {
             let at = rng.gen_range(0..=order.len());
             order.insert(at, Mutation::ViewSwap);
+        }
+        if query && !searches(&recorded(ctx)).is_empty() {
+            let at = rng.gen_range(0..=order.len());
+            order.insert(at, Mutation::Query);
+        }
+        if argument && !arguments::arguments(&ctx.incumbent.source).is_empty() {
+            let at = rng.gen_range(0..=order.len());
+            order.insert(at, Mutation::ToolArgument);
         }
         let mut seen: HashSet<String> = HashSet::from([ctx.incumbent.meta.hash.clone()]);
         let mut proposals = Vec::new();
@@ -174,6 +201,18 @@ type Edit = Option<(String, String)>;
 /// incumbent's failed search rollouts.
 fn recorded<'a>(ctx: &ProposalContext<'a>) -> Vec<&'a Trajectory> {
     ctx.examples.iter().chain(ctx.failures).collect()
+}
+
+/// The tools the recorded rollouts searched with: called on a string (the query) and
+/// answering with a list.
+fn searches(trajectories: &[&Trajectory]) -> BTreeSet<String> {
+    trajectories
+        .iter()
+        .flat_map(|t| &t.tool_calls)
+        .filter(|c| c.error.is_none() && c.result.is_array())
+        .filter(|c| c.args.as_array().and_then(|args| args.first()).is_some_and(|query| query.is_string()))
+        .map(|c| c.name.clone())
+        .collect()
 }
 
 fn excerpt(text: &str) -> String {
@@ -305,6 +344,28 @@ fn tool_step(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> E
     );
     let body = mechanisms::tool_step(pick, lookups, TOOL_RESULT_CHARS);
     Some((layers::add_layer(source, "tool-step", &hypothesis, &body, ctx.limits)?, hypothesis))
+}
+
+/// Searches of a rollout whose query the model writes.
+const REWRITTEN_SEARCHES: usize = 2;
+
+fn query(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+    let tools = searches(&recorded(ctx));
+    let hops = *[1usize, 2].choose(rng)?;
+    if tools.is_empty() || has_layer(source, "query") || ctx.limits.model_calls < 2 * hops + 1 {
+        return None;
+    }
+    let tools = tools.into_iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ");
+    let second =
+        if hops == 2 { ", then, shown what that search found, may search once more (a second hop)" } else { "" };
+    let hypothesis = format!(
+        "Query rewrite: the model writes the query of the rollout's first {REWRITTEN_SEARCHES} searches ({tools}) \
+         in the search protocol (`SEARCH: <query>`){second}, instead of the harness searching the question's own \
+         words, which dilute a keyword ranking; its results come first, then the harness's own. Costs {hops} model \
+         call(s) and search(es) per search; refuted if the success rate does not rise."
+    );
+    let body = mechanisms::query(hops, REWRITTEN_SEARCHES);
+    Some((layers::add_layer(source, "query", &hypothesis, &body, ctx.limits)?, hypothesis))
 }
 
 fn drop_layer(source: &str, rng: &mut ChaCha8Rng) -> Edit {
