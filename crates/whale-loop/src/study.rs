@@ -91,6 +91,9 @@ pub struct Difference {
     /// [`TARGET_HALF_WIDTH`] with the same seeds ([`tasks_for_target`]); `None` where the
     /// spread between seeds alone is wider, so that only more seeds would help.
     pub tasks_for_target: Option<usize>,
+    /// Where no test split would do: the seeds that would, at this many test tasks per seed
+    /// ([`seeds_for_target`]).
+    pub seeds_for_target: Option<usize>,
 }
 
 /// The half-width the issue asks of the main comparison's paired interval.
@@ -102,22 +105,53 @@ pub const TARGET_HALF_WIDTH: f64 = 0.03;
 /// holds a spread between seeds, `B`, that more tasks do not shrink, beside `W/n`:
 /// `V ≈ (S-1)/S (B + W/n)`. The projection keeps `B` and `W` and solves for `n`.
 pub fn tasks_for_target(paired: &[Vec<f64>]) -> Option<usize> {
-    let seeds: Vec<&Vec<f64>> = paired.iter().filter(|seed| !seed.is_empty()).collect();
-    let s = seeds.len() as f64;
-    if seeds.is_empty() {
-        return None;
+    let spread = Spread::of(paired)?;
+    let s = spread.seeds;
+    let room = s * target_variance() - (s - 1.0) / s * spread.between;
+    (room > 0.0).then(|| (spread.within * (2.0 * s - 1.0) / s / room).ceil().max(1.0) as usize)
+}
+
+/// Seeds for a half-width of [`TARGET_HALF_WIDTH`] at the current test tasks per seed: the
+/// fewest `S` (no fewer than now) whose projected variance, `((S-1)/S B + (2S-1)/S W/n) / S`
+/// in the terms of [`tasks_for_target`], is within the target; `None` past 1,000 seeds.
+pub fn seeds_for_target(paired: &[Vec<f64>]) -> Option<usize> {
+    let spread = Spread::of(paired)?;
+    let variance = |s: f64| ((s - 1.0) / s * spread.between + (2.0 * s - 1.0) / s * spread.within / spread.tasks) / s;
+    (spread.seeds as usize..=1_000).find(|&s| variance(s as f64) <= target_variance())
+}
+
+fn target_variance() -> f64 {
+    (TARGET_HALF_WIDTH / 1.96).powi(2)
+}
+
+/// The two parts of the paired differences' spread the projections keep apart.
+struct Spread {
+    seeds: f64,
+    /// Mean test tasks per seed.
+    tasks: f64,
+    /// Mean variance of the differences within a seed (`W`).
+    within: f64,
+    /// Variance between seed means that more tasks would not shrink (`B`).
+    between: f64,
+}
+
+impl Spread {
+    fn of(paired: &[Vec<f64>]) -> Option<Spread> {
+        let seeds: Vec<&Vec<f64>> = paired.iter().filter(|seed| !seed.is_empty()).collect();
+        if seeds.is_empty() {
+            return None;
+        }
+        let s = seeds.len() as f64;
+        let variance = |values: &[f64]| {
+            let m = mean(values);
+            values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / values.len() as f64
+        };
+        let within = seeds.iter().map(|seed| variance(seed)).sum::<f64>() / s;
+        let tasks = seeds.iter().map(|seed| seed.len()).sum::<usize>() as f64 / s;
+        let means: Vec<f64> = seeds.iter().map(|seed| mean(seed)).collect();
+        let between = if seeds.len() < 2 { 0.0 } else { (variance(&means) * s / (s - 1.0) - within / tasks).max(0.0) };
+        Some(Spread { seeds: s, tasks, within, between })
     }
-    let variance = |values: &[f64]| {
-        let m = mean(values);
-        values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / values.len() as f64
-    };
-    let within = seeds.iter().map(|seed| variance(seed)).sum::<f64>() / s;
-    let tasks = seeds.iter().map(|seed| seed.len()).sum::<usize>() as f64 / s;
-    let means: Vec<f64> = seeds.iter().map(|seed| mean(seed)).collect();
-    let between = if seeds.len() < 2 { 0.0 } else { (variance(&means) * s / (s - 1.0) - within / tasks).max(0.0) };
-    let target = (TARGET_HALF_WIDTH / 1.96).powi(2);
-    let room = s * target - (s - 1.0) / s * between;
-    (room > 0.0).then(|| (within * (2.0 * s - 1.0) / s / room).ceil().max(1.0) as usize)
 }
 
 /// How far one arm moved: its final test mean@k minus its first (the start), paired over test
@@ -372,6 +406,7 @@ fn difference(per_seed: &[Vec<Series>], arm: &str, metric: &'static str) -> Opti
         seeds: paired.len(),
         tasks: paired.first().map_or(0, Vec::len),
         tasks_for_target: tasks_for_target(&paired),
+        seeds_for_target: seeds_for_target(&paired),
     })
 }
 
@@ -681,7 +716,7 @@ pub fn text(study: &Study) -> String {
                 signed(&d.estimate),
                 seeds,
                 d.tasks,
-                sized(d.tasks_for_target)
+                sized(d)
             );
         }
         let _ = writeln!(out, "  {:<22} {:>28} {:>8}", "condition", "final - start [95% CI]", "seeds");
@@ -702,9 +737,13 @@ pub fn text(study: &Study) -> String {
     out
 }
 
-/// A projected size, or why there is none.
-fn sized(tasks: Option<usize>) -> String {
-    tasks.map_or("more seeds".to_string(), |tasks| tasks.to_string())
+/// The projected test tasks per seed, or where only more seeds would do, how many.
+fn sized(difference: &Difference) -> String {
+    match (difference.tasks_for_target, difference.seeds_for_target) {
+        (Some(tasks), _) => tasks.to_string(),
+        (None, Some(seeds)) => format!("{seeds} seeds"),
+        (None, None) => "more seeds".to_string(),
+    }
 }
 
 fn domain_html(domain: &DomainStudy, figures: &[Figure]) -> String {
@@ -732,7 +771,7 @@ fn domain_html(domain: &DomainStudy, figures: &[Figure]) -> String {
             d.seeds_agreeing,
             d.seeds,
             d.tasks,
-            sized(d.tasks_for_target)
+            sized(d)
         );
     }
     body.push_str(
@@ -784,6 +823,7 @@ mod tests {
             seeds: 3,
             tasks: 64,
             tasks_for_target: Some(64),
+            seeds_for_target: Some(3),
         }
     }
 
@@ -945,8 +985,15 @@ mod tests {
         let one = tasks_for_target(&[seed(0.0)]).unwrap();
         let three = tasks_for_target(&[seed(0.0), seed(0.0), seed(0.0)]).unwrap();
         assert!(three < one && three * 3 >= one, "one seed {one}, three agreeing seeds {three}");
-        assert_eq!(tasks_for_target(&[seed(-0.2), seed(0.0), seed(0.2)]), None, "seed means 0.2 apart");
+        let apart = [seed(-0.2), seed(0.0), seed(0.2)];
+        assert_eq!(tasks_for_target(&apart), None, "seed means 0.2 apart");
         assert_eq!(tasks_for_target(&[]), None);
+        // B = 0.04 - W/n and W/n = 0.01/64: S seeds give about (B + 2W/n) / S, so B / S ≤ (0.03/1.96)^2
+        // takes about 0.04 / 2.34e-4 = 171 seeds.
+        let seeds = seeds_for_target(&apart).expect("a seed count");
+        assert!((165..=175).contains(&seeds), "{seeds}");
+        assert_eq!(seeds_for_target(&[seed(0.0), seed(0.0), seed(0.0)]), Some(3), "already within the target");
+        assert_eq!(seeds_for_target(&[]), None);
     }
 
     #[test]
