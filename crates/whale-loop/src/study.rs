@@ -104,6 +104,7 @@ pub const TARGET_HALF_WIDTH: f64 = 0.03;
 /// tasks, with `V` the variance of the seed means and `W` the mean variance within a seed. `V`
 /// holds a spread between seeds, `B`, that more tasks do not shrink, beside `W/n`:
 /// `V ≈ (S-1)/S (B + W/n)`. The projection keeps `B` and `W` and solves for `n`.
+/// Solved for `n` from [`Spread::variance`] at the current seeds.
 pub fn tasks_for_target(paired: &[Vec<f64>]) -> Option<usize> {
     let spread = Spread::of(paired)?;
     let s = spread.seeds;
@@ -112,12 +113,11 @@ pub fn tasks_for_target(paired: &[Vec<f64>]) -> Option<usize> {
 }
 
 /// Seeds for a half-width of [`TARGET_HALF_WIDTH`] at the current test tasks per seed: the
-/// fewest `S` (no fewer than now) whose projected variance, `((S-1)/S B + (2S-1)/S W/n) / S`
-/// in the terms of [`tasks_for_target`], is within the target; `None` past 1,000 seeds.
+/// fewest `S` (no fewer than now) whose [`Spread::variance`] is within the target; `None` past
+/// 1,000 seeds.
 pub fn seeds_for_target(paired: &[Vec<f64>]) -> Option<usize> {
     let spread = Spread::of(paired)?;
-    let variance = |s: f64| ((s - 1.0) / s * spread.between + (2.0 * s - 1.0) / s * spread.within / spread.tasks) / s;
-    (spread.seeds as usize..=1_000).find(|&s| variance(s as f64) <= target_variance())
+    (spread.seeds as usize..=1_000).find(|&s| spread.variance(s as f64, spread.tasks) <= target_variance())
 }
 
 fn target_variance() -> f64 {
@@ -151,6 +151,12 @@ impl Spread {
         let means: Vec<f64> = seeds.iter().map(|seed| mean(seed)).collect();
         let between = if seeds.len() < 2 { 0.0 } else { (variance(&means) * s / (s - 1.0) - within / tasks).max(0.0) };
         Some(Spread { seeds: s, tasks, within, between })
+    }
+
+    /// The nested bootstrap's variance projected to `seeds` seeds of `tasks` tasks:
+    /// `((S-1)/S B + (2S-1)/S W/n) / S`.
+    fn variance(&self, seeds: f64, tasks: f64) -> f64 {
+        ((seeds - 1.0) / seeds * self.between + (2.0 * seeds - 1.0) / seeds * self.within / tasks) / seeds
     }
 }
 
@@ -398,6 +404,7 @@ fn difference(per_seed: &[Vec<Series>], arm: &str, metric: &'static str) -> Opti
         .map(|runs| task_differences(task_means(find(runs, "whale")?, metric)?, task_means(find(runs, arm)?, metric)?))
         .collect::<Option<Vec<_>>>()?;
     let (estimate, seeds_agreeing) = pooled(&paired);
+    let tasks_for_target = tasks_for_target(&paired);
     Some(Difference {
         arm: arm.to_string(),
         metric,
@@ -405,8 +412,8 @@ fn difference(per_seed: &[Vec<Series>], arm: &str, metric: &'static str) -> Opti
         seeds_agreeing,
         seeds: paired.len(),
         tasks: paired.first().map_or(0, Vec::len),
-        tasks_for_target: tasks_for_target(&paired),
-        seeds_for_target: seeds_for_target(&paired),
+        tasks_for_target,
+        seeds_for_target: tasks_for_target.map_or_else(|| seeds_for_target(&paired), |_| None),
     })
 }
 
@@ -823,7 +830,7 @@ mod tests {
             seeds: 3,
             tasks: 64,
             tasks_for_target: Some(64),
-            seeds_for_target: Some(3),
+            seeds_for_target: None,
         }
     }
 

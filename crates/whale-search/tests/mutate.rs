@@ -23,20 +23,25 @@ impl Policy for Generalist {
             Some(first) => first.to_string(),
             None => "The answer is 5.\n#### 5".to_string(),
         };
-        Ok(Completion {
-            text,
-            token_ids: vec![1],
-            logprobs: vec![0.0],
-            finish_reason: FinishReason::Stop,
-            prompt_tokens: 3,
-            completion_tokens: 2,
-        })
+        Ok(completion(text))
     }
     fn name(&self) -> String {
         "generalist".into()
     }
     fn weights_version(&self) -> u64 {
         0
+    }
+}
+
+/// A finished reply of `text` (the token counts are placeholders no test reads).
+fn completion(text: String) -> Completion {
+    Completion {
+        text,
+        token_ids: vec![1],
+        logprobs: vec![0.0],
+        finish_reason: FinishReason::Stop,
+        prompt_tokens: 3,
+        completion_tokens: 2,
     }
 }
 
@@ -347,14 +352,7 @@ impl Policy for Searcher {
             4 if protocol => format!("SEARCH: more {word}"),
             _ => "Answer: Paris".to_string(),
         };
-        Ok(Completion {
-            text,
-            token_ids: vec![1],
-            logprobs: vec![0.0],
-            finish_reason: FinishReason::Stop,
-            prompt_tokens: 3,
-            completion_tokens: 2,
-        })
+        Ok(completion(text))
     }
     fn name(&self) -> String {
         "searcher".into()

@@ -156,25 +156,16 @@ impl Proposer for MutateProposer {
         if ctx.prompt_only {
             order.retain(|m| Mutation::PROMPT_TEXT.contains(m));
         }
-        let view_swap = order.contains(&Mutation::ViewSwap);
-        let query = order.contains(&Mutation::Query);
-        let argument = order.contains(&Mutation::ToolArgument);
+        let conditional: Vec<Mutation> = Mutation::WHERE_THEY_APPLY.into_iter().filter(|m| order.contains(m)).collect();
         order.retain(|m| !Mutation::WHERE_THEY_APPLY.contains(m));
         order.shuffle(&mut rng);
-        // Each drawn only where it applies (a tool shows several forms; a tool searches; a
-        // tool is passed an integer), so that in a domain without one every other draw, and
-        // every proposal, is what it was before the mutation existed.
-        if view_swap && !views::forms(&recorded(ctx)).is_empty() {
-            let at = rng.gen_range(0..=order.len());
-            order.insert(at, Mutation::ViewSwap);
-        }
-        if query && !searches(&recorded(ctx)).is_empty() {
-            let at = rng.gen_range(0..=order.len());
-            order.insert(at, Mutation::Query);
-        }
-        if argument && !arguments::arguments(&ctx.incumbent.source).is_empty() {
-            let at = rng.gen_range(0..=order.len());
-            order.insert(at, Mutation::ToolArgument);
+        // Each drawn only where it applies, so that in a domain without what it edits every
+        // other draw, and every proposal, is what it was before the mutation existed.
+        for mutation in conditional {
+            if applies(mutation, ctx) {
+                let at = rng.gen_range(0..=order.len());
+                order.insert(at, mutation);
+            }
         }
         let mut seen: HashSet<String> = HashSet::from([ctx.incumbent.meta.hash.clone()]);
         let mut proposals = Vec::new();
@@ -201,6 +192,17 @@ type Edit = Option<(String, String)>;
 /// incumbent's failed search rollouts.
 fn recorded<'a>(ctx: &ProposalContext<'a>) -> Vec<&'a Trajectory> {
     ctx.examples.iter().chain(ctx.failures).collect()
+}
+
+/// Whether what `mutation` edits exists: a tool result in several forms, a search, an integer
+/// passed to a tool (every other mutation finds out by trying).
+fn applies(mutation: Mutation, ctx: &ProposalContext<'_>) -> bool {
+    match mutation {
+        Mutation::ViewSwap => !views::forms(&recorded(ctx)).is_empty(),
+        Mutation::Query => !searches(&recorded(ctx)).is_empty(),
+        Mutation::ToolArgument => !arguments::arguments(&ctx.incumbent.source).is_empty(),
+        _ => true,
+    }
 }
 
 /// The tools the recorded rollouts searched with: called on a string (the query) and
