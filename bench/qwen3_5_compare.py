@@ -15,7 +15,7 @@ model.language_model., a one-block vision tower whale ignores). On each it check
      and the logits through it equal whale's within 1e-4;
 then times that greedy decode and one training step (next-token loss, AdamW) in both.
 
-Not checked here: vLLM serving the same checkpoint (its CPU kernel of the delta rule runs bf16 only).
+vLLM serving the same checkpoints is bench/qwen3_5_vllm.py's (its CPU kernel of the delta rule runs bf16 only).
 
 Usage: python3 bench/qwen3_5_compare.py
 The first run creates bench/.venv and installs torch, transformers, safetensors and peft from
