@@ -43,7 +43,7 @@ VOCAB = 512
 PROMPTS = 8
 NEW_TOKENS = 32
 # The trained checkpoint: whale's full-weight AdamW steps over permutation chains (the script
-# prints the last step's loss: 0.010 here, from 6.2).
+# prints the last step's loss: 0.010 here, against ln 512 = 6.24 for a uniform guess).
 TRAIN_STEPS = 150
 TRAIN_BATCH = 8
 TRAIN_LENGTH = 96
@@ -102,10 +102,14 @@ def transformers_greedy(model, prompts, dtype):
     return out, margins
 
 
-def whale_peer(model_dir, work, scratch, name):
-    """Runs whale's half of a workload (see qwen3_5_peer.rs) and returns its output."""
+def build_peer():
+    """Builds whale's half of the workloads (qwen3_5_peer.rs), once per run of this script."""
     subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "whale-lm", "--example", "qwen3_5_peer"],
                    cwd=REPO, check=True)
+
+
+def whale_peer(model_dir, work, scratch, name):
+    """Runs whale's half of a workload (see qwen3_5_peer.rs) and returns its output."""
     work = {"logits_input": [], "greedy_prompts": [], "greedy_tokens": NEW_TOKENS, "train_sequences": [],
             "train_steps": 0, "adapter_dir": None, **work}
     work_file, out_file = scratch / f"work-{name}.json", scratch / f"whale-{name}.json"
@@ -249,6 +253,7 @@ def main():
     import torch
     from transformers import Qwen3_5ForCausalLM
 
+    build_peer()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     generator = torch.Generator().manual_seed(21)
     prompts = [torch.randint(0, VOCAB, (20,), generator=generator).tolist() for _ in range(PROMPTS)]

@@ -80,7 +80,7 @@ fn adapter_logits(model: &Qwen35Model, work: &Workload, dir: &Path) -> Result<Ve
 }
 
 /// Seconds per AdamW step of the next-token loss on `vars`, each step over the next `batch`
-/// sequences, packed; and the last step's loss.
+/// sequences, packed; and the last step's loss (none without steps).
 fn train(
     model: &Qwen35Model,
     vars: Vec<Var>,
@@ -88,22 +88,22 @@ fn train(
     batch: usize,
     steps: usize,
     lr: f64,
-) -> Result<(f64, f32), BoxError> {
+) -> Result<(f64, Option<f32>), BoxError> {
     let mut optimizer = AdamW::new(vars, ParamsAdamW { lr, ..Default::default() })?;
     let batches: Vec<&[Vec<u32>]> = sequences.chunks(batch.max(1)).collect();
     if batches.is_empty() && steps > 0 {
         return Err("training steps were asked for without train_sequences".into());
     }
-    let (started, mut last_loss) = (Instant::now(), f32::NAN);
+    let (started, mut last_loss) = (Instant::now(), None);
     for step in 0..steps {
         let batch = batches[step % batches.len()];
         let inputs: Vec<&[u32]> = batch.iter().map(|s| &s[..s.len() - 1]).collect();
         let targets: Vec<u32> = batch.iter().flat_map(|s| s[1..].to_vec()).collect();
-        let targets = Tensor::from_vec(targets.clone(), (targets.len(), 1), model.device())?;
+        let targets = Tensor::from_vec(targets, (inputs.iter().map(|s| s.len()).sum::<usize>(), 1), model.device())?;
         let logits = model.logits(&model.packed_hidden(&inputs)?)?;
         let loss = candle_nn::ops::log_softmax(&logits, D::Minus1)?.gather(&targets, 1)?.mean_all()?.neg()?;
         optimizer.backward_step(&loss)?;
-        last_loss = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+        last_loss = Some(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
     }
     Ok((started.elapsed().as_secs_f64() / steps.max(1) as f64, last_loss))
 }
@@ -120,9 +120,10 @@ fn main() -> Result<(), BoxError> {
         Some(other) => return Err(format!("dtype {other:?} is neither f32 nor bf16").into()),
     };
     let model = load_qwen35(model_dir, dtype, &Device::Cpu)?;
-    let logits = match workload.logits_input.is_empty() {
-        true => Vec::new(),
-        false => model.logits(&model.packed_hidden(&[&workload.logits_input])?)?.to_vec2::<f32>()?,
+    let logits = if workload.logits_input.is_empty() {
+        Vec::new()
+    } else {
+        model.logits(&model.packed_hidden(&[&workload.logits_input])?)?.to_vec2::<f32>()?
     };
     let started = Instant::now();
     let greedy = (workload.greedy_prompts.iter())
@@ -139,7 +140,6 @@ fn main() -> Result<(), BoxError> {
     if let Some(dir) = &workload.save_dir {
         save_qwen35(&model, dir)?;
     }
-    let train_loss = (!train_loss.is_nan()).then_some(train_loss);
     let output = Output { logits, greedy, greedy_seconds, train_step_seconds, train_loss, adapter_logits };
     std::fs::write(out, serde_json::to_string(&output)?)?;
     Ok(())
