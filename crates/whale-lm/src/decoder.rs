@@ -69,6 +69,15 @@ impl Decoder {
         })
     }
 
+    /// A clone to decode with: for Qwen3, [`Qwen3Model::for_decoding`]'s transposed copies of
+    /// the projections; for Qwen3.5, a plain clone.
+    pub fn for_decoding(&self) -> Self {
+        match self {
+            Self::Qwen3(model) => Self::Qwen3(model.for_decoding()),
+            Self::Qwen35(model) => Self::Qwen35(model.clone()),
+        }
+    }
+
     /// Loads a checkpoint directory of either architecture (by its `config.json`'s `model_type`).
     pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self, CheckpointError> {
         if is_qwen35(dir) {

@@ -20,7 +20,8 @@
 //! to a helper thread instead (`model/helper_thread.rs`).
 //!
 //! Weights: the SFT trainer updates the parameters in place and the engine's model shares them,
-//! so after a trainer step the owner calls [`LocalPolicy::set_weights_version`]; a different
+//! so after a trainer step the owner calls [`LocalPolicy::set_weights_version`] (which also
+//! remakes the scheduler's transposed copies of the projections, [`Decoder::for_decoding`]); a different
 //! model (a loaded checkpoint) comes in through [`LocalPolicy::reload`]. Either way the
 //! scheduler drops the KV caches of the requests in flight and rebuilds them from each prompt
 //! and the tokens sampled so far, so every later token comes from the new weights alone (the
@@ -171,7 +172,7 @@ impl LocalPolicy {
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let (commands, inbox) = mpsc::channel();
         let scheduler = Scheduler {
-            model: model.clone(),
+            model: model.for_decoding(),
             tokenizer: tokenizer.clone(),
             eos: eos.clone(),
             context_window,
@@ -615,9 +616,8 @@ impl Scheduler {
         match command {
             Command::Generate(job) => self.waiting.push_back(job),
             Command::NewWeights(model) => {
-                if let Some(model) = model {
-                    self.model = *model;
-                }
+                // The decoding copies of the projections are remade from the new weights.
+                self.model = model.map_or_else(|| self.model.for_decoding(), |model| model.for_decoding());
                 for sequence in &mut self.live {
                     match self.model.new_cache() {
                         Ok(cache) => sequence.cache = cache,

@@ -5,6 +5,7 @@
 //! draw per generated token, greedy or not, so the draw for token i never depends on other
 //! requests, on earlier settings or on the vocabulary size.
 
+use crate::kernels::vectorised;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -128,8 +129,11 @@ impl Sampler {
     /// Unmasked (index, logit) pairs after top-k, most likely first (ties: lower index first)
     /// whenever top-k or top-p needs a ranking.
     fn candidates(&self, logits: &[f32]) -> Vec<(usize, f32)> {
-        let unmasked = logits.iter().copied().enumerate().filter(|&(_, logit)| logit > f32::NEG_INFINITY);
-        let mut candidates = if self.top_k > 0 { best(unmasked, self.top_k) } else { unmasked.collect() };
+        let mut candidates = if self.top_k > 0 {
+            best(logits, self.top_k)
+        } else {
+            logits.iter().copied().enumerate().filter(|&(_, logit)| logit > f32::NEG_INFINITY).collect()
+        };
         if self.top_k > 0 || self.top_p < 1.0 {
             candidates.sort_unstable_by(by_rank);
         }
@@ -143,25 +147,39 @@ fn by_rank(a: &(usize, f32), b: &(usize, f32)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
-/// The `k` best pairs of `pairs` by [`by_rank`] (all of them when there are fewer), in no
-/// particular order. One pass that keeps the best so far: after the first few hundred logits a
-/// new one rarely beats the worst kept, so this costs little more than reading the logits
-/// (collecting every pair and selecting among them cost most of a 64-sequence step's sampling).
-/// A logit below the worst kept one is passed over without the full comparison: for logits
-/// that are not NaN (the sampler refuses those first), `<` implies `by_rank`'s order.
-fn best(pairs: impl Iterator<Item = (usize, f32)>, k: usize) -> Vec<(usize, f32)> {
+/// Logits [`best`] passes over at once when none beats the worst kept.
+const BEST_BLOCK: usize = 32;
+
+/// The `k` best unmasked (index, logit) pairs by [`by_rank`] (all of them when there are
+/// fewer), in no particular order, from logits that are not NaN (the sampler refuses those
+/// first). One pass that keeps the best so far: after the first few hundred logits a new one
+/// rarely beats the worst kept, so a block of logits whose largest does not beat it is passed
+/// over after a vectorised max, and the pass costs little more than reading the logits
+/// (collecting every pair and selecting among them cost most of a 64-sequence step's
+/// sampling). The pairs are read in index order, so a logit beats the worst kept only when it
+/// is strictly larger: an equal one has the higher index.
+fn best(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
     let mut kept: Vec<(usize, f32)> = Vec::with_capacity(k);
     let mut worst = 0;
     let worst_of = |kept: &[(usize, f32)]| (0..kept.len()).max_by(|&a, &b| by_rank(&kept[a], &kept[b])).unwrap_or(0);
-    for pair in pairs {
-        if kept.len() < k {
-            kept.push(pair);
-            if kept.len() == k {
+    for (block_index, block) in logits.chunks(BEST_BLOCK).enumerate() {
+        if kept.len() == k && vectorised::max(block) <= kept[worst].1 {
+            continue;
+        }
+        for (offset, &logit) in block.iter().enumerate() {
+            if logit == f32::NEG_INFINITY {
+                continue;
+            }
+            let pair = (block_index * BEST_BLOCK + offset, logit);
+            if kept.len() < k {
+                kept.push(pair);
+                if kept.len() == k {
+                    worst = worst_of(&kept);
+                }
+            } else if logit > kept[worst].1 {
+                kept[worst] = pair;
                 worst = worst_of(&kept);
             }
-        } else if pair.1 >= kept[worst].1 && by_rank(&pair, &kept[worst]).is_lt() {
-            kept[worst] = pair;
-            worst = worst_of(&kept);
         }
     }
     kept
@@ -180,20 +198,21 @@ fn nucleus_len(weights: &[f64], top_p: f64) -> usize {
     weights.len()
 }
 
-/// log(sum(exp(logits))), rejecting NaN, +inf and all-masked logits.
+/// log(sum(exp(logits))), rejecting NaN, +inf and all-masked logits. Two vectorised passes
+/// (the max, then the sum of `exp` in f64; within 2e-7 of libm's, [`vectorised::exp`]): a NaN
+/// shows in the sum and a +inf in the max, and only then is the offending logit looked for.
 fn log_sum_exp(logits: &[f32]) -> Result<f64, SamplingError> {
     if logits.is_empty() {
         return Err(SamplingError::EmptyLogits);
     }
-    if let Some((index, &value)) = logits.iter().enumerate().find(|(_, l)| l.is_nan() || **l == f32::INFINITY) {
-        return Err(SamplingError::BadLogit { index, value });
+    let (max, sum) = vectorised::max_and_sum_exp(logits);
+    if max.is_finite() && !sum.is_nan() {
+        return Ok(f64::from(max) + sum.ln());
     }
-    let max = f64::from(logits.iter().copied().fold(f32::NEG_INFINITY, f32::max));
-    if max == f64::NEG_INFINITY {
-        return Err(SamplingError::AllMasked);
+    match logits.iter().enumerate().find(|(_, l)| l.is_nan() || **l == f32::INFINITY) {
+        Some((index, &value)) => Err(SamplingError::BadLogit { index, value }),
+        None => Err(SamplingError::AllMasked),
     }
-    let sum: f64 = logits.iter().map(|&l| (f64::from(l) - max).exp()).sum();
-    Ok(max + sum.ln())
 }
 
 /// Index of the largest logit, the lowest index among equals.
@@ -267,21 +286,52 @@ impl StopMatcher {
 mod tests {
     use super::*;
 
-    /// The one-pass selection keeps exactly what sorting every pair and cutting at `k` keeps,
-    /// ties (equal logits, kept by lower index) and fewer pairs than `k` included.
+    /// The one-pass selection keeps exactly what sorting every unmasked pair and cutting at `k`
+    /// keeps: ties (equal logits, kept by lower index), masked logits, fewer pairs than `k`, and
+    /// the best ones late in the vocabulary (where whole blocks are passed over before them).
     #[test]
     fn the_best_k_are_those_a_full_sort_ranks_first() {
         let mut rng = ChaCha8Rng::seed_from_u64(4);
-        for (vocab, k) in [(8192, 20), (50, 20), (20, 20), (7, 20), (1000, 1), (300, 299)] {
-            // Few distinct values, so many ties.
-            let logits: Vec<f32> = (0..vocab).map(|_| f32::from(rng.gen_range(0u8..40)) / 4.0).collect();
-            let pairs = || logits.iter().copied().enumerate();
-            let mut ours = best(pairs(), k);
+        for (vocab, k) in [(8192, 20), (8192, 64), (50, 20), (20, 20), (7, 20), (1000, 1), (300, 299), (70, 5)] {
+            // Few distinct values, so many ties; some masked; rising, so late blocks hold the best.
+            let logits: Vec<f32> = (0..vocab)
+                .map(|i| match rng.gen_range(0u8..50) {
+                    0..=4 => f32::NEG_INFINITY,
+                    value => f32::from(value) / 4.0 + (i / 1000) as f32,
+                })
+                .collect();
+            let mut ours = best(&logits, k);
             ours.sort_unstable_by(by_rank);
-            let mut sorted: Vec<(usize, f32)> = pairs().collect();
+            let mut sorted: Vec<(usize, f32)> =
+                logits.iter().copied().enumerate().filter(|&(_, logit)| logit > f32::NEG_INFINITY).collect();
             sorted.sort_unstable_by(by_rank);
             sorted.truncate(k);
             assert_eq!(ours, sorted, "vocab {vocab}, k {k}");
         }
+    }
+
+    /// The vectorised normaliser agrees with the f64 running sum of libm's `exp` it replaced,
+    /// and still names the first bad logit.
+    #[test]
+    fn the_normaliser_agrees_with_libm_and_refuses_bad_logits() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for vocab in [1, 3, 8, 9, 8192, 151_936] {
+            let mut logits: Vec<f32> = (0..vocab).map(|_| rng.gen_range(-30.0f32..30.0)).collect();
+            if vocab > 3 {
+                logits[2] = f32::NEG_INFINITY;
+            }
+            let max = f64::from(logits.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+            let exact = max + logits.iter().map(|&l| (f64::from(l) - max).exp()).sum::<f64>().ln();
+            let ours = log_sum_exp(&logits).unwrap();
+            assert!((ours - exact).abs() < 3e-7, "vocab {vocab}: {ours} against {exact}");
+        }
+        let mut logits = vec![0.5f32; 100];
+        logits[70] = f32::INFINITY;
+        assert_eq!(log_sum_exp(&logits), Err(SamplingError::BadLogit { index: 70, value: f32::INFINITY }));
+        logits[40] = f32::NAN;
+        assert!(matches!(log_sum_exp(&logits), Err(SamplingError::BadLogit { index: 40, value }) if value.is_nan()));
+        assert_eq!(log_sum_exp(&[f32::NEG_INFINITY; 9]), Err(SamplingError::AllMasked));
+        assert!(matches!(log_sum_exp(&[f32::NEG_INFINITY, f32::NAN]), Err(SamplingError::BadLogit { index: 1, .. })));
+        assert_eq!(log_sum_exp(&[]), Err(SamplingError::EmptyLogits));
     }
 }

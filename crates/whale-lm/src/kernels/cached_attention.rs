@@ -7,7 +7,7 @@
 //! cache where it lies, once the step's chunk has been written into it, and the pairs run on
 //! rayon's pool. No gradient: decoding only.
 
-use super::vectorised::{dot, exp};
+use super::vectorised::{self, dot, exp};
 use rayon::prelude::*;
 
 /// Multiply-adds (of scores and of values) below which a call stays on the calling thread:
@@ -57,8 +57,37 @@ pub fn cached_attention(queries: &[f32], sequences: &[CachedSequence<'_>], shape
     out
 }
 
-/// The `groups` query heads that share key-value head `kv_head` of one sequence.
+/// The `groups` query heads that share key-value head `kv_head` of one sequence, in AVX2's
+/// eight-float registers where the CPU has them ([`vectorised::has_avx2`]).
 fn attend_pair(queries: &[f32], sequence: &CachedSequence<'_>, kv_head: usize, shape: AttentionShape, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if vectorised::has_avx2() {
+        // SAFETY: the CPU has AVX2, the one feature `attend_pair_avx2` is compiled for.
+        return unsafe { attend_pair_avx2(queries, sequence, kv_head, shape, out) };
+    }
+    attend_pair_with(queries, sequence, kv_head, shape, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn attend_pair_avx2(
+    queries: &[f32],
+    sequence: &CachedSequence<'_>,
+    kv_head: usize,
+    shape: AttentionShape,
+    out: &mut [f32],
+) {
+    attend_pair_with(queries, sequence, kv_head, shape, out)
+}
+
+#[inline(always)]
+fn attend_pair_with(
+    queries: &[f32],
+    sequence: &CachedSequence<'_>,
+    kv_head: usize,
+    shape: AttentionShape,
+    out: &mut [f32],
+) {
     let d = shape.head_dim;
     let start = kv_head * sequence.capacity * d;
     let keys = &sequence.keys[start..start + (sequence.past + sequence.chunk) * d];
@@ -146,5 +175,18 @@ mod tests {
         let padded = &ours[((4 + 1) * 3 + 1) * 20..][..20];
         assert!(padded.iter().all(|&v| v == 0.0));
         assert!(expected.iter().any(|v| v.abs() > 0.5), "the outputs are not trivially small");
+        // The AVX2 copy (where the CPU has AVX2) gives the baseline's bits.
+        for (row, sequence) in sequences.iter().enumerate() {
+            for kv_head in 0..2 {
+                let block = &queries[(row * 2 + kv_head) * 2 * 3 * 20..][..2 * 3 * 20];
+                let (mut dispatched, mut baseline) = (vec![0f32; block.len()], vec![0f32; block.len()]);
+                attend_pair(block, sequence, kv_head, shape, &mut dispatched);
+                attend_pair_with(block, sequence, kv_head, shape, &mut baseline);
+                assert_eq!(
+                    dispatched.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    baseline.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
+            }
+        }
     }
 }

@@ -14,7 +14,7 @@
 mod attention;
 mod cached_attention;
 mod cross_entropy;
-mod vectorised;
+pub(crate) mod vectorised;
 
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, Layout, Shape, Storage, StorageRef, Tensor, D,

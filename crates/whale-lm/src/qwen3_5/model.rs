@@ -491,7 +491,7 @@ impl Qwen35Model {
                     let (a, b) = adapter.matrices(&path)?;
                     Some(LoraUpdate { a, b, scale: adapter.scale(), dropout: None })
                 });
-                Ok(Projection { weight: take(&format!("{path}.weight"))?, lora })
+                Ok(Projection::new(take(&format!("{path}.weight"))?, lora))
             };
             let mixer = match kind {
                 LayerKind::LinearAttention => Mixer::Linear(GatedDeltaNet {
