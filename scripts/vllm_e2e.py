@@ -10,9 +10,13 @@
         `whale lm train` data from GSM8K-style lines: the question, then the gold answer after ####
     adapters URL PREFIX EXPECTED
         the adapters the server lists whose name starts with PREFIX must be exactly EXPECTED
-    agree RUN_A RUN_B
-        the final test evaluations of two runs (metrics.jsonl) on the same test tasks: their paired
-        difference must have a 99% bootstrap interval that holds zero
+    agree RUN REFERENCE [REFERENCE ...]
+        RUN's final test mean (metrics.jsonl) must lie in the 99% prediction interval of a new
+        run drawn from the REFERENCE runs' final means (replicates of one configuration on the
+        same test tasks that differ only in their rollout seeds): what two runs of one
+        configuration differ by includes the sampling of their training rollouts, which a
+        paired interval over the test tasks leaves out; the paired difference against the first
+        reference and each run's final minus start are printed beside it
     search RUN
         the run's search iterations completed, each with an agent session that ended without error
     losses RUN
@@ -110,19 +114,51 @@ def final_eval(run):
     return evaluations[-1]
 
 
-def agree(args):
-    a, b = final_eval(args.run_a)["task_means"], final_eval(args.run_b)["task_means"]
-    if len(a) != len(b) or not a:
-        sys.exit(f"the runs evaluated different test splits ({len(a)} and {len(b)} tasks)")
+# Student's t at 0.995 (a two-sided 99% interval) for 1 to 10 degrees of freedom.
+T_99 = [63.657, 9.925, 5.841, 4.604, 4.032, 3.707, 3.499, 3.355, 3.250, 3.169]
+
+
+def evaluations(run):
+    rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    found = [row for row in rows if row.get("kind") == "evaluation"]
+    if not found:
+        sys.exit(f"{run}: no test evaluation in metrics.jsonl")
+    return found
+
+
+def mean(values):
+    return sum(values) / len(values)
+
+
+def paired(a, b):
     differences = [x - y for x, y in zip(a, b)]
     rng = random.Random(0)
     means = sorted(sum(rng.choice(differences) for _ in differences) / len(differences) for _ in range(10_000))
-    low, high = means[49], means[9_949]
-    mean = sum(differences) / len(differences)
-    print(f"final test mean: {sum(a) / len(a):.3f} vs {sum(b) / len(b):.3f}; "
-          f"paired difference {mean:+.3f}, 99% interval [{low:+.3f}, {high:+.3f}] over {len(a)} tasks")
-    if not low <= 0.0 <= high:
-        sys.exit("the runs disagree beyond sampling noise")
+    return mean(differences), means[49], means[9_949]
+
+
+def agree(args):
+    runs = [args.run, *args.references]
+    if len(args.references) < 2 or len(args.references) > len(T_99):
+        sys.exit(f"agree needs 2 to {len(T_99)} reference runs, got {len(args.references)}")
+    firsts, finals = zip(*((found[0]["task_means"], found[-1]["task_means"]) for found in map(evaluations, runs)))
+    if len({len(final) for final in finals}) != 1 or not finals[0]:
+        sys.exit(f"the runs evaluated different test splits ({[len(final) for final in finals]} tasks)")
+    for run, first, final in zip(runs, firsts, finals):
+        print(f"  {Path(run).name}: final test mean {mean(final):.3f}, final - start {mean(final) - mean(first):+.3f}")
+    difference, low, high = paired(finals[0], finals[1])
+    print(f"paired against {Path(runs[1]).name}: {difference:+.3f}, 99% interval [{low:+.3f}, {high:+.3f}] "
+          f"over {len(finals[0])} tasks")
+    references = [mean(final) for final in finals[1:]]
+    n = len(references)
+    centre = mean(references)
+    spread = (sum((value - centre) ** 2 for value in references) / (n - 1)) ** 0.5
+    half = T_99[n - 2] * spread * (1 + 1 / n) ** 0.5
+    value = mean(finals[0])
+    print(f"final test mean {value:.3f}; {n} reference runs {centre:.3f} (sd {spread:.3f}), "
+          f"99% prediction interval [{centre - half:.3f}, {centre + half:.3f}]")
+    if not centre - half <= value <= centre + half:
+        sys.exit("the run disagrees with the reference runs beyond what runs of one configuration vary by")
 
 
 def search(args):
@@ -228,8 +264,8 @@ def main():
     p.add_argument("expected")
     p.set_defaults(handler=adapters)
     p = commands.add_parser("agree")
-    p.add_argument("run_a")
-    p.add_argument("run_b")
+    p.add_argument("run")
+    p.add_argument("references", nargs="+")
     p.set_defaults(handler=agree)
     p = commands.add_parser("search")
     p.add_argument("run")

@@ -116,6 +116,10 @@ pub struct TaskConfig {
     pub test: usize,
     /// QA: search this corpus file instead of the tasks' own context paragraphs.
     pub corpus: Option<PathBuf>,
+    /// Draws the generated tasks and the split instead of the run's `seed`, which then varies
+    /// only the rest (rollouts, proposals, training): replicate runs on one set of tasks, whose
+    /// spread is what training itself varies. Absent: the run's `seed`.
+    pub seed: Option<u64>,
 }
 
 impl Default for TaskConfig {
@@ -129,6 +133,7 @@ impl Default for TaskConfig {
             search: 64,
             test: 192,
             corpus: None,
+            seed: None,
         }
     }
 }

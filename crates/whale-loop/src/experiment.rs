@@ -124,12 +124,13 @@ pub fn task_splits(config: &RunConfig) -> Result<Splits, ExperimentError> {
         tasks.extend(report.into_tasks());
     }
     let difficulties = &spec.difficulties;
+    let seed = spec.seed.unwrap_or(config.seed);
     for (index, &difficulty) in difficulties.iter().enumerate() {
         let share = spec.generate / difficulties.len() + usize::from(index < spec.generate % difficulties.len());
-        tasks.extend(spec.domain.generate(share, config.seed ^ u64::from(difficulty) << 32, difficulty));
+        tasks.extend(spec.domain.generate(share, seed ^ u64::from(difficulty) << 32, difficulty));
     }
     let sizes = SplitSizes { train: spec.train, search: spec.search, test: spec.test };
-    split(tasks, sizes, config.seed).map_err(|e| ExperimentError::Tasks(e.to_string()))
+    split(tasks, sizes, seed).map_err(|e| ExperimentError::Tasks(e.to_string()))
 }
 
 /// The initial harness: a stock harness by name, or a file. A file that does not compile, whose
@@ -862,4 +863,26 @@ fn cumulative(ledger: &Ledger) -> Value {
         "proposer_tokens": ledger.get(Purpose::Proposer).prompt_tokens + ledger.get(Purpose::Proposer).completion_tokens,
         "wall_seconds": wall,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TaskConfig;
+
+    fn test_ids(seed: u64, tasks_seed: Option<u64>) -> Vec<String> {
+        let tasks =
+            TaskConfig { generate: 200, train: 100, search: 20, test: 40, seed: tasks_seed, ..TaskConfig::default() };
+        let config = RunConfig { seed, tasks, ..RunConfig::default() };
+        task_splits(&config).expect("splits").test.into_iter().map(|task| task.id).collect()
+    }
+
+    /// `[tasks] seed` holds the tasks and the split while the run's seed changes; without it
+    /// the run's seed draws them.
+    #[test]
+    fn a_tasks_seed_keeps_the_tasks_of_runs_with_other_seeds() {
+        assert_eq!(test_ids(1, Some(0)), test_ids(0, None));
+        assert_eq!(test_ids(1, Some(0)), test_ids(2, Some(0)));
+        assert_ne!(test_ids(1, None), test_ids(0, None));
+    }
 }
