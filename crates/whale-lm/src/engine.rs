@@ -21,8 +21,8 @@
 //!
 //! Weights: the SFT trainer updates the parameters in place and the engine's model shares them,
 //! so after a trainer step the owner calls [`LocalPolicy::set_weights_version`] (which also
-//! remakes the scheduler's transposed copies of the projections, [`Decoder::for_decoding`]); a different
-//! model (a loaded checkpoint) comes in through [`LocalPolicy::reload`]. Either way the
+//! remakes the scheduler's transposed copies of the projections, [`Decoder::for_decoding`]);
+//! a different model (a loaded checkpoint) comes in through [`LocalPolicy::reload`]. Either way the
 //! scheduler drops the KV caches of the requests in flight and rebuilds them from each prompt
 //! and the tokens sampled so far, so every later token comes from the new weights alone (the
 //! tokens already sampled stay). Do not step the trainer while requests are in flight: a
