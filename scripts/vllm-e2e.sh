@@ -228,11 +228,12 @@ if wants b; then
 path = \"$BASE\"" "[weights.lora]
 rank = 8
 alpha = 16.0"
+        run "e2e-own-$replicate"
         OWN+=("$WORK/runs/e2e-own-$replicate")
     done
     config e2e-lm "$(server_table 8311)" "$(whale_lm_train)"
     config e2e-trl "$(server_table 8311)" "$(trl_sft "$BASE" "")"
-    for name in e2e-own-0 e2e-own-1 e2e-own-2 e2e-own-3 e2e-own-4 e2e-lm e2e-trl; do run "$name"; done
+    for name in e2e-lm e2e-trl; do run "$name"; done
     for name in e2e-lm e2e-trl; do
         $HELPER adapters "$VLLM/v1" "$name-" "$(served_name "$name")" || fail "(b) $name's adapters"
         $HELPER losses "$WORK/runs/$name" || fail "(b) $name: a weight step without the trainer's loss"

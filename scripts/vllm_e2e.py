@@ -106,14 +106,6 @@ def adapters(args):
         sys.exit(f"expected only {args.expected} (every earlier adapter unloaded), the server lists {names}")
 
 
-def final_eval(run):
-    rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    evaluations = [row for row in rows if row.get("kind") == "evaluation"]
-    if not evaluations:
-        sys.exit(f"{run}: no test evaluation in metrics.jsonl")
-    return evaluations[-1]
-
-
 # Student's t at 0.995 (a two-sided 99% interval) for 1 to 10 degrees of freedom.
 T_99 = [63.657, 9.925, 5.841, 4.604, 4.032, 3.707, 3.499, 3.355, 3.250, 3.169]
 

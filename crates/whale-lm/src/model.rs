@@ -109,10 +109,9 @@ const GEMM_DOT_KERNEL_MAX: usize = 16 * 16;
 
 /// `x @ w^T` of a matrix `x`, read from `transposed` (`w^T`, contiguous) where `gemm` runs its
 /// general kernel on both layouts. `gemm` reads `transposed` as it lies, while from `w` it
-/// first copies (packs) the weights into that layout, on every call: for a decoding step of
-/// many sequences the copying was a fifth of the products' time (measured on the 256-wide
-/// model at 64 rows: a layer's seven products took 1.25 ms, and 1.03 ms from the copies).
-/// Every output is the same sum in the same order, so the result is the same to the last bit
+/// first copies (packs) the weights into that layout, on every call: a decoding step of many
+/// sequences copied every weight before multiplying (`whale lm bench` at 64 concurrent
+/// requests gives the difference, README). Every output is the same sum in the same order, so the result is the same to the last bit
 /// (a unit test holds it there); elsewhere (one row, small products), [`product`].
 fn transposed_product(x: &Tensor, weight: &Tensor, transposed: &Tensor) -> candle_core::Result<Tensor> {
     let (out_dim, in_dim) = weight.dims2()?;
@@ -346,19 +345,6 @@ impl DecoderLayer {
         let attended = self.attention.forward(&self.input_layernorm.forward(x)?, rotary, kv, layer)?;
         let x = (x + attended)?;
         &x + self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?
-    }
-
-    fn projections(&self) -> [&Projection; 7] {
-        let (attention, mlp) = (&self.attention, &self.mlp);
-        [
-            &attention.q_proj,
-            &attention.k_proj,
-            &attention.v_proj,
-            &attention.o_proj,
-            &mlp.gate_proj,
-            &mlp.up_proj,
-            &mlp.down_proj,
-        ]
     }
 
     fn projections_mut(&mut self) -> [(LoraTarget, &mut Projection); 7] {
@@ -686,17 +672,16 @@ impl Qwen3Model {
     /// where a copy cannot be made, a clone without copies.
     pub fn for_decoding(&self) -> Self {
         let mut model = self.clone();
-        let projections = || model.layers.iter().flat_map(DecoderLayer::projections);
-        let bytes: usize = projections().map(|p| p.weight.elem_count() * self.dtype.size_in_bytes()).sum();
-        let copies: Option<Vec<Tensor>> =
-            (self.device.is_cpu() && self.dtype == DType::F32 && bytes <= DECODING_COPY_MAX_BYTES)
-                .then(|| projections().map(|p| p.weight.t()?.contiguous()).collect::<candle_core::Result<_>>().ok())
-                .flatten();
-        let mut copies = copies.map(Vec::into_iter);
-        for layer in &mut model.layers {
-            for (_, projection) in layer.projections_mut() {
-                projection.transposed = copies.as_mut().and_then(Iterator::next);
-            }
+        let mut projections: Vec<&mut Projection> =
+            model.layers.iter_mut().flat_map(|layer| layer.projections_mut().map(|(_, p)| p)).collect();
+        let bytes: usize = projections.iter().map(|p| p.weight.elem_count() * self.dtype.size_in_bytes()).sum();
+        let eligible = self.device.is_cpu() && self.dtype == DType::F32 && bytes <= DECODING_COPY_MAX_BYTES;
+        let copies = eligible
+            .then(|| projections.iter().map(|p| p.weight.t()?.contiguous()).collect::<candle_core::Result<Vec<_>>>())
+            .and_then(Result::ok);
+        match copies {
+            Some(copies) => projections.iter_mut().zip(copies).for_each(|(p, copy)| p.transposed = Some(copy)),
+            None => projections.iter_mut().for_each(|p| p.transposed = None),
         }
         model
     }
@@ -875,6 +860,12 @@ fn rotary_inverse_frequencies(config: &Qwen3Config, device: &Device) -> candle_c
 mod tests {
     use super::*;
 
+    /// A `[rows, cols]` matrix of uniform draws in (-1, 1).
+    fn random_matrix(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> Tensor {
+        let values: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap()
+    }
+
     /// The split one-row product gives `gemm`'s own result bit for bit, at the sizes the models
     /// use (tall weights, wide inputs, odd counts; both of `gemm`'s kernels) and with the halves
     /// unequal.
@@ -894,9 +885,8 @@ mod tests {
             (255, 129),
         ];
         for (out_dim, in_dim) in sizes {
-            let mut random = |count: usize| -> Vec<f32> { (0..count).map(|_| rng.gen_range(-1.0..1.0)).collect() };
-            let x = Tensor::from_vec(random(in_dim), (1, in_dim), &Device::Cpu).unwrap();
-            let weight = Tensor::from_vec(random(out_dim * in_dim), (out_dim, in_dim), &Device::Cpu).unwrap();
+            let x = random_matrix(&mut rng, 1, in_dim);
+            let weight = random_matrix(&mut rng, out_dim, in_dim);
             let split: Vec<f32> = halved_product(&x, &weight).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             let whole: Vec<f32> = x.matmul(&weight.t().unwrap()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             assert_eq!(split.len(), out_dim);
@@ -929,11 +919,10 @@ mod tests {
             (1000, 100),
         ];
         for (out_dim, in_dim) in sizes {
-            let mut random = |count: usize| -> Vec<f32> { (0..count).map(|_| rng.gen_range(-1.0..1.0)).collect() };
-            let weight = Tensor::from_vec(random(out_dim * in_dim), (out_dim, in_dim), &Device::Cpu).unwrap();
+            let weight = random_matrix(&mut rng, out_dim, in_dim);
             let transposed = weight.t().unwrap().contiguous().unwrap();
             for rows in [1, 2, 3, 5, 8, 16, 17, 33, 64, 100, 600] {
-                let x = Tensor::from_vec(random(rows * in_dim), (rows, in_dim), &Device::Cpu).unwrap();
+                let x = random_matrix(&mut rng, rows, in_dim);
                 let plain = bits(&product(&x, &weight).unwrap());
                 let copied = bits(&transposed_product(&x, &weight, &transposed).unwrap());
                 assert_eq!(plain, copied, "{rows} rows, {out_dim} x {in_dim}");
@@ -963,8 +952,12 @@ mod tests {
             }
             out
         };
-        let decoding = model.for_decoding();
-        assert!(decoding.layers.iter().flat_map(DecoderLayer::projections).all(|p| p.transposed.is_some()));
+        let mut decoding = model.for_decoding();
+        assert!(decoding
+            .layers
+            .iter_mut()
+            .flat_map(DecoderLayer::projections_mut)
+            .all(|(_, p)| p.transposed.is_some()));
         assert_eq!(logits(&decoding), logits(&model));
         let (_, gate) =
             model.named_parameters().into_iter().find(|(name, _)| name.ends_with("1.mlp.gate_proj.weight")).unwrap();
