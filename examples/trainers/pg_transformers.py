@@ -40,6 +40,12 @@ By hand, on whale's tiny base model (CPU, seconds):
     python examples/trainers/pg_transformers.py --data samples.jsonl \\
         --base ~/.cache/whale/models/base-v1-chess-seed0 --output /tmp/adapter
 
+The trained tokens are exactly the sampled ones, `completion_token_ids`: the reply as the server
+sampled it, its end-of-turn token included when one was sampled and nothing the chat template
+writes after it, which is what whale's own trainer trains (docs/scale-out.md, "Which tokens
+are trained"). --trained-tokens FILE writes each sample's prompt ids and trained ids, one JSON
+line per sample, for `scripts/trainer_agreement.py` to compare with `whale lm train`'s.
+
 Notes:
 - --previous is the last update's adapter (empty before the first update); its weights are
   trained further. The optimizer starts afresh each step (whale's own trainer carries AdamW's
@@ -79,6 +85,9 @@ def parse_args(argv=None):
     parser.add_argument("--target-modules", default=TARGET_MODULES, help=f"comma-separated (default {TARGET_MODULES})")
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--trained-tokens", type=Path, default=None, help="also write each sample's prompt ids and trained ids here"
+    )
     parser.add_argument(
         "--metrics", type=Path, default=None, help='also write {"loss": L} here (pass whale\'s {metrics} placeholder)'
     )
@@ -149,6 +158,10 @@ def main(argv=None):
         sample["prompt"] = tokenizer.apply_chat_template(sample["context"], add_generation_prompt=True, tokenize=True)
         if hasattr(sample["prompt"], "input_ids"):
             sample["prompt"] = sample["prompt"]["input_ids"]
+    if args.trained_tokens is not None:
+        with open(args.trained_tokens, "w", encoding="utf-8") as out:
+            for sample in samples:
+                out.write(json.dumps({"prompt_ids": list(sample["prompt"]), "trained_ids": sample["completion"]}) + "\n")
     model.eval()
     gap = 0.0
     with torch.no_grad():

@@ -9,12 +9,23 @@ whale's weight phase with an external trainer writes the kept rollouts' model ca
      "trainable": [false, false, ..., true],
      "finish_reason": "stop"}
 
-This script turns each line into TRL's conversational prompt-completion format (the prompt is
-every message before the last trainable turn, the completion is that assistant turn), so the
-loss is on the completion only, trains a LoRA adapter on the base model (or continues the
-previous step's adapter), and saves it in PEFT's layout (`adapter_config.json`,
-`adapter_model.safetensors`) into --output, which is what whale waits for and then hot-loads
-into vLLM, SGLang or `whale serve`.
+This script tokenizes each line the way whale's own trainer (`whale lm train`) does, and trains
+exactly the tokens it trains (docs/scale-out.md, "Which tokens are trained"):
+
+- the prompt is every message before the last trainable turn, rendered by the tokenizer's chat
+  template with the generation prompt, as the model saw it when it answered;
+- the trained tokens are that assistant turn's content, tokenized on its own, followed by the
+  template's end-of-turn token when the reply ended its turn (finish_reason "stop"), and nothing
+  after it: whatever the template writes after the end-of-turn token (ChatML's newline) is
+  never sampled by the server and is not trained.
+
+TRL's own prompt-completion split would take everything after the generation prompt, the
+template's trailing newline included: a token after end-of-sequence that, on whale's tiny model,
+carried nine tenths of the loss. So the script hands TRL pre-tokenized `input_ids` and a
+`completion_mask`. It trains a LoRA adapter on the base model (or continues the previous step's
+adapter), and saves it in PEFT's layout (`adapter_config.json`, `adapter_model.safetensors`)
+into --output, which is what whale waits for and then hot-loads into vLLM, SGLang or
+`whale serve`.
 
 As the [weights.trainer] of a run config (paths relative to the config file's directory):
 
@@ -47,9 +58,11 @@ Notes:
 - --previous is the last update's adapter (whale passes an empty string before the first
   update): its weights are trained further. The optimizer starts afresh each step (whale's own
   trainer carries AdamW's moments across steps; use it where that matters).
-- A completion cut off at max_tokens (finish_reason "length") is closed by the chat template's
-  end-of-turn token like any other; whale's default `weights.skip_truncated = true` leaves such
-  calls out of samples.jsonl altogether.
+- A completion cut off at max_tokens (finish_reason "length") is trained without the
+  end-of-turn token, as it was sampled; whale's default `weights.skip_truncated = true` leaves
+  such calls out of samples.jsonl altogether.
+- --trained-tokens FILE writes each sample's prompt ids and the ids TRL's labels train, one JSON
+  line per sample; `scripts/trainer_agreement.py` compares them with `whale lm train`'s.
 - --batch-size is per device; the effective batch is batch size x gradient accumulation x
   devices (the paper's mini-batch of 64: e.g. 8 GPUs x 8, or 8 GPUs x 2 x 4 accumulation).
 """
@@ -99,6 +112,12 @@ def parse_args(argv=None):
         help='also write {"loss": L} here, L the mean training loss (pass whale\'s {metrics} placeholder)',
     )
     parser.add_argument(
+        "--trained-tokens",
+        type=Path,
+        default=None,
+        help="also write each sample's prompt ids and trained ids (from TRL's labels) here, one JSON line each",
+    )
+    parser.add_argument(
         "--merge",
         action="store_true",
         help="write a full checkpoint (the adapter merged into the weights) for output = \"checkpoint\"; "
@@ -124,6 +143,7 @@ def read_samples(path):
 
 
 def prompt_completion(sample):
+    """The context messages, the reply to learn, and whether the reply ended its turn."""
     if "advantage" in sample:
         raise ValueError("a policy-gradient sample (GRPO / RLOO): train these with pg_transformers.py")
     messages, trainable = sample["messages"], sample["trainable"]
@@ -135,8 +155,56 @@ def prompt_completion(sample):
     last = turns[-1]
     if messages[last].get("role") != "assistant":
         raise ValueError(f"the trainable turn {last} is a {messages[last].get('role')!r} message, not the assistant's")
-    clean = [{"role": m["role"], "content": m["content"]} for m in messages[: last + 1]]
-    return {"prompt": clean[:last], "completion": clean[last:]}
+    finish = sample.get("finish_reason", "stop")
+    if finish not in ("stop", "length"):
+        raise ValueError(f"finish_reason {finish!r}: expected \"stop\" or \"length\"")
+    context = [{"role": m["role"], "content": m["content"]} for m in messages[:last]]
+    return {"context": context, "reply": messages[last]["content"], "ends_turn": finish == "stop"}
+
+
+def template_ids(tokenizer, messages, generation_prompt):
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def end_of_turn_id(tokenizer, context):
+    """The token the chat template writes right after an assistant reply: the first special token
+    of what follows the reply's text (ChatML's `<|im_end|>`, not the newline after it)."""
+    marker = "whale-reply-marker"
+    prompt = tokenizer.apply_chat_template(context, add_generation_prompt=True, tokenize=False)
+    whole = tokenizer.apply_chat_template(
+        context + [{"role": "assistant", "content": marker}], add_generation_prompt=False, tokenize=False
+    )
+    if not whole.startswith(prompt) or marker not in whole[len(prompt) :]:
+        raise ValueError("the chat template does not render a reply right after its generation prompt")
+    after = whole[len(prompt) :].split(marker, 1)[1]
+    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+    for token in tokenizer(after, add_special_tokens=False)["input_ids"]:
+        if token in special:
+            return token
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"the chat template writes {after!r} after a reply: no special token to end the turn")
+    return tokenizer.eos_token_id
+
+
+def trained_example(tokenizer, record):
+    """`input_ids` and `completion_mask` (1 on the trained tokens) of one sample, as whale makes them."""
+    prompt = template_ids(tokenizer, record["context"], generation_prompt=True)
+    reply = list(tokenizer(record["reply"], add_special_tokens=False)["input_ids"])
+    if record["ends_turn"]:
+        reply.append(end_of_turn_id(tokenizer, record["context"]))
+    return {"input_ids": prompt + reply, "completion_mask": [0] * len(prompt) + [1] * len(reply)}
+
+
+def write_trained_tokens(path, trainer):
+    """Each example's prompt ids and trained ids as the collator hands them to the loss."""
+    with open(path, "w", encoding="utf-8") as out:
+        for example in trainer.train_dataset:
+            labels = trainer.data_collator([example])["labels"][0].tolist()
+            ids = example["input_ids"]
+            first = next((i for i, label in enumerate(labels) if label != -100), len(ids))
+            trained = [label for label in labels if label != -100]
+            out.write(json.dumps({"prompt_ids": ids[:first], "trained_ids": trained}) + "\n")
 
 
 def target_modules(spec):
@@ -193,13 +261,16 @@ def main(argv=None):
         report_to="none",
         seed=args.seed,
     )
+    examples = [trained_example(tokenizer, record) for record in samples]
     trainer = SFTTrainer(
         model=model,
         args=config,
-        train_dataset=Dataset.from_list(samples),
+        train_dataset=Dataset.from_list(examples),
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+    if args.trained_tokens is not None and trainer.is_world_process_zero():
+        write_trained_tokens(args.trained_tokens, trainer)
     result = trainer.train()
     if args.merge:
         save_merged(trainer, tokenizer, args.output)

@@ -48,6 +48,8 @@ pub enum LmError {
     Records(Vec<RecordError>),
     #[error("{0}")]
     Invalid(String),
+    #[error("cannot write {}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
 }
 
 impl From<LoraError> for LmError {
@@ -206,6 +208,9 @@ pub struct SftSettings {
     pub keep_order: bool,
     /// Policy-gradient samples: PPO's clip range.
     pub clip_epsilon: f64,
+    /// Also write each example's prompt ids and trained ids here, one JSON line per example
+    /// in the file's order, so that another trainer can be checked against this one.
+    pub trained_tokens: Option<PathBuf>,
 }
 
 /// What `whale lm train` did.
@@ -253,8 +258,11 @@ pub fn train_sft(
     let (loss_before, loss_after) = if pg.is_empty() {
         let examples: Vec<SftExample> =
             records.iter().map(|record| record.example(&codec)).collect::<Result<_, _>>()?;
+        let split = examples.iter().map(|e| (e.prompt.as_slice(), e.completion.as_slice()));
+        write_trained_tokens(settings, &records, split)?;
         supervised_epochs(&mut trainer, &examples, settings, on_step)?
     } else {
+        write_trained_tokens(settings, &records, pg.iter().map(|e| (e.prompt.as_slice(), e.completion.as_slice())))?;
         policy_gradient_epochs(&mut trainer, pg, settings, on_step)?
     };
     let adapter = trainer.model().adapter().map(LoraAdapter::parameter_count);
@@ -277,6 +285,26 @@ pub fn train_sft(
         loss_after,
         output: output.to_path_buf(),
     })
+}
+
+/// Writes `{"line", "prompt_ids", "trained_ids"}` per example to `settings.trained_tokens`:
+/// exactly the token ids this trainer scores, so that an external trainer can show it trains
+/// the same ones (`scripts/trainer_agreement.py`).
+fn write_trained_tokens<'a>(
+    settings: &SftSettings,
+    records: &[SftRecord],
+    examples: impl Iterator<Item = (&'a [u32], &'a [u32])>,
+) -> Result<(), LmError> {
+    let Some(path) = &settings.trained_tokens else { return Ok(()) };
+    let lines: String = records
+        .iter()
+        .zip(examples)
+        .map(|(record, (prompt, trained))| {
+            let line = serde_json::json!({"line": record.line, "prompt_ids": prompt, "trained_ids": trained});
+            format!("{line}\n")
+        })
+        .collect();
+    std::fs::write(path, lines).map_err(|source| LmError::Io { path: path.clone(), source })
 }
 
 /// The trainer of `whale lm train`: the whole model, a new adapter, or a resumed one.

@@ -1,7 +1,9 @@
 //! `examples/trainers/trl_sft.py` as the `[weights.trainer]` of a real run: TRL trains a LoRA
 //! adapter on each step's samples.jsonl (continuing the previous one), and whale loads it into
 //! its in-process engine; and `examples/trainers/pg_transformers.py` does the same for a GRPO
-//! step. Ignored by default, since they need Python with torch, transformers, peft and trl:
+//! step. Each then runs `scripts/trainer_agreement.py` on the run's first weight step: the
+//! script trains the same tokens as `whale lm train`, and its first-step loss agrees within 1%.
+//! Ignored by default, since they need Python with torch, transformers, peft and trl:
 //! `WHALE_HF_PYTHON=/path/to/python cargo test --release -p whale --test trl_trainer --
 //! --ignored`.
 
@@ -10,6 +12,22 @@ mod common;
 use common::parity::{policy_gradient_config, run};
 use common::read_json as read;
 use std::path::Path;
+use std::process::Command;
+
+/// `scripts/trainer_agreement.py` on a weight step's samples: exits 0 only when the external
+/// trainer trains the same token ids as `whale lm train` and its first-step loss agrees.
+fn assert_trainers_agree(python: &str, samples: &Path, base: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/trainer_agreement.py");
+    let output = Command::new(python)
+        .arg(script)
+        .args(["--samples".as_ref(), samples.as_os_str(), "--base".as_ref(), base.as_os_str()])
+        .args(["--whale", env!("CARGO_BIN_EXE_whale")])
+        .output()
+        .expect("python runs");
+    let printed = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the trainers disagree on {}:\n{printed}", samples.display());
+    assert!(printed.contains("token ids equal"), "{printed}");
+}
 
 #[test]
 #[ignore = "needs WHALE_HF_PYTHON, a Python with torch, transformers, peft and trl"]
@@ -44,6 +62,7 @@ timeout_s = 600
     assert!(second.contains(&format!("from {}", first_adapter.display())), "{{previous}} is step 1's: {second}");
     let adapter: serde_json::Value = read(&run_dir.join("weights/step-000002/adapter/adapter_config.json"));
     assert_eq!(adapter["r"], 4, "step 2 continued the rank-4 adapter of step 1");
+    assert_trainers_agree(&python, &run_dir.join("weights/step-000001/samples.jsonl"), &model);
 }
 
 #[test]
@@ -80,4 +99,11 @@ timeout_s = 600
         assert!(gap < 1e-3, "transformers and whale's sampler agree on the tokens' probabilities: {gap}");
     }
     assert!(logs >= 2, "the script ran at each step with a signal");
+    let first = std::fs::read_dir(run_dir.join("weights"))
+        .expect("steps")
+        .map(|e| e.expect("entry").path().join("samples.jsonl"))
+        .filter(|samples| samples.is_file())
+        .min()
+        .expect("a step with samples");
+    assert_trainers_agree(&python, &first, &model);
 }
