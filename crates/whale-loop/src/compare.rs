@@ -10,6 +10,7 @@
 use crate::condition::Condition;
 use crate::config::{Algorithm, RunConfig, WeightConfig};
 use crate::experiment::{Experiment, ExperimentError, Verbosity};
+use crate::lock::{DirLock, LockError};
 use crate::report::{self, ReportError, Series};
 use crate::run_dir::{EvalMemo, RunDir, REPORT_FILE};
 use std::path::{Path, PathBuf};
@@ -88,6 +89,8 @@ pub enum CompareError {
     Run { arm: Arm, source: ExperimentError },
     #[error(transparent)]
     Report(#[from] ReportError),
+    #[error(transparent)]
+    Lock(#[from] LockError),
 }
 
 /// What a comparison produced.
@@ -100,13 +103,15 @@ pub struct Comparison {
     pub seconds: Vec<(Arm, f64)>,
 }
 
-/// Runs (or resumes, or keeps) each of `arms` under `root` and writes `root/report.html`.
+/// Runs (or resumes, or keeps) each of `arms` under `root` and writes `root/report.html`,
+/// holding `root`'s lock throughout (and each run's while it runs).
 pub fn compare(
     config: &RunConfig,
     root: &Path,
     arms: &[Arm],
     verbosity: Verbosity,
 ) -> Result<Comparison, CompareError> {
+    let _lock = DirLock::create(root)?;
     let mut seconds = Vec::new();
     let mut base_evals: Vec<EvalMemo> = Vec::new();
     for &arm in arms {

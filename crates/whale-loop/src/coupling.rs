@@ -9,10 +9,12 @@
 //! evaluations are (same tasks, same rollout seeds, same sampling), so a cell equals `whale
 //! harness run` of that harness on that model directory with `--seed` the run's evaluation
 //! seed. Each cell is written to `coupling.json` as soon as it is scored, so a killed
-//! computation continues where it stopped.
+//! computation continues where it stopped. It writes into the run directory, so it runs under
+//! the run's [`DirLock`] (and never beside a resume of that run).
 
 use crate::config::RunConfig;
 use crate::experiment::{self, task_splits, ExperimentError};
+use crate::lock::{DirLock, LockError};
 use crate::run_dir::{read_json, write_atomic, RunDir, RunDirError, CONFIG_FILE};
 use crate::test_eval::{eval_seed, EvalReason, TestSet};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -33,6 +35,8 @@ pub const COUPLING_FILE: &str = "coupling.json";
 pub enum CouplingError {
     #[error(transparent)]
     RunDir(#[from] RunDirError),
+    #[error(transparent)]
+    Lock(#[from] LockError),
     #[error("{}: {source}", run.display())]
     Run { run: PathBuf, source: Box<ExperimentError> },
     #[error("{}: the archive: {source}", run.display())]
@@ -198,9 +202,10 @@ fn weight_columns(run: &RunDir, config: &RunConfig) -> Result<Vec<WeightsColumn>
     Ok(columns)
 }
 
-/// Computes (or completes) the coupling matrix of the finished run in `run`, writing
-/// `coupling.json` after each cell.
-pub fn compute(run: &Path, progress: bool) -> Result<Coupling, CouplingError> {
+/// Computes (or completes) the coupling matrix of the finished run in the locked directory
+/// `run`, writing `coupling.json` after each cell.
+pub fn compute(run: &DirLock, progress: bool) -> Result<Coupling, CouplingError> {
+    let run = run.dir();
     let dir = RunDir::open(run)?;
     let setting = run_setting(run)?;
     let config = &setting.config;

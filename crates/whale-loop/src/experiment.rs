@@ -14,7 +14,8 @@
 
 use crate::condition::Condition;
 use crate::config::RunConfig;
-use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE};
+use crate::lock::{DirLock, LockError};
+use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE, STATE_FILE};
 use crate::scale_out::external_weights::{
     policy_gradient_samples, ExternalTrainer, ExternalWeightsError, RolloutRecord, Sample, StepFiles, Update,
     WeightsTarget,
@@ -72,6 +73,8 @@ pub enum ExperimentError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     RunDir(#[from] RunDirError),
+    #[error(transparent)]
+    Lock(#[from] LockError),
     #[error("tasks: {0}")]
     Tasks(String),
     #[error("the initial harness: {0}")]
@@ -147,18 +150,12 @@ pub fn initial_harness(config: &RunConfig) -> Result<Harness, ExperimentError> {
 }
 
 pub(crate) fn device(config: &RunConfig) -> Result<Device, ExperimentError> {
-    match config.model.device.as_str() {
-        "cuda" => Device::new_cuda(0).map_err(|e| ExperimentError::Model(e.to_string())),
-        _ => Ok(Device::Cpu),
-    }
+    config.model.open_device().map_err(ExperimentError::Model)
 }
 
 /// The model's dtype; the configuration was validated to name f32 or bf16.
 pub(crate) fn dtype(config: &RunConfig) -> DType {
-    match config.model.dtype.as_str() {
-        "bf16" => DType::BF16,
-        _ => DType::F32,
-    }
+    config.model.candle_dtype()
 }
 
 pub(crate) fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
@@ -191,8 +188,9 @@ struct Model {
 
 /// The in-process engine over `model.path` (or the default base model).
 fn local_model(config: &RunConfig) -> Result<Model, ExperimentError> {
+    let device = device(config)?;
     let model_dir = model_dir(config)?;
-    let policy = LocalPolicy::load(&model_dir, dtype(config), &device(config)?, engine_config(config))
+    let policy = LocalPolicy::load(&model_dir, dtype(config), &device, engine_config(config))
         .map_err(|e| ExperimentError::Model(format!("{}: {e}", model_dir.display())))?;
     let engine = Arc::new(policy);
     let (policy, weights): (Arc<dyn Policy>, Weights) = match &config.weights.trainer {
@@ -281,10 +279,14 @@ pub struct Experiment {
     search: HarnessSearch,
     scheduler: Scheduler,
     verbosity: Verbosity,
+    /// Held for as long as the run is open; declared last, so released last.
+    _lock: DirLock,
 }
 
 impl Experiment {
     /// Prepares a new run of `config.condition` in `root` (which must not hold a run yet).
+    /// Like [`Self::resume`], it locks `root` before writing anything: while another process
+    /// writes there it fails with [`ExperimentError::Lock`].
     pub fn create(config: RunConfig, root: &Path, verbosity: Verbosity) -> Result<Self, ExperimentError> {
         Self::create_with(config, root, verbosity, Vec::new())
     }
@@ -298,14 +300,15 @@ impl Experiment {
         base_evals: Vec<EvalMemo>,
     ) -> Result<Self, ExperimentError> {
         let config = config.for_condition();
-        let dir = RunDir::create(root)?;
-        if dir.has_state() {
+        let lock = DirLock::create(root)?;
+        if root.join(STATE_FILE).is_file() {
             return Err(ExperimentError::Exists(root.to_path_buf()));
         }
+        let dir = RunDir::create(root)?;
         crate::run_dir::write_atomic(&dir.path(CONFIG_FILE), config.to_toml()?.as_bytes())?;
         let mut state = RunState::new(config.condition);
         state.evals = base_evals.into_iter().filter(|memo| memo.weights_version == 0).collect();
-        let experiment = Self::assemble(dir, config, state, verbosity)?;
+        let experiment = Self::assemble(dir, lock, config, state, verbosity)?;
         experiment.dir.commit(&experiment.state)?;
         Ok(experiment)
     }
@@ -316,6 +319,7 @@ impl Experiment {
         if !root.join(CONFIG_FILE).is_file() {
             return Err(RunDirError::NotARun(root.to_path_buf()).into());
         }
+        let lock = DirLock::acquire(root)?;
         let dir = RunDir::create(root)?;
         let config = RunConfig::load(&dir.path(CONFIG_FILE))?;
         let state = if dir.has_state() { dir.read_state()? } else { RunState::new(config.condition) };
@@ -326,7 +330,7 @@ impl Experiment {
             });
         }
         dir.truncate_metrics(state.metrics_rows)?;
-        Self::assemble(dir, config, state, verbosity)
+        Self::assemble(dir, lock, config, state, verbosity)
     }
 
     /// Creates the run, or resumes it when `root` already holds this config's run.
@@ -337,11 +341,10 @@ impl Experiment {
         base_evals: Vec<EvalMemo>,
     ) -> Result<Self, ExperimentError> {
         let config = config.for_condition();
-        let dir = RunDir::create(root)?;
-        if !dir.has_state() {
+        if !root.join(STATE_FILE).is_file() {
             return Self::create_with(config, root, verbosity, base_evals);
         }
-        let stored = RunConfig::load(&dir.path(CONFIG_FILE))?;
+        let stored = RunConfig::load(&root.join(CONFIG_FILE))?;
         if stored != config {
             return Err(ExperimentError::Mismatch {
                 dir: root.to_path_buf(),
@@ -353,6 +356,7 @@ impl Experiment {
 
     fn assemble(
         dir: RunDir,
+        lock: DirLock,
         config: RunConfig,
         state: RunState,
         verbosity: Verbosity,
@@ -374,8 +378,20 @@ impl Experiment {
             adaptive: config.schedule.adaptive.clone(),
             search_stale_limit: config.schedule.search_stale_limit,
         };
-        let mut experiment =
-            Self { dir, config, state, splits, environment, base_model, policy, weights, search, scheduler, verbosity };
+        let mut experiment = Self {
+            dir,
+            config,
+            state,
+            splits,
+            environment,
+            base_model,
+            policy,
+            weights,
+            search,
+            scheduler,
+            verbosity,
+            _lock: lock,
+        };
         experiment.restore_weights()?;
         experiment.restore_examples()?;
         Ok(experiment)

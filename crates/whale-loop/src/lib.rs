@@ -7,7 +7,7 @@
 //! and updates the weights (online RFT, GRPO or RLOO); the [`search_phase`] runs Meta-Harness iterations with
 //! the weights fixed. [`test_eval`] scores the current agent on the test split at the points the
 //! schedule marks. [`run_dir`] writes every completed unit so that [`experiment`] resumes a
-//! killed run exactly; [`report`] and [`compare`] turn finished runs into tables and plots, and
+//! killed run exactly, and [`lock`] lets one process at a time write a directory; [`report`] and [`compare`] turn finished runs into tables and plots, and
 //! [`study`] repeats comparisons over seeds and domains and pools them; [`coupling`] scores
 //! every harness a run accepted under every weights it held at a phase boundary, and
 //! [`figures`] draws the study's plots.
@@ -19,6 +19,7 @@ pub mod config;
 pub mod coupling;
 pub mod experiment;
 pub mod figures;
+pub mod lock;
 pub mod report;
 pub mod run_dir;
 pub mod scale_out;

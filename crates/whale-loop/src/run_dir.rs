@@ -16,13 +16,15 @@
 //! search_spend.jsonl   rollouts the search paid for, once per (unit, harness, weights, tasks)
 //! archive/             the harness archive (see whale-search)
 //! report.html          the report, once the run is over
+//! .lock                the writer's lock (see [`crate::lock`]) and who holds it
 //! ```
 //!
 //! A unit of work (a weight step, a search iteration, an evaluation) writes its artifacts
 //! first and `state.json` last, by an atomic rename; rows of `metrics.jsonl` past the count the
 //! state records belong to a unit that did not complete and are cut on resume. So whatever
 //! instant a run is killed at, it resumes from its last completed unit, nothing lost and
-//! nothing counted twice.
+//! nothing counted twice. One process writes a run at a time ([`crate::lock::DirLock`]);
+//! reading one (a report, the archive) writes nothing, so it is safe while the run goes on.
 
 use crate::condition::Condition;
 use crate::schedule::Outcome;
@@ -157,12 +159,12 @@ impl RunDir {
         Ok(Self { root: root.to_path_buf() })
     }
 
-    /// Opens an existing run directory.
+    /// Opens an existing run directory (creating nothing: readers open runs being written).
     pub fn open(root: &Path) -> Result<Self, RunDirError> {
         if !root.join(STATE_FILE).is_file() {
             return Err(RunDirError::NotARun(root.to_path_buf()));
         }
-        Self::create(root)
+        Ok(Self { root: root.to_path_buf() })
     }
 
     pub fn root(&self) -> &Path {
@@ -324,6 +326,7 @@ impl RunDir {
             return Ok(false);
         }
         let path = self.root.join(SEARCH_SPEND_FILE);
+        cut_torn_line(&path)?;
         let line = serde_json::to_string(spend)
             .map_err(|e| RunDirError::Corrupt { path: path.clone(), reason: e.to_string() })?;
         let mut file = OpenOptions::new().create(true).append(true).open(&path).map_err(io_error(&path))?;
@@ -338,19 +341,39 @@ fn step_number(path: &Path) -> Option<u64> {
     name.strip_prefix("step-")?.split('.').next()?.parse().ok()
 }
 
-/// Complete lines of an append-only file; a torn last line (no newline) is cut off the file.
+/// Complete lines of an append-only file; a last line without its newline (torn by a kill, or
+/// still being written by the run) is left out, and left alone: reading writes nothing.
 fn read_lines(path: &Path) -> Result<Vec<String>, RunDirError> {
-    let text = match fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(RunDirError::Io { path: path.to_path_buf(), source: e }),
-    };
-    let complete = text.rfind('\n').map_or(0, |end| end + 1);
-    if complete < text.len() {
+    let bytes = read_if_present(path)?;
+    let complete = complete_lines(&bytes);
+    let text = std::str::from_utf8(&bytes[..complete])
+        .map_err(|e| RunDirError::Corrupt { path: path.to_path_buf(), reason: e.to_string() })?;
+    Ok(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect())
+}
+
+/// Cuts a torn last line off an append-only file, so that the next append starts a line.
+fn cut_torn_line(path: &Path) -> Result<(), RunDirError> {
+    let bytes = read_if_present(path)?;
+    let complete = complete_lines(&bytes);
+    if complete < bytes.len() {
         let file = OpenOptions::new().write(true).open(path).map_err(io_error(path))?;
         file.set_len(complete as u64).map_err(io_error(path))?;
     }
-    Ok(text[..complete].lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect())
+    Ok(())
+}
+
+/// The length of the text up to and with its last newline.
+fn complete_lines(bytes: &[u8]) -> usize {
+    bytes.iter().rposition(|&b| b == b'\n').map_or(0, |end| end + 1)
+}
+
+/// The file's bytes; none when there is no file.
+fn read_if_present(path: &Path) -> Result<Vec<u8>, RunDirError> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(bytes),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(RunDirError::Io { path: path.to_path_buf(), source: e }),
+    }
 }
 
 /// Writes beside the target, syncs, then renames over it.
@@ -407,6 +430,22 @@ mod tests {
         let other = SearchSpend { key: "u4/abc/w1/48/t0".into(), ..spend.clone() };
         assert!(run.record_search_spend(&other).expect("record"));
         assert_eq!(run.search_spends().expect("spends").iter().map(|s| s.spend.rollouts).sum::<u64>(), 96);
+    }
+
+    #[test]
+    fn reading_leaves_a_torn_line_to_the_writer_which_cuts_it_before_appending() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let run = RunDir::create(dir.path()).expect("run dir");
+        let spend = SearchSpend { key: "u1".into(), spend: Spend { rollouts: 8, ..Spend::default() } };
+        run.record_search_spend(&spend).expect("record");
+        let path = dir.path().join(SEARCH_SPEND_FILE);
+        OpenOptions::new().append(true).open(&path).and_then(|mut f| f.write_all(b"{\"key\":\"u")).expect("torn");
+        let before = fs::read(&path).expect("read");
+        assert_eq!(run.search_spends().expect("spends").len(), 1);
+        assert_eq!(fs::read(&path).expect("read"), before, "a reader wrote");
+        run.record_search_spend(&SearchSpend { key: "u2".into(), ..spend }).expect("record");
+        assert_eq!(run.search_spends().expect("spends").len(), 2);
+        assert!(fs::read_to_string(&path).expect("read").lines().all(|l| l.ends_with('}')));
     }
 
     #[test]

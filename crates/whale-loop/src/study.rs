@@ -18,6 +18,7 @@ use crate::config::RunConfig;
 use crate::coupling::{self, Coupling, CouplingError, COUPLING_FILE};
 use crate::experiment::Verbosity;
 use crate::figures::{self, BandCurve, FigureError, ForestRow};
+use crate::lock::{DirLock, LockError};
 use crate::report::{self, task_differences, ReportError, Series};
 use crate::run_dir::{read_json, write_atomic};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -46,6 +47,8 @@ pub enum StudyError {
     Read { path: PathBuf, reason: String },
     #[error("two configs are both named `{0}`: a study keeps one directory per config name")]
     DuplicateName(String),
+    #[error(transparent)]
+    Lock(#[from] LockError),
 }
 
 /// What a study runs.
@@ -232,8 +235,11 @@ pub struct Study {
 /// Runs (or resumes) every arm of every config under every seed in `root`, then writes
 /// `root/study.json` and `root/report.html`. Seeds are the outer loop, and a seed's coupling
 /// matrices follow its runs, so a study stopped early has every config on the seeds it finished.
+/// `root` stays locked throughout ([`DirLock`]), each comparison and coupling matrix under its own
+/// directory's lock too.
 pub fn run(plan: &StudyPlan, root: &Path, verbosity: Verbosity) -> Result<Study, StudyError> {
     check_names(&plan.configs)?;
+    let _lock = DirLock::create(root)?;
     let has_whale = plan.arms.iter().any(|arm| arm.name() == Condition::Whale.as_str());
     let units = plan.configs.len() * plan.seeds.len() * (1 + usize::from(has_whale));
     let bar = progress_bar(units as u64, verbosity.progress);
@@ -248,8 +254,10 @@ pub fn run(plan: &StudyPlan, root: &Path, verbosity: Verbosity) -> Result<Study,
             bar.inc(1);
             if has_whale {
                 bar.set_message(format!("{} seed {seed}: coupling matrix", config.name));
-                coupling::compute(&whale_dir(root, &config.name, seed), false).map_err(|source| {
-                    StudyError::Coupling { config: config.name.clone(), seed, source: Box::new(source) }
+                coupling_of(&whale_dir(root, &config.name, seed)).map_err(|source| StudyError::Coupling {
+                    config: config.name.clone(),
+                    seed,
+                    source: Box::new(source),
                 })?;
                 bar.inc(1);
             }
@@ -259,6 +267,12 @@ pub fn run(plan: &StudyPlan, root: &Path, verbosity: Verbosity) -> Result<Study,
     let study = read(plan, root)?;
     write(&study, root)?;
     Ok(study)
+}
+
+/// The coupling matrix of the finished run in `run`, under its lock.
+fn coupling_of(run: &Path) -> Result<Coupling, CouplingError> {
+    let lock = DirLock::acquire(run)?;
+    coupling::compute(&lock, false)
 }
 
 fn check_names(configs: &[RunConfig]) -> Result<(), StudyError> {

@@ -38,8 +38,11 @@ pub(crate) fn write_dir(path: &Path, files: &[(&str, &[u8])]) -> io::Result<()> 
     sync_parent(path)
 }
 
-/// Appends one line (a newline is added) and syncs it to disk before returning.
+/// Appends one line (a newline is added) and syncs it to disk before returning. A last line
+/// torn by a kill is cut off first, so the new line starts a line of its own; only the writer
+/// cuts, so that a reader (`whale archive` during a run) never shortens a line being written.
 pub(crate) fn append_line(path: &Path, line: &str) -> io::Result<()> {
+    cut_torn_line(path)?;
     let mut file = OpenOptions::new().create(true).append(true).open(path)?;
     let mut bytes = Vec::with_capacity(line.len() + 1);
     bytes.extend_from_slice(line.as_bytes());
@@ -48,8 +51,8 @@ pub(crate) fn append_line(path: &Path, line: &str) -> io::Result<()> {
     file.sync_data()
 }
 
-/// The complete lines of an append-only file. A last line without its newline was torn by a
-/// kill: it is cut off the file (so the next append starts on a fresh line) and not returned.
+/// The complete lines of an append-only file. A last line without its newline (torn by a kill,
+/// or still being written) is not returned; the file is left as it is.
 pub(crate) fn read_lines(path: &Path) -> io::Result<Vec<String>> {
     let text = match fs::read_to_string(path) {
         Ok(text) => text,
@@ -57,12 +60,23 @@ pub(crate) fn read_lines(path: &Path) -> io::Result<Vec<String>> {
         Err(error) => return Err(error),
     };
     let complete = text.rfind('\n').map_or(0, |end| end + 1);
-    if complete < text.len() {
-        let file = OpenOptions::new().write(true).open(path)?;
-        file.set_len(complete as u64)?;
-        file.sync_all()?;
-    }
     Ok(text[..complete].lines().filter(|line| !line.trim().is_empty()).map(str::to_string).collect())
+}
+
+/// Cuts a last line without its newline off an append-only file.
+fn cut_torn_line(path: &Path) -> io::Result<()> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    if bytes.last().is_none_or(|&last| last == b'\n') {
+        return Ok(());
+    }
+    let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |end| end + 1);
+    let file = OpenOptions::new().write(true).open(path)?;
+    file.set_len(complete as u64)?;
+    file.sync_all()
 }
 
 fn partial_path(path: &Path) -> io::Result<PathBuf> {
@@ -84,12 +98,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_torn_last_line_is_dropped_and_cut_so_appends_stay_whole() {
+    fn a_torn_last_line_is_skipped_by_readers_and_cut_by_the_next_append() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("summary.jsonl");
         append_line(&path, r#"{"a":1}"#).expect("append");
         fs::OpenOptions::new().append(true).open(&path).expect("open").write_all(br#"{"a":"#).expect("torn");
         assert_eq!(read_lines(&path).expect("read"), vec![r#"{"a":1}"#.to_string()]);
+        let torn = fs::read(&path).expect("bytes");
+        assert!(torn.ends_with(br#"{"a":"#), "a reader leaves a line being written alone");
         append_line(&path, r#"{"a":2}"#).expect("append");
         assert_eq!(read_lines(&path).expect("read"), vec![r#"{"a":1}"#.to_string(), r#"{"a":2}"#.to_string()]);
     }

@@ -14,6 +14,7 @@ use whale_loop::config::RunConfig;
 use whale_loop::coupling;
 use whale_loop::experiment::{Experiment, Verbosity};
 use whale_loop::figures;
+use whale_loop::lock::DirLock;
 use whale_loop::report::{self, comparison, table_text};
 use whale_loop::study;
 
@@ -89,7 +90,8 @@ pub struct StudyArgs {
     #[arg(long, default_value = "study")]
     name: String,
     /// Run nothing: write study.json, report.html and the figures from the seeds whose every
-    /// condition has finished (a study stopped early, or one still running elsewhere).
+    /// condition has finished (a study stopped early; a study still running in RUNS/NAME holds
+    /// its lock, which refuses this until it ends).
     #[arg(long)]
     report_only: bool,
     #[command(flatten)]
@@ -187,6 +189,9 @@ pub fn compare_command(args: CompareArgs) -> Result<ExitCode> {
 }
 
 pub fn study_command(args: StudyArgs) -> Result<ExitCode> {
+    if !args.report_only {
+        print_cpu();
+    }
     let configs = args.configs.iter().map(|file| RunConfig::load(file)).collect::<Result<Vec<_>, _>>()?;
     let arms = if args.conditions.is_empty() {
         Condition::ALL.into_iter().map(Arm::from).collect()
@@ -197,6 +202,7 @@ pub fn study_command(args: StudyArgs) -> Result<ExitCode> {
     let root = args.common.runs.join(&args.name);
     let started = Instant::now();
     let result = if args.report_only {
+        let _lock = DirLock::acquire(&root)?;
         let study = study::read(&plan, &root)?;
         study::write(&study, &root)?;
         study
@@ -212,7 +218,9 @@ pub fn study_command(args: StudyArgs) -> Result<ExitCode> {
 }
 
 pub fn coupling_command(args: CouplingArgs) -> Result<ExitCode> {
-    let matrix = coupling::compute(&args.run, !args.quiet)
+    whale_loop::run_dir::RunDir::open(&args.run)?;
+    let lock = DirLock::acquire(&args.run)?;
+    let matrix = coupling::compute(&lock, !args.quiet)
         .with_context(|| format!("the coupling matrix of {} (run it again to continue)", args.run.display()))?;
     let title = format!("{}: test mean@{} of each accepted harness under each weights", args.run.display(), matrix.k);
     let svg = figures::heat_map_svg(&title, &matrix)?;
@@ -238,6 +246,8 @@ pub fn report_command(args: ReportArgs) -> Result<ExitCode> {
         (None, [one]) => one.join(whale_loop::run_dir::REPORT_FILE),
         (None, _) => PathBuf::from(whale_loop::run_dir::REPORT_FILE),
     };
+    let _lock = lock_if_written_into(&args.dirs, &out)
+        .with_context(|| format!("writing {} (`--out FILE` writes the report elsewhere)", out.display()))?;
     let title = args.dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ");
     let series = report::write_report(&args.dirs, &out, &format!("whale report: {title}"))
         .with_context(|| format!("writing {}", out.display()))?;
@@ -246,7 +256,21 @@ pub fn report_command(args: ReportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The lock of the directory `out` is written into when that is one of `dirs` or a run
+/// directory: a report written there is a write into a run or compare directory. A report
+/// written elsewhere reads the runs without a lock, even while they are being written.
+fn lock_if_written_into(dirs: &[PathBuf], out: &Path) -> Result<Option<DirLock>> {
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Ok(canonical) = parent.canonicalize() else { return Ok(None) };
+    let given = dirs.iter().any(|dir| dir.canonicalize().is_ok_and(|dir| dir == canonical));
+    if !given && !parent.join(whale_loop::run_dir::STATE_FILE).is_file() {
+        return Ok(None);
+    }
+    Ok(Some(DirLock::acquire(parent)?))
+}
+
 pub fn demo_command(common: CommonArgs) -> Result<ExitCode> {
+    print_cpu();
     let started = Instant::now();
     if !common.quiet && !std::io::stderr().is_terminal() {
         eprintln!("whale demo: WHALE and its five baselines on the tiny model, synthetic math, the mutate proposer");
@@ -254,6 +278,11 @@ pub fn demo_command(common: CommonArgs) -> Result<ExitCode> {
     let result = demo(&common.runs, common.verbosity())?;
     print_comparison(&result, started);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The CPU the run uses, first: its tables reproduce bit for bit only on the same CPU family.
+fn print_cpu() {
+    println!("cpu: {}", whale_core::CpuInfo::detect());
 }
 
 fn print_comparison(result: &Comparison, started: Instant) {
