@@ -18,13 +18,14 @@ pub struct ApiError {
     pub param: Option<String>,
     /// A machine-readable code, e.g. `context_length_exceeded`, `model_not_found`.
     pub code: Option<&'static str>,
-    /// The methods the path accepts, sent as the `Allow` header of a 405.
-    pub allow: Option<&'static str>,
+    /// A header the reply carries (lower-case name, value): `allow` on a 405,
+    /// `www-authenticate` on a 401.
+    pub header: Option<(&'static str, &'static str)>,
 }
 
 impl ApiError {
     fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
-        Self { status, message: message.into(), kind, param: None, code: None, allow: None }
+        Self { status, message: message.into(), kind, param: None, code: None, header: None }
     }
 
     /// 400: the request is not a valid request (JSON, types, values, unsupported fields).
@@ -52,7 +53,19 @@ impl ApiError {
     /// 405: a known path asked with the wrong method.
     pub fn method_not_allowed(method: &str, path: &str, allowed: &'static str) -> Self {
         let error = Self::new(405, "invalid_request_error", format!("{path} accepts {allowed}, not {method}"));
-        Self { allow: Some(allowed), ..error }
+        Self { header: Some(("allow", allowed)), ..error }
+    }
+
+    /// 401: the request does not carry the server's API key.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        let error = Self::new(401, "invalid_request_error", message).with_code("invalid_api_key");
+        Self { header: Some(("www-authenticate", "Bearer")), ..error }
+    }
+
+    /// 403: the server does not let clients do this (an admin endpoint turned off, a path
+    /// outside the directories it may read).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(403, "permission_error", message)
     }
 
     /// 413: the body is over the server's limit.

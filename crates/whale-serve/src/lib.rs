@@ -12,17 +12,25 @@
 //! every other request in flight → [`response::ReplyHeader`] writes the OpenAI body, or
 //! [`generate::stream`] sends each token as a `chat.completion.chunk` event as it is sampled.
 //! Every failure is an [`error::ApiError`] with an OpenAI-shaped body and a 4xx/5xx status.
+//!
+//! Who may do what: before any of this, [`auth`] refuses a request without the server's API key
+//! (401), and [`runtime_loading`] keeps the endpoints that load, unload and reload models off
+//! (403) unless they are turned on, and then lets them read only under allowed directories.
 
+pub mod auth;
 pub mod error;
 pub mod fault;
 pub mod generate;
 pub mod registry;
 pub mod request;
 pub mod response;
+pub mod runtime_loading;
 pub mod server;
 
+pub use auth::{ApiKey, InvalidApiKey};
 pub use error::ApiError;
 pub use fault::FaultInjector;
 pub use registry::{LoadSettings, ModelInfo, ModelRegistry, RegistryError};
 pub use request::{Endpoint, GenerationRequest, Prompt};
+pub use runtime_loading::{AllowedPathError, RuntimeLoading};
 pub use server::{ServeConfig, ServeError, Server, ServerStats};

@@ -14,9 +14,14 @@
 //! - `POST /v1/load_lora_adapter {lora_name, lora_path}`, `POST /v1/unload_lora_adapter
 //!   {lora_name}` (also without `/v1`, SGLang's paths)
 //! - `POST /update_weights_from_disk {model_path}`: new weights for the base model
+//!
+//! With an API key every route answers 401 unless the request carries it ([`crate::auth`]); a
+//! server without one starts only on loopback, unless [`ServeConfig::insecure_no_auth`]. The
+//! last three routes change what is served: they answer 403 unless runtime loading is on, and
+//! then read only under the allowed directories ([`crate::runtime_loading`]).
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,19 +32,21 @@ use std::time::Duration;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Bytes, Frame, Incoming};
-use hyper::header::{HeaderMap, HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use whale_lm::LocalPolicy;
 
+use crate::auth::{self, ApiKey, InvalidApiKey};
 use crate::error::ApiError;
 use crate::fault::FaultInjector;
 use crate::generate::{self, EventSink};
 use crate::registry::{ModelInfo, ModelRegistry, RegistryError};
 use crate::request::{Endpoint, GenerationRequest};
 use crate::response::ReplyHeader;
+use crate::runtime_loading::{AdminAccess, AllowedPathError, RuntimeLoading};
 
 /// Where and how to serve.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +61,12 @@ pub struct ServeConfig {
     /// Fraction of generation requests answered 503 without generating (fault injection).
     pub fail_rate: f64,
     pub fail_seed: u64,
+    /// The key every request must carry as `Authorization: Bearer KEY`; `None`: no key.
+    pub api_key: Option<ApiKey>,
+    /// Serve a host that is not loopback without a key; otherwise [`Server::start`] refuses.
+    pub insecure_no_auth: bool,
+    /// Whether clients may load, unload and reload models, and from where.
+    pub runtime_loading: RuntimeLoading,
 }
 
 impl Default for ServeConfig {
@@ -65,6 +78,9 @@ impl Default for ServeConfig {
             max_body_bytes: 8 << 20,
             fail_rate: 0.0,
             fail_seed: 0,
+            api_key: None,
+            insecure_no_auth: false,
+            runtime_loading: RuntimeLoading::default(),
         }
     }
 }
@@ -77,6 +93,16 @@ pub enum ServeError {
     Config { key: &'static str, reason: String },
     #[error("cannot start the server's runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(
+        "refusing to serve {address} without an API key: it is not a loopback address, so anyone who \
+         reaches it could use the server; give it a key (`whale serve --api-key KEY`, or the variable \
+         WHALE_API_KEY), or serve it open on purpose with --insecure-no-auth"
+    )]
+    OpenWithoutKey { address: String },
+    #[error(transparent)]
+    ApiKey(#[from] InvalidApiKey),
+    #[error(transparent)]
+    AllowedPath(#[from] AllowedPathError),
 }
 
 /// Counters since the server started.
@@ -91,6 +117,8 @@ pub struct ServerStats {
 /// What the request handlers share.
 struct State {
     registry: ModelRegistry,
+    api_key: Option<ApiKey>,
+    admin: AdminAccess,
     faults: FaultInjector,
     max_body_bytes: usize,
     requests: AtomicU64,
@@ -109,16 +137,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 impl Server {
     /// Binds `host:port` and starts serving.
     pub fn start(config: &ServeConfig, registry: ModelRegistry) -> Result<Self, ServeError> {
-        if config.workers == 0 {
-            return Err(ServeError::Config { key: "workers", reason: "must be positive".to_string() });
-        }
-        if !(0.0..=1.0).contains(&config.fail_rate) {
-            return Err(ServeError::Config {
-                key: "fail_rate",
-                reason: format!("{} is not in [0, 1]", config.fail_rate),
-            });
-        }
+        validate(config)?;
+        let admin = AdminAccess::new(&config.runtime_loading)?;
         let address = format!("{}:{}", config.host, config.port);
+        if config.api_key.is_none() && !config.insecure_no_auth && !is_loopback(&address) {
+            return Err(ServeError::OpenWithoutKey { address });
+        }
         let bind_error = |e: std::io::Error| ServeError::Bind { address: address.clone(), reason: e.to_string() };
         let listener = std::net::TcpListener::bind(&address).map_err(bind_error)?;
         listener.set_nonblocking(true).map_err(bind_error)?;
@@ -137,6 +161,8 @@ impl Server {
         };
         let state = Arc::new(State {
             registry,
+            api_key: config.api_key.clone(),
+            admin,
             faults: FaultInjector::new(config.fail_rate, config.fail_seed),
             max_body_bytes: config.max_body_bytes,
             requests: AtomicU64::new(0),
@@ -180,6 +206,24 @@ impl Server {
     }
 }
 
+fn validate(config: &ServeConfig) -> Result<(), ServeError> {
+    if config.workers == 0 {
+        return Err(ServeError::Config { key: "workers", reason: "must be positive".to_string() });
+    }
+    if !(0.0..=1.0).contains(&config.fail_rate) {
+        return Err(ServeError::Config { key: "fail_rate", reason: format!("{} is not in [0, 1]", config.fail_rate) });
+    }
+    Ok(())
+}
+
+/// Whether every address `host:port` names is a loopback one (127.0.0.0/8, ::1; `localhost`
+/// resolves to them). A name that does not resolve is not loopback (binding it fails anyway).
+fn is_loopback(address: &str) -> bool {
+    let Ok(addresses) = address.to_socket_addrs() else { return false };
+    let addresses: Vec<SocketAddr> = addresses.collect();
+    !addresses.is_empty() && addresses.iter().all(|address| address.ip().to_canonical().is_loopback())
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         self.shutdown();
@@ -219,6 +263,13 @@ enum Route {
     ReloadBase,
 }
 
+impl Route {
+    /// Whether the route changes what the server serves.
+    fn is_admin(self) -> bool {
+        matches!(self, Route::Load | Route::Unload | Route::ReloadBase)
+    }
+}
+
 /// How a request is answered.
 enum Reply {
     Json(u16, Value),
@@ -229,29 +280,34 @@ enum Reply {
 async fn handle(state: Arc<State>, request: hyper::Request<Incoming>) -> Result<Response<ReplyBody>, Infallible> {
     state.requests.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = request.into_parts();
-    let reply = match route(&parts.method, parts.uri.path()) {
-        Err(error) => Err(error),
-        Ok(route) => match read_body(&parts.headers, body, state.max_body_bytes).await {
-            Err(error) => Err(error),
-            Ok(body) => {
-                let worker_state = Arc::clone(&state);
-                tokio::task::spawn_blocking(move || answer(&worker_state, route, &body))
-                    .await
-                    .unwrap_or_else(|_| Err(ApiError::internal("the request handler panicked")))
-            }
-        },
-    };
-    Ok(match reply {
+    Ok(match reply(&state, &parts, body).await {
         Ok(Reply::Json(status, body)) => json_response(status, &body),
         Ok(Reply::Stream(generation, policy, prompt)) => stream_response(*generation, policy, prompt),
-        Err(error) => {
-            let mut response = json_response(error.status, &error.body());
-            if let Some(allow) = error.allow {
-                response.headers_mut().insert(ALLOW, HeaderValue::from_static(allow));
-            }
-            response
-        }
+        Err(error) => error_response(&error),
     })
+}
+
+/// The request checked (key, route, runtime loading, body size) and answered on the blocking
+/// pool; a request without the key is refused before anything else, its body unread.
+async fn reply(state: &Arc<State>, parts: &hyper::http::request::Parts, body: Incoming) -> Result<Reply, ApiError> {
+    auth::authorize(state.api_key.as_ref(), &parts.headers)?;
+    let route = route(&parts.method, parts.uri.path())?;
+    if route.is_admin() {
+        state.admin.check_enabled()?;
+    }
+    let body = read_body(&parts.headers, body, state.max_body_bytes).await?;
+    let worker_state = Arc::clone(state);
+    tokio::task::spawn_blocking(move || answer(&worker_state, route, &body))
+        .await
+        .unwrap_or_else(|_| Err(ApiError::internal("the request handler panicked")))
+}
+
+fn error_response(error: &ApiError) -> Response<ReplyBody> {
+    let mut response = json_response(error.status, &error.body());
+    if let Some((name, value)) = error.header {
+        response.headers_mut().insert(HeaderName::from_static(name), HeaderValue::from_static(value));
+    }
+    response
 }
 
 fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
@@ -395,6 +451,7 @@ fn load(state: &State, body: &[u8]) -> Result<Reply, ApiError> {
     if lora_name.is_empty() {
         return Err(ApiError::bad_request("`lora_name` must not be empty").with_param("lora_name"));
     }
+    let lora_path = state.admin.resolve(&lora_path, "lora_path")?;
     let info = state.registry.load(&lora_name, &lora_path).map_err(|e| registry_error(e, "lora_path"))?;
     let message = format!("loaded `{}` from {}", info.name, info.root.display());
     Ok(Reply::Json(200, json!({"success": true, "message": message})))
@@ -408,6 +465,7 @@ fn unload(state: &State, body: &[u8]) -> Result<Reply, ApiError> {
 
 fn reload_base(state: &State, body: &[u8]) -> Result<Reply, ApiError> {
     let UpdateWeights { model_path } = parse(body)?;
+    let model_path = state.admin.resolve(&model_path, "model_path")?;
     let version = state.registry.reload_base(&model_path).map_err(|e| registry_error(e, "model_path"))?;
     let message =
         format!("`{}` now serves {} (weights version {version})", state.registry.base_name(), model_path.display());
@@ -425,5 +483,23 @@ fn registry_error(error: RegistryError, param: &str) -> ApiError {
         | RegistryError::AdapterMismatch(_)
         | RegistryError::Engine(_)
         | RegistryError::Checkpoint(_) => ApiError::bad_request(message).with_param(param),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_addresses_count_as_loopback() {
+        for address in ["127.0.0.1:0", "127.1.2.3:8000", "[::1]:0", "::1:0", "localhost:0"] {
+            assert!(is_loopback(address), "{address}");
+        }
+        for address in
+            ["0.0.0.0:0", "[::]:0", "10.1.2.3:8000", "192.168.0.1:80", "[::ffff:10.0.0.1]:0", "no such host:0"]
+        {
+            assert!(!is_loopback(address), "{address}");
+        }
+        assert!(is_loopback("[::ffff:127.0.0.1]:0"), "an IPv4 loopback address mapped into IPv6");
     }
 }

@@ -55,7 +55,7 @@ fn malformed_requests_get_openai_errors_and_the_server_keeps_serving() {
     let refused = common::http().get(format!("http://{}{chat}", server.addr())).send().expect("GET");
     assert_eq!(refused.headers().get("allow").and_then(|v| v.to_str().ok()), Some("POST"));
     assert_error(post(&server, "/v1/embeddings", "{}"), 404, "no route");
-    assert_error(post(&server, "/v1/load_lora_adapter", r#"{"lora_name": "x"}"#), 400, "lora_path");
+    assert_error(post(&server, "/v1/load_lora_adapter", r#"{"lora_name": "x"}"#), 403, "--allow-runtime-loading");
 
     let (status, body) = post(&server, chat, &chat_body(json!({"logprobs": true})));
     assert_eq!(status, 200, "{body}");
@@ -175,7 +175,9 @@ fn models_are_listed_loaded_unloaded_and_reloaded() {
     let (base_dir, other_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
     write_model(base_dir.path(), 4);
     write_model(other_dir.path(), 5);
-    let server = start(base_dir.path(), ServeConfig::default());
+    let (adapter, broken) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let allowed = [base_dir.path(), other_dir.path(), adapter.path(), broken.path()];
+    let server = start(base_dir.path(), common::loading_from(&allowed));
     let names = || -> Vec<String> {
         let (status, list) = get(&server, "/v1/models");
         assert_eq!((status, &list["object"]), (200, &json!("list")));
@@ -191,11 +193,10 @@ fn models_are_listed_loaded_unloaded_and_reloaded() {
     assert_eq!((&list["data"][1]["parent"], &list["data"][0]["parent"]), (&json!("base"), &Value::Null));
     assert_error(load("ckpt", other_dir.path()), 400, "already loaded");
     assert_error(load("empty", &base_dir.path().join("nowhere")), 400, "neither");
-    let adapter = tempfile::tempdir().expect("tempdir");
+    assert_error(post(&server, "/v1/load_lora_adapter", r#"{"lora_name": "x"}"#), 400, "lora_path");
     common::write_adapter(base_dir.path(), adapter.path(), 6);
     assert_eq!(load("lora", adapter.path()).0, 200);
     assert_eq!(names(), ["base", "ckpt", "lora"]);
-    let broken = tempfile::tempdir().expect("tempdir");
     std::fs::write(broken.path().join("adapter_config.json"), "{}").expect("written");
     assert_error(load("broken", broken.path()), 400, "adapter_config.json");
     assert_eq!(post(&server, "/v1/unload_lora_adapter", r#"{"lora_name": "lora"}"#).0, 200);

@@ -168,7 +168,8 @@ fn set_model_routes_requests_to_loaded_checkpoints_and_adapters() {
     let (base_dir, other_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
     write_model(base_dir.path(), 4);
     write_model(other_dir.path(), 5);
-    let server = start(base_dir.path(), ServeConfig::default());
+    let adapter_dir = tempfile::tempdir().expect("tempdir");
+    let server = start(base_dir.path(), common::loading_from(&[other_dir.path(), adapter_dir.path()]));
     let client = remote(&server, "base", 0);
     let asked = request("Mira has 5 keys.", 0.0, 0, 16);
     let from_base = client.chat(asked.clone()).expect("the base answers");
@@ -185,7 +186,6 @@ fn set_model_routes_requests_to_loaded_checkpoints_and_adapters() {
     let error = client.chat(asked.clone()).expect_err("unloaded");
     assert!(matches!(error, PolicyError::Remote(RemoteError::Status { status: 404, .. })), "{error}");
 
-    let adapter_dir = tempfile::tempdir().expect("tempdir");
     common::write_adapter(base_dir.path(), adapter_dir.path(), 9);
     let load = format!(r#"{{"lora_name": "lora-1", "lora_path": {:?}}}"#, adapter_dir.path());
     assert_eq!(common::post(&server, "/v1/load_lora_adapter", &load).0, 200);

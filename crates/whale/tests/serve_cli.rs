@@ -7,8 +7,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use candle_core::{DType, Device};
 use common::serve::Serve;
@@ -54,19 +55,46 @@ fn python() -> PathBuf {
     python
 }
 
+/// What `tests/openai_client.py` saw of `server` (with `key`, its extra checks of a keyed one).
+fn drive_with_openai_client(server: &Serve, key: Option<&str>) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let output =
+        Command::new(python()).arg(&script).args([&server.base_url, "tiny"]).args(key).output().expect("python runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the client script failed:\n{stderr}");
+    serde_json::from_slice(&output.stdout).expect("a JSON summary")
+}
+
 #[test]
 fn the_official_openai_client_talks_to_whale_serve() {
-    let python = python();
     let dir = tempfile::tempdir().expect("tempdir");
     common::write_tiny_model(dir.path());
     let server = Serve::start(dir.path(), "tiny", &[]);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
-    let output = Command::new(&python).arg(&script).args([&server.base_url, "tiny"]).output().expect("python runs");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "the client script failed:\n{stderr}");
-    let seen: Value = serde_json::from_slice(&output.stdout).expect("a JSON summary");
+    let seen = drive_with_openai_client(&server, None);
+    assert_same_as_in_process(&seen, dir.path());
+}
 
-    let local = LocalPolicy::load(dir.path(), DType::F32, &Device::Cpu, EngineConfig::default()).expect("loads");
+/// A keyed `whale serve` (its key from WHALE_API_KEY) through the official client: everything
+/// works with the key; a wrong key and one off by its last byte get `AuthenticationError`, and
+/// an adapter load `PermissionDeniedError` (runtime loading is off by default).
+#[test]
+fn the_official_openai_client_needs_the_key_of_a_keyed_whale_serve() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    common::write_tiny_model(dir.path());
+    let key = "sk-whale-cluster-key-42";
+    let server = Serve::start_keyed(dir.path(), "tiny", key, &[]);
+    let seen = drive_with_openai_client(&server, Some(key));
+    assert_same_as_in_process(&seen, dir.path());
+    let unauthorized = seen["unauthorized"].as_array().expect("the refusals");
+    assert_eq!(unauthorized.len(), 4, "{seen}");
+    assert!(unauthorized.iter().all(|m| m.as_str().is_some_and(|m| m.contains("incorrect API key"))), "{seen}");
+    assert!(!seen.to_string().contains(key), "no reply echoes the key");
+    assert!(seen["forbidden"].as_str().is_some_and(|m| m.contains("--allow-runtime-loading")), "{seen}");
+}
+
+/// `seen` (from the client script) is what the engine gives in-process on the model in `dir`.
+fn assert_same_as_in_process(seen: &Value, dir: &Path) {
+    let local = LocalPolicy::load(dir, DType::F32, &Device::Cpu, EngineConfig::default()).expect("loads");
     let question = "Kalo has 12 apples and buys 5 more. How many apples?";
     let params = SamplingParams { temperature: 0.0, seed: 1, max_tokens: 24, ..SamplingParams::default() };
     let request = ChatRequest { messages: vec![ChatMessage::new("user", question)], params: params.clone() };
@@ -82,6 +110,75 @@ fn the_official_openai_client_talks_to_whale_serve() {
     assert_eq!(seen["models"], serde_json::json!(["tiny"]));
     assert!(seen["not_found"].as_str().is_some_and(|m| m.contains("no-such-model")), "{seen}");
     assert!(seen["bad_request"].as_str().is_some_and(|m| m.contains("temperature")), "{seen}");
+}
+
+/// `whale serve ARGS` on a free port: its stderr when it exits by itself, or, once it says
+/// where it listens, that line and what it wrote to stderr by then (it is stopped).
+fn serve_and_stop(model: &Path, args: &[&str], key: Option<&str>) -> (Option<String>, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
+    command.env_remove("WHALE_API_KEY").args(["serve", "--port", "0", "--model"]).arg(model).args(args);
+    if let Some(key) = key {
+        command.env("WHALE_API_KEY", key);
+    }
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("whale runs");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("stdout is readable");
+    let listening = line.strip_prefix("listening on ").map(|url| url.trim().to_string());
+    if listening.is_some() {
+        // Its start-up notes are written before it waits; give them a moment to arrive.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        child.kill().expect("stopped");
+    }
+    child.wait().expect("it ends");
+    let mut stderr = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("stderr is readable");
+    (listening, stderr)
+}
+
+#[test]
+fn a_server_others_can_reach_needs_a_key_or_says_it_has_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    common::write_tiny_model(dir.path());
+    let (listening, stderr) = serve_and_stop(dir.path(), &["--host", "0.0.0.0"], None);
+    assert_eq!(listening, None, "started open on 0.0.0.0: {stderr}");
+    assert!(stderr.contains("without an API key") && stderr.contains("--insecure-no-auth"), "{stderr}");
+    let (listening, stderr) = serve_and_stop(dir.path(), &["--host", "0.0.0.0", "--insecure-no-auth"], None);
+    assert!(listening.is_some(), "{stderr}");
+    assert!(stderr.contains("warning: --insecure-no-auth") && stderr.contains("without an API key"), "{stderr}");
+    for (args, key) in [(vec!["--host", "0.0.0.0", "--api-key", "k3y"], None), (vec!["--host", "0.0.0.0"], Some("k3y"))]
+    {
+        let (listening, stderr) = serve_and_stop(dir.path(), &args, key);
+        assert!(listening.is_some() && !stderr.contains("warning"), "{args:?} {key:?}: {stderr}");
+    }
+    let (listening, stderr) = serve_and_stop(dir.path(), &["--host", "localhost"], None);
+    assert!(listening.is_some() && !stderr.contains("warning"), "{stderr}");
+}
+
+#[test]
+fn the_api_key_flag_guards_every_request_and_bad_access_options_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    common::write_tiny_model(dir.path());
+    let server = Serve::start(dir.path(), "tiny", &["--api-key", "flag-key"]);
+    let models = format!("{}/models", server.base_url);
+    let http = reqwest::blocking::Client::new();
+    assert_eq!(http.get(&models).send().expect("answered").status().as_u16(), 401);
+    assert_eq!(http.get(&models).bearer_auth("flag-kez").send().expect("answered").status().as_u16(), 401);
+    assert_eq!(http.get(&models).bearer_auth("flag-key").send().expect("answered").status().as_u16(), 200);
+
+    let refused = |args: &[&str]| {
+        let (listening, stderr) = serve_and_stop(dir.path(), args, None);
+        assert_eq!(listening, None, "{args:?} started: {stderr}");
+        stderr
+    };
+    let stderr = refused(&["--allowed-path", "/tmp"]);
+    assert!(stderr.contains("--allow-runtime-loading"), "an allowed path alone is refused: {stderr}");
+    let missing = dir.path().join("no-such-runs");
+    let stderr = refused(&["--allow-runtime-loading", "--allowed-path", missing.to_str().expect("UTF-8")]);
+    assert!(stderr.contains("no-such-runs"), "{stderr}");
+    let stderr = refused(&["--api-key", ""]);
+    assert!(stderr.contains("must not be empty"), "{stderr}");
+    let (listening, stderr) = serve_and_stop(dir.path(), &["--allow-runtime-loading"], None);
+    assert!(listening.is_some() && stderr.contains("nothing can be loaded"), "{stderr}");
 }
 
 #[test]

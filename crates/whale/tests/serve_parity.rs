@@ -22,13 +22,15 @@ use common::parity::{
 use common::read_json as read;
 use common::serve::Serve;
 use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
 use whale_loop::experiment::{Experiment, ExperimentError, Verbosity};
 
 #[test]
 fn a_run_on_whale_serve_with_hot_loaded_adapters_ends_where_the_in_process_one_does() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = common::tiny_model_in(dir.path());
-    let serve = Serve::start(&model, "base", &[]);
+    let serve = Serve::for_runs_in(dir.path(), &model, "base");
     let server = format!("[server]\nbase_url = \"{}\"\nmodel = \"base\"\nkind = \"whale\"\n", serve.base_url);
     let served = run(dir.path(), "served", &config(&model, &format!("{server}{}", whale_lm_train("0.002"))));
     let state = read(&served.join("state.json"));
@@ -76,10 +78,61 @@ shift 2; exec "$@""#,
 fn an_rloo_run_on_whale_serve_learns_from_the_served_tokens_as_the_in_process_one_does() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = common::tiny_model_in(dir.path());
-    let serve = Serve::start(&model, "base", &[]);
+    let serve = Serve::for_runs_in(dir.path(), &model, "base");
     let server = format!("[server]\nbase_url = \"{}\"\nmodel = \"base\"\nkind = \"whale\"\n", serve.base_url);
     let trainer = format!("{server}{}", whale_lm_train("0.002"));
     let served = run(dir.path(), "served", &common::parity::policy_gradient_config(&model, "rloo", &trainer));
     let own = run(dir.path(), "own", &common::parity::policy_gradient_config(&model, "rloo", &in_process_lora()));
+    assert_same_run(&own, &served);
+}
+
+/// `whale run --quiet --runs RUNS FILE` with `WHALE_SERVER_API_KEY` (the default
+/// `[server] api_key_env`) set to `key`, or unset.
+fn whale_run(runs: &Path, file: &Path, key: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
+    command.env_remove("WHALE_SERVER_API_KEY").args(["run", "--quiet", "--runs"]).arg(runs).arg(file);
+    if let Some(key) = key {
+        command.env("WHALE_SERVER_API_KEY", key);
+    }
+    command.output().expect("whale runs")
+}
+
+/// `whale serve` set up for a cluster as the README says (its key in WHALE_API_KEY, runtime
+/// loading from `runs/` only) and `whale run` against it: with the key in `[server]
+/// api_key_env` every rollout and every adapter load and unload gets through, and the run ends
+/// where the in-process one does; without it the run stops at its first call with the 401.
+#[test]
+fn a_run_against_a_keyed_whale_serve_sends_its_key_and_ends_where_the_in_process_one_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = common::tiny_model_in(dir.path());
+    let runs = dir.path().join("runs");
+    std::fs::create_dir_all(&runs).expect("runs");
+    let key = "sk-whale-served-run-7";
+    let allowed = runs.to_str().expect("a UTF-8 path");
+    let serve = Serve::start_keyed(&model, "base", key, &["--allow-runtime-loading", "--allowed-path", allowed]);
+    let server = format!("[server]\nbase_url = \"{}\"\nmodel = \"base\"\nkind = \"whale\"\n", serve.base_url);
+    let file = dir.path().join("keyed.toml");
+    std::fs::write(&file, config(&model, &format!("{server}{}", whale_lm_train("0.002")))).expect("config");
+
+    let refused = whale_run(&runs.join("keyless"), &file, None);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a run without the key ran: {stderr}");
+    assert!(stderr.contains("401") && stderr.contains("API key"), "the server's refusal is shown: {stderr}");
+
+    let keyed = whale_run(&runs.join("keyed"), &file, Some(key));
+    assert!(keyed.status.success(), "{}", String::from_utf8_lossy(&keyed.stderr));
+    let served = runs.join("keyed/p");
+    let state = read(&served.join("state.json"));
+    let last = format!("p-whale-step-{}", state["weight_steps"]);
+    assert_eq!(state["served"]["name"], last.as_str(), "{state}");
+    let models: Value = reqwest::blocking::Client::new()
+        .get(format!("{}/models", serve.base_url))
+        .bearer_auth(key)
+        .send()
+        .and_then(|reply| reply.json())
+        .expect("GET /v1/models");
+    let names: Vec<&str> = models["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(names, ["base", last.as_str()], "the last adapter is loaded, every earlier one unloaded");
+    let own = run(dir.path(), "own", &config(&model, &in_process_lora()));
     assert_same_run(&own, &served);
 }

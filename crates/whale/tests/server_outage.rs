@@ -29,7 +29,7 @@ fn a_run_whose_server_dies_stops_and_resumed_ends_as_if_never_interrupted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = common::tiny_model_in(dir.path());
     let own = run(dir.path(), "own", &config(&model, &in_process_lora()));
-    let serve = Serve::start(&model, "base", &[]);
+    let serve = Serve::for_runs_in(dir.path(), &model, "base");
     let outage = Outage::start(&serve.base_url);
     let server = format!(
         "[server]\nbase_url = \"{}\"\nmodel = \"base\"\nkind = \"whale\"\nmax_retries = 1\n\

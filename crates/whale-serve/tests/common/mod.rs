@@ -14,7 +14,7 @@ use whale_lm::{
     save_model, save_qwen35, ChatRequest, EngineConfig, GenerationConfig, LocalPolicy, Qwen35Config, Qwen35Model,
     Qwen3Config, Qwen3Model, RemoteConfig, RemotePolicy, SamplingParams, Tokenizer,
 };
-use whale_serve::{LoadSettings, ModelRegistry, ServeConfig, Server};
+use whale_serve::{LoadSettings, ModelRegistry, RuntimeLoading, ServeConfig, Server};
 
 /// The tiny models' context window.
 pub const CONTEXT: usize = 256;
@@ -55,6 +55,12 @@ pub fn start(dir: &Path, config: ServeConfig) -> Server {
     let registry =
         ModelRegistry::open(dir, Some("base".to_string()), LoadSettings::default()).expect("the model loads");
     Server::start(&ServeConfig { host: "127.0.0.1".into(), port: 0, ..config }, registry).expect("the server starts")
+}
+
+/// A server config with runtime loading on, reading under `dirs`.
+pub fn loading_from(dirs: &[&Path]) -> ServeConfig {
+    let allowed = dirs.iter().map(|dir| dir.to_path_buf()).collect();
+    ServeConfig { runtime_loading: RuntimeLoading::allowed(allowed), ..ServeConfig::default() }
 }
 
 /// The same model in-process.

@@ -58,6 +58,12 @@ enum Command {
     Harness(harness::HarnessCommand),
     /// Serve a model over an OpenAI-compatible HTTP API, or benchmark serving (`whale serve bench`).
     ///
+    /// For a cluster, key it and allow loads only from the runs' directory (set-ups below):
+    /// `WHALE_API_KEY=KEY whale serve --host 0.0.0.0 --allow-runtime-loading --allowed-path runs/`.
+    /// With a key every request needs `Authorization: Bearer KEY` (401 otherwise); a host that is
+    /// not loopback is refused without one (--insecure-no-auth overrides). Loading, unloading and
+    /// reloading answer 403 unless --allow-runtime-loading, and read only under --allowed-path.
+    ///
     /// Endpoints: POST /v1/chat/completions and /v1/completions (sampling parameters, n, ignore_eos,
     /// logprobs, stop, seed, `stream: true`), GET /v1/models, POST /v1/load_lora_adapter
     /// {lora_name, lora_path} and /v1/unload_lora_adapter {lora_name} (a PEFT LoRA adapter over

@@ -9,10 +9,21 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use whale_lm::EngineConfig;
 use whale_pretrain::{self as pretrain, PretrainConfig};
-use whale_serve::{LoadSettings, ModelRegistry, ServeConfig, Server};
+use whale_serve::{ApiKey, LoadSettings, ModelRegistry, RuntimeLoading, ServeConfig, Server};
+
+/// The variable `whale serve` reads its API key from when --api-key is not given.
+pub const API_KEY_ENV: &str = "WHALE_API_KEY";
+
+/// `whale serve --help`'s closing lines: a cluster set-up first.
+const SET_UPS: &str = "\
+A GPU box that a cluster's runs reach, keyed, hot-loading the adapters whale's runs write:
+  export WHALE_API_KEY=$(openssl rand -hex 32)  # runs: the same in WHALE_SERVER_API_KEY ([server] api_key_env)
+  whale serve --model DIR --host 0.0.0.0 --allow-runtime-loading --allowed-path runs/
+On this machine only (loopback, no key needed):
+  whale serve --model DIR --port 8000";
 
 #[derive(Debug, Args)]
-#[command(args_conflicts_with_subcommands = true)]
+#[command(args_conflicts_with_subcommands = true, after_help = SET_UPS)]
 pub struct ServeArgs {
     #[command(subcommand)]
     command: Option<ServeCommand>,
@@ -59,15 +70,36 @@ enum ServeCommand {
 
 #[derive(Debug, Args)]
 struct ServeOptions {
-    /// A Hugging Face model directory, Qwen3 or Qwen3.5 (default: the base model, pretrained first
-    /// if needed).
+    /// A Hugging Face model directory, Qwen3, Qwen3.5 or Llama, or a GGUF file or `smollm2`
+    /// (converted once into $WHALE_HOME/models) (default: the base model, pretrained first if
+    /// needed).
     #[arg(long)]
     model: Option<PathBuf>,
     /// The name requests put in `model` (default: the model directory's name).
     #[arg(long)]
     served_model_name: Option<String>,
+    /// The address to listen on. One that is not loopback (127.0.0.0/8, ::1, localhost) needs an
+    /// API key, or --insecure-no-auth.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// Every request must carry `Authorization: Bearer KEY` (else 401). Prefer the variable
+    /// WHALE_API_KEY, which `ps` does not show.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Serve a --host that is not loopback without an API key: anyone who reaches the port can
+    /// generate (and, with --allow-runtime-loading, load models).
+    #[arg(long)]
+    insecure_no_auth: bool,
+    /// Let clients load and unload adapters and checkpoints and replace the base weights
+    /// (/v1/load_lora_adapter, /v1/unload_lora_adapter, /update_weights_from_disk), reading only
+    /// under --allowed-path; without it those endpoints answer 403. whale's runs with
+    /// `[server] kind = "whale"` need it.
+    #[arg(long)]
+    allow_runtime_loading: bool,
+    /// A directory runtime loads may read under (repeatable; it must exist). Symlinks and `..`
+    /// are resolved first, so neither leads out of it. None given: nothing loads.
+    #[arg(long = "allowed-path", value_name = "DIR", requires = "allow_runtime_loading")]
+    allowed_paths: Vec<PathBuf>,
     /// 0 picks a free port (printed on the first line of stdout).
     #[arg(long, default_value_t = 8000)]
     port: u16,
@@ -99,7 +131,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
             });
             let model_dir = match (model, random) {
                 (_, true) => None,
-                (Some(dir), false) => Some(dir),
+                (Some(given), false) => Some(super::lm::model_dir(&given)?),
                 (None, false) => cached_base_model(),
             };
             let whale = std::env::current_exe().context("cannot find the whale executable")?;
@@ -119,7 +151,7 @@ fn cached_base_model() -> Option<PathBuf> {
 
 fn serve(options: ServeOptions) -> Result<ExitCode> {
     let dir = match options.model {
-        Some(dir) => dir,
+        Some(given) => super::lm::model_dir(&given)?,
         None => pretrain::ensure_base_model(whale_core::Domain::Math)?,
     };
     let device = match options.device.as_str() {
@@ -138,14 +170,54 @@ fn serve(options: ServeOptions) -> Result<ExitCode> {
         workers: options.workers,
         fail_rate: options.fail_rate,
         fail_seed: options.fail_seed,
+        api_key: api_key(options.api_key)?,
+        insecure_no_auth: options.insecure_no_auth,
+        runtime_loading: RuntimeLoading {
+            enabled: options.allow_runtime_loading,
+            allowed_paths: options.allowed_paths,
+        },
         ..ServeConfig::default()
     };
     let server = Server::start(&config, registry)?;
     println!("{LISTENING}{}", server.base_url());
     std::io::stdout().flush().context("cannot write to stdout")?;
     eprintln!("serving `{name}` ({}); stop with Ctrl-C", dir.display());
+    describe_access(&config, &server);
     if config.fail_rate > 0.0 {
         eprintln!("fault injection: {} of generation requests get a 503 (seed {})", config.fail_rate, config.fail_seed);
     }
     server.wait()
+}
+
+/// The key from --api-key, else from WHALE_API_KEY (unset or empty: none).
+fn api_key(flag: Option<String>) -> Result<Option<ApiKey>> {
+    let key = match flag {
+        Some(key) => Some(key),
+        None => match std::env::var(API_KEY_ENV) {
+            Ok(key) => Some(key).filter(|key| !key.is_empty()),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => bail!("{API_KEY_ENV} is not valid UTF-8"),
+        },
+    };
+    key.map(ApiKey::new).transpose().with_context(|| format!("--api-key (or {API_KEY_ENV})"))
+}
+
+/// Says on stderr who may use the server: a warning when anyone who reaches a non-loopback
+/// address may, and where runtime loads may read.
+fn describe_access(config: &ServeConfig, server: &Server) {
+    if config.api_key.is_none() && !server.addr().ip().to_canonical().is_loopback() {
+        eprintln!(
+            "warning: --insecure-no-auth: {} is served without an API key; anyone who reaches it can use it",
+            server.addr()
+        );
+    }
+    let loading = &config.runtime_loading;
+    match (loading.enabled, loading.allowed_paths.is_empty()) {
+        (false, _) => {}
+        (true, true) => eprintln!("runtime loading is on, but without --allowed-path nothing can be loaded"),
+        (true, false) => {
+            let dirs: Vec<String> = loading.allowed_paths.iter().map(|dir| dir.display().to_string()).collect();
+            eprintln!("runtime loading from: {}", dirs.join(", "));
+        }
+    }
 }

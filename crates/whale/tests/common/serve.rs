@@ -16,8 +16,30 @@ pub struct Serve {
 }
 
 impl Serve {
+    /// Without a key (`WHALE_API_KEY` is not passed on) and with the flags in `extra`.
     pub fn start(model: &Path, name: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_whale"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
+        command.env_remove("WHALE_API_KEY");
+        Self::spawn(command, model, name, extra)
+    }
+
+    /// Keyed through the variable `WHALE_API_KEY`, and with the flags in `extra`.
+    pub fn start_keyed(model: &Path, name: &str, key: &str, extra: &[&str]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
+        command.env("WHALE_API_KEY", key);
+        Self::spawn(command, model, name, extra)
+    }
+
+    /// As whale's runs under `root/runs` need it: loading adapters from there at run time.
+    pub fn for_runs_in(root: &Path, model: &Path, name: &str) -> Self {
+        let runs = root.join("runs");
+        std::fs::create_dir_all(&runs).expect("the runs directory");
+        let runs = runs.to_str().expect("a UTF-8 path");
+        Self::start(model, name, &["--allow-runtime-loading", "--allowed-path", runs])
+    }
+
+    fn spawn(mut command: Command, model: &Path, name: &str, extra: &[&str]) -> Self {
+        let mut child = command
             .args(["serve", "--host", "127.0.0.1", "--port", "0", "--served-model-name", name, "--model"])
             .arg(model)
             .args(extra)
