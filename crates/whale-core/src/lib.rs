@@ -6,12 +6,14 @@
 //! heavy dependencies so that anything (a scorer, a report, an external tool) can
 //! read whale's files with it.
 
+pub mod cpu;
 pub mod ledger;
 pub mod metrics;
 pub mod pareto;
 pub mod task;
 pub mod trajectory;
 
+pub use cpu::CpuInfo;
 pub use ledger::{Ledger, Purpose, Spend};
 pub use metrics::{bootstrap_nested_mean, Estimate, Scores, TaskSamples};
 pub use pareto::Objectives;

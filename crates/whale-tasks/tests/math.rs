@@ -178,6 +178,129 @@ mod math_real_data {
             assert!(task.payload["level"].is_i64() && task.payload["subject"].is_string());
         }
     }
+
+    /// What `whale data check` rejects in a math file: records that do not load, and tasks whose
+    /// gold answer, submitted as it stands, does not verify.
+    fn rejected_by_data_check(path: &Path) -> Vec<String> {
+        let report = math::load(path);
+        let mut rejected: Vec<String> = report.rejected.iter().map(ToString::to_string).collect();
+        let tasks = report.into_tasks();
+        let verdicts = whale_tasks::replay_gold(Domain::Math, &tasks).expect("math tasks need no index");
+        let failed = tasks.iter().zip(&verdicts).filter(|(_, verdict)| !verdict.success);
+        rejected.extend(failed.map(|(task, verdict)| format!("{}: {}", task.id, verdict.detail)));
+        rejected
+    }
+
+    #[test]
+    fn math500_passes_data_check_with_nothing_rejected() {
+        let rejected = rejected_by_data_check(&data_path("math/math500/test.jsonl"));
+        eprintln!("MATH-500: {} of 500 records rejected", rejected.len());
+        assert!(rejected.is_empty(), "{rejected:#?}");
+    }
+
+    /// Spellings of MATH-500's `\text{...}` / `\mbox{...}` answers: another text command, with
+    /// spaces or a tab between the command and its brace.
+    const RESPELLED_TEXT_COMMANDS: [&str; 6] =
+        [r"\text {", r"\mbox  {", r"\mathrm {", r"\textrm{", "\\textbf\t{", r"\mbox{"];
+
+    /// Every MATH-500 record whose gold answer has a text command, re-spelled, still passes
+    /// `whale data check` and keeps its answer.
+    #[test]
+    fn math500_text_answers_respelled_with_spaces_still_verify() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let raw = std::fs::read_to_string(data_path("math/math500/test.jsonl")).expect("readable");
+        let records: Vec<Value> = raw.lines().map(|line| serde_json::from_str(line).expect("valid JSON")).collect();
+        let has_text = |answer: &str| answer.contains(r"\text{") || answer.contains(r"\mbox{");
+        let with_text: Vec<&Value> = records.iter().filter(|r| has_text(r["answer"].as_str().unwrap_or(""))).collect();
+        assert_eq!(with_text.len(), 12, "MATH-500 answers with \\text{{}} or \\mbox{{}}");
+        for spelling in RESPELLED_TEXT_COMMANDS {
+            let mut lines = Vec::new();
+            for record in &with_text {
+                let given = record["answer"].as_str().expect("an answer");
+                let respelled = given.replace(r"\text{", spelling).replace(r"\mbox{", spelling);
+                assert!(math::equivalent(&respelled, given), "{respelled} == {given}");
+                let mut record = (*record).clone();
+                record["answer"] = json!(respelled);
+                lines.push(record.to_string());
+            }
+            let path = write_file(dir.path(), "respelled.jsonl", lines.join("\n").as_bytes());
+            let rejected = rejected_by_data_check(&path);
+            assert!(rejected.is_empty(), "{spelling}: {rejected:#?}");
+        }
+    }
+
+    /// Issue 33, item 6: a MATH test record whose boxed answer is `8\sqrt{3} \text { square
+    /// inches}` was rejected by `whale data check` (its gold answer was read as `3`). Both the
+    /// MATH form (answer boxed in the solution) and the MATH-500 form (an `answer` field) load,
+    /// their gold answer verifies, and it is the answer 8√3.
+    #[test]
+    fn spaced_text_unit_after_a_radical_is_accepted() {
+        let boxed = r"8\sqrt{3} \text { square inches}";
+        let problem = "The triangle's area?";
+        let solution = format!(r"The area is $\frac{{1}}{{2}} \cdot 4 \cdot 4\sqrt{{3}} = \boxed{{{boxed}}}$.");
+        let math_form = json!({"problem": problem, "solution": solution, "type": "Geometry", "level": "Level 2"});
+        let math500_form = json!({"problem": problem, "solution": solution, "answer": boxed, "unique_id": "area"});
+        let dir = tempfile::tempdir().expect("temp dir");
+        let contents = format!("{math_form}\n{math500_form}");
+        let path = write_file(dir.path(), "area.jsonl", contents.as_bytes());
+        assert_eq!(rejected_by_data_check(&path), Vec::<String>::new());
+
+        let tasks = math::load(&path).into_tasks();
+        assert_eq!(tasks.len(), 2);
+        for task in &tasks {
+            assert_eq!(gold(task), boxed);
+            assert_eq!(math::extract_answer(gold(task), &math::DEFAULT_ORDER).as_deref(), Some(boxed));
+            assert_eq!(math::score(task, gold(task)).detail, format!("correct: {boxed}"));
+            for same in [r"8\sqrt{3}", r"8\sqrt3", r"8 \sqrt 3", r"\sqrt{192}", r"\boxed{8\sqrt{3}}"] {
+                assert!(submit(task, same), "{same}");
+            }
+            for different in ["3", "8", r"8\sqrt{2}", r"3\sqrt{8}"] {
+                assert!(!submit(task, different), "{different}");
+            }
+        }
+    }
+}
+
+/// Units after radicals and text commands spaced from their braces: made-up gold spellings, each
+/// the same answer as a plain spelling and verifying when submitted as it stands.
+mod math_units {
+    use super::*;
+
+    fn plain_task(answer: &str) -> Task {
+        let payload = json!({"question": "q?", "answer": answer, "source": "plain"});
+        Task { id: "unit".into(), domain: Domain::Math, payload, split: None }
+    }
+
+    /// (gold as written, the same answer written plainly, another answer: mostly the last number,
+    /// which a reading that takes the unit for prose returns)
+    const SPELLINGS: [(&str, &str, &str); 14] = [
+        (r"5\sqrt{2}\text{ cm}", r"5\sqrt2", "2"),
+        (r"\sqrt 3 \mbox { units}", r"\sqrt{3}", "3"),
+        (r"2\sqrt{6}\ \mathrm {m}^2", r"2\sqrt{6}", "6"),
+        (r"4\sqrt{3}\,\textrm  { square feet}", r"\sqrt{48}", "3"),
+        (r"\frac{\sqrt{3}}{2} \textbf {meters}", r"\frac{\sqrt3}{2}", "2"),
+        (r"7\sqrt{2}\mbox{ cm}^2", r"7\sqrt{2}", "2"),
+        (r"\sqrt[3]{2} \text { cm}", r"\sqrt[3]{2}", "2"),
+        (r"3\sqrt{5}~\text{\ square inches}", r"3\sqrt{5}", "5"),
+        (r"6\sqrt{3} cm", r"6\sqrt{3}", "3"),
+        ("12 \\text\t{ inches}", "12", "13"),
+        (r"10\mbox {feet}", "10", "11"),
+        (r"\mathrm {Evelyn}", "Evelyn", "Navin"),
+        (r"\text {(C)}", "(C)", "(D)"),
+        (r"\textbf {(E)}", r"\text{(E)}", "(C)"),
+    ];
+
+    #[test]
+    fn made_up_unit_spellings_verify_as_their_plain_answer() {
+        for (spelled, plain, wrong) in SPELLINGS {
+            assert!(math::equivalent(spelled, plain) && math::equivalent(plain, spelled), "{spelled} == {plain}");
+            assert!(!math::equivalent(spelled, wrong), "{spelled} != {wrong}");
+            let task = plain_task(spelled);
+            assert!(submit(&task, spelled), "{spelled} verifies as itself");
+            assert!(submit(&task, plain) && submit(&task, &format!(r"So it is $\boxed{{{plain}}}$.")), "{spelled}");
+            assert!(!submit(&task, wrong), "{spelled} is not {wrong}");
+        }
+    }
 }
 
 /// Answer spellings and extraction; rationals in many spellings (property tests).

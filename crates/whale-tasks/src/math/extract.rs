@@ -5,6 +5,7 @@
 //! them in a configurable order and takes the first that finds something, so a harness
 //! author can, say, trust only `\boxed{}`.
 
+use super::latex::TEXT_COMMANDS;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
@@ -167,11 +168,15 @@ fn bare(text: &str) -> Option<&str> {
     is_bare.then_some(trimmed)
 }
 
-/// Commands whose braced argument is words, not math (`\text{cm}`, `\begin{pmatrix}`).
-const WORD_ARGUMENT_COMMANDS: [&str; 9] =
-    ["text", "mbox", "textbf", "textit", "mathrm", "mathbf", "operatorname", "begin", "end"];
+/// Commands besides [`TEXT_COMMANDS`] whose braced argument is words, not math.
+const OTHER_WORD_ARGUMENT_COMMANDS: [&str; 3] = ["operatorname", "begin", "end"];
 
-/// Length of the longest run of letters that is neither a command name nor inside `\text{}`.
+fn takes_words(command: &str) -> bool {
+    TEXT_COMMANDS.contains(&command) || OTHER_WORD_ARGUMENT_COMMANDS.contains(&command)
+}
+
+/// Length of the longest run of letters that is neither a command name nor inside the argument
+/// of a command that takes words (`\text{cm}`, `\mbox {cm}`, `\begin{pmatrix}`).
 fn longest_prose_word(text: &str) -> usize {
     let bytes = text.as_bytes();
     let (mut longest, mut run, mut i) = (0, 0, 0);
@@ -180,8 +185,8 @@ fn longest_prose_word(text: &str) -> usize {
             let name_len = bytes[i + 1..].iter().take_while(|b| b.is_ascii_alphabetic()).count();
             let name = &text[i + 1..i + 1 + name_len];
             i += 1 + name_len.max(1);
-            if WORD_ARGUMENT_COMMANDS.contains(&name) && bytes.get(i) == Some(&b'{') {
-                i += 1 + matched_brace_content(&text[i + 1..]).map_or(0, |c| c.len() + 1);
+            if let Some(open) = argument_brace(bytes, i).filter(|_| takes_words(name)) {
+                i = open + 1 + matched_brace_content(&text[open + 1..]).map_or(0, |c| c.len() + 1);
             }
             run = 0;
         } else {
@@ -191,6 +196,13 @@ fn longest_prose_word(text: &str) -> usize {
         }
     }
     longest
+}
+
+/// Index of the `{` that opens a command's argument at `after` (the end of its name), past
+/// any whitespace: TeX ignores spaces after a control word (`\text {cm}`).
+fn argument_brace(bytes: &[u8], after: usize) -> Option<usize> {
+    let spaces = bytes.get(after..)?.iter().take_while(|b| b.is_ascii_whitespace()).count();
+    (bytes.get(after + spaces) == Some(&b'{')).then_some(after + spaces)
 }
 
 /// The last number in the text: an optional minus, digits (with valid thousands groups), an
@@ -275,6 +287,22 @@ mod tests {
             default(r"\begin{pmatrix} 1/3 \\ 2 \end{pmatrix}").as_deref(),
             Some(r"\begin{pmatrix} 1/3 \\ 2 \end{pmatrix}")
         );
+    }
+
+    #[test]
+    fn text_commands_spaced_from_their_brace_hold_no_prose() {
+        for lone in [
+            r"8\sqrt{3} \text { square inches}",
+            r"\sqrt 3 \mbox { units}",
+            r"5\sqrt{2}\textrm  {cm}",
+            "12 \\mathrm\t{ inches}",
+            r"\textbf {(E)}",
+            r"\operatorname {lcm}(a, b)",
+        ] {
+            assert_eq!(default(lone).as_deref(), Some(lone));
+        }
+        assert_eq!(default(r"8\sqrt{3} square inches").as_deref(), Some("3"), "a bare word is prose");
+        assert_eq!(default(r"see \text").as_deref(), None, "a command at the end");
     }
 
     #[test]

@@ -57,23 +57,14 @@ const NOISE_COMMANDS: &[&str] = &[
     "degree",
 ];
 
-/// Spellings of the same command, mapped to the canonical name.
-const SYNONYMS: &[(&str, &str)] = &[
-    ("dfrac", "frac"),
-    ("tfrac", "frac"),
-    ("mbox", "text"),
-    ("textbf", "text"),
-    ("textrm", "text"),
-    ("textit", "text"),
-    ("textnormal", "text"),
-    ("textsf", "text"),
-    ("mathrm", "text"),
-    ("mathbf", "text"),
-    ("le", "leq"),
-    ("ge", "geq"),
-    ("lbrace", "{"),
-    ("rbrace", "}"),
-];
+/// Commands whose braced argument is text (a unit, a word, a choice such as `(C)`): all of them
+/// are read as `\text`, with or without spaces before the brace (`\mbox {cm}`).
+pub(crate) const TEXT_COMMANDS: [&str; 10] =
+    ["text", "mbox", "textbf", "textrm", "textit", "textnormal", "textsf", "textup", "mathrm", "mathbf"];
+
+/// Spellings of the same command, mapped to the canonical name (besides [`TEXT_COMMANDS`]).
+const SYNONYMS: &[(&str, &str)] =
+    &[("dfrac", "frac"), ("tfrac", "frac"), ("le", "leq"), ("ge", "geq"), ("lbrace", "{"), ("rbrace", "}")];
 
 /// Splits `text` into tokens, mapping common Unicode math symbols to their LaTeX commands.
 pub(crate) fn tokenize(text: &str) -> Vec<Token> {
@@ -174,15 +165,15 @@ pub(crate) fn normalize(text: &str) -> Vec<Token> {
 }
 
 fn merge_synonyms(tokens: Vec<Token>) -> Vec<Token> {
-    tokens
-        .into_iter()
-        .map(|token| match &token {
-            Token::Command(name) => {
-                SYNONYMS.iter().find(|(from, _)| from == name).map_or(token, |(_, to)| Token::Command((*to).into()))
-            }
-            _ => token,
-        })
-        .collect()
+    tokens.into_iter().map(canonical_command).collect()
+}
+
+fn canonical_command(token: Token) -> Token {
+    let Token::Command(name) = &token else { return token };
+    if TEXT_COMMANDS.contains(&name.as_str()) {
+        return Token::Command("text".into());
+    }
+    SYNONYMS.iter().find(|(from, _)| from == name).map_or(token, |(_, to)| Token::Command((*to).into()))
 }
 
 /// Removes `^\circ` and `^{\circ}` (the degree sign) as a whole.
@@ -318,12 +309,47 @@ fn text_group_start(tokens: &[Token]) -> Option<usize> {
     (0..n.saturating_sub(1)).rev().find(|&i| tokens[i].is_command("text") && group_end(tokens, i + 1) == Some(n))
 }
 
-/// Start of a space-separated word of two or more letters that follows a digit.
+/// Start of a space-separated word of two or more letters that follows a digit or a radical
+/// (`10 cm`, `6\sqrt{3} cm`).
 fn plain_unit_start(tokens: &[Token]) -> Option<usize> {
     let word_len = tokens.iter().rev().take_while(|t| matches!(t, Token::Char(c) if c.is_ascii_alphabetic())).count();
     let space = tokens.len().checked_sub(word_len + 1)?;
-    let before_digit = space.checked_sub(1).is_some_and(|i| matches!(tokens[i], Token::Char(c) if c.is_ascii_digit()));
-    (word_len >= 2 && tokens[space] == Token::Space && before_digit).then_some(space)
+    let after_quantity = space.checked_sub(1).is_some_and(|last| ends_digit_or_radical(&tokens[..=last]));
+    (word_len >= 2 && tokens[space] == Token::Space && after_quantity).then_some(space)
+}
+
+/// True when the stream ends in a digit or in the braced argument of `\sqrt` / `\sqrt[n]`.
+fn ends_digit_or_radical(tokens: &[Token]) -> bool {
+    match tokens.last() {
+        Some(Token::Char(c)) if c.is_ascii_digit() => true,
+        Some(Token::Char('}')) => group_start(tokens).is_some_and(|open| follows_sqrt(&tokens[..open])),
+        _ => false,
+    }
+}
+
+/// Index of the `{` that the final `}` of `tokens` closes.
+fn group_start(tokens: &[Token]) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, token) in tokens.iter().enumerate().rev() {
+        if token.is_char('}') {
+            depth += 1;
+        } else if token.is_char('{') {
+            depth = depth.checked_sub(1)?;
+            if depth == 0 {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+/// True when `tokens` ends in `\sqrt` or in `\sqrt[...]`.
+fn follows_sqrt(tokens: &[Token]) -> bool {
+    let before_index = match tokens.last() {
+        Some(t) if t.is_char(']') => tokens.iter().rposition(|t| t.is_char('[')).unwrap_or(0),
+        _ => tokens.len(),
+    };
+    before_index.checked_sub(1).is_some_and(|i| tokens[i].is_command("sqrt"))
 }
 
 /// The number of arguments a command takes whose single-token form gets braced.
@@ -425,6 +451,24 @@ mod tests {
         assert_eq!(canon("10 cm"), "10");
         assert_eq!(canon(r"\text{(C)}"), "(C)");
         assert_eq!(canon(r"\boxed{\frac12}"), r"\frac{1}{2}");
+    }
+
+    #[test]
+    fn units_after_radicals_go_whatever_the_spacing() {
+        for (spelled, canonical) in [
+            (r"5\sqrt{2}\text{ cm}", r"5\sqrt{2}"),
+            (r"\sqrt 3 \mbox { units}", r"\sqrt{3}"),
+            ("2\\sqrt6\\mathrm\t{m}^2", r"2\sqrt{6}"),
+            (r"\sqrt[3]{4}\textup {cm}", r"\sqrt[3]{4}"),
+            (r"6\sqrt{3} cm", r"6\sqrt{3}"),
+            (r"\sqrt[3]{4} cm", r"\sqrt[3]{4}"),
+            (r"7\sqrt{2}\,\textnormal  { square feet}", r"7\sqrt{2}"),
+            (r"\textrm {Evelyn}", "Evelyn"),
+        ] {
+            assert_eq!(canon(spelled), canonical, "{spelled}");
+        }
+        assert_eq!(canon(r"x^{2} cm"), r"x^{2}cm", "a word is a unit only after a number or a radical");
+        assert_eq!(canon(r"[0,1] cm"), "[0,1]cm");
     }
 
     #[test]
