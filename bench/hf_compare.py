@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """whale beside Hugging Face transformers on the same checkpoint and the same inputs.
 
-Checks, on a whale checkpoint loaded as `Qwen3ForCausalLM`:
+Checks, on a whale checkpoint (Qwen3, or Llama such as SmolLM2 from `whale lm convert`) loaded
+with `AutoModelForCausalLM`:
   1. the tokenizer and chat template give the same token ids in both (64 GSM8K questions);
   2. the logits of one sequence agree within 1e-4 (the proof that whale's checkpoints are
      real Hugging Face checkpoints and that the two implementations compute the same model),
@@ -253,13 +254,13 @@ def main():
 
     model_dir = args.model or default_model()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.Qwen3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     workload = build_workload(tokenizer, args)
     with tempfile.TemporaryDirectory() as scratch:
         workload["adapter"] = str(train_adapter(model_dir, gsm8k(32, offset=args.batch), scratch))
         ours = run_whale(model_dir, workload, scratch)
-        base = transformers.Qwen3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         with torch.no_grad():
             adapted = peft.PeftModel.from_pretrained(base.eval(), workload["adapter"])
             theirs_adapted = adapted(input_ids=torch.tensor([workload["logits_input"]])).logits[0]

@@ -15,6 +15,11 @@ use std::path::{Path, PathBuf};
 pub const QWEN3_ARCHITECTURE: &str = "Qwen3ForCausalLM";
 /// The `model_type` of a Qwen3 model.
 pub const QWEN3_MODEL_TYPE: &str = "qwen3";
+/// The `architectures` entry of a Llama causal language model (SmolLM2 among them): Qwen3's
+/// decoder without the per-head norms of queries and keys, which is how this crate runs it.
+pub const LLAMA_ARCHITECTURE: &str = "LlamaForCausalLM";
+/// The `model_type` of a Llama model.
+pub const LLAMA_MODEL_TYPE: &str = "llama";
 
 /// The shape of a model: everything that fixes its parameter count apart from the vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,17 +232,41 @@ impl Qwen3Config {
 
     /// Checks that the configuration describes a model this crate can run.
     pub fn validate(&self) -> Result<(), ConfigIssue> {
-        if !self.architectures.is_empty() && !self.architectures.iter().any(|a| a == QWEN3_ARCHITECTURE) {
+        let architecture = match self.model_type.as_str() {
+            QWEN3_MODEL_TYPE => QWEN3_ARCHITECTURE,
+            LLAMA_MODEL_TYPE => LLAMA_ARCHITECTURE,
+            other => {
+                return Err(ConfigIssue::new(
+                    "model_type",
+                    format!("{other:?} is neither {QWEN3_MODEL_TYPE:?} nor {LLAMA_MODEL_TYPE:?}"),
+                ))
+            }
+        };
+        if !self.architectures.is_empty() && !self.architectures.iter().any(|a| a == architecture) {
             return Err(ConfigIssue::new(
                 "architectures",
-                format!("{:?} does not contain {QWEN3_ARCHITECTURE}", self.architectures),
+                format!("{:?} does not contain {architecture} (model_type {:?})", self.architectures, self.model_type),
             ));
         }
-        if self.model_type != QWEN3_MODEL_TYPE {
-            return Err(ConfigIssue::new("model_type", format!("{:?} is not {QWEN3_MODEL_TYPE:?}", self.model_type)));
-        }
         self.validate_sizes()?;
-        self.validate_unsupported_features()
+        self.validate_unsupported_features()?;
+        self.validate_llama_features()
+    }
+
+    /// Whether each attention head normalises its queries and keys (Qwen3) or not (Llama).
+    pub fn has_qk_norm(&self) -> bool {
+        self.model_type == QWEN3_MODEL_TYPE
+    }
+
+    /// Llama's keys that change the computation beyond what Qwen3's decoder does.
+    fn validate_llama_features(&self) -> Result<(), ConfigIssue> {
+        if self.extra.get("mlp_bias").is_some_and(|v| v.as_bool() != Some(false)) {
+            return Err(ConfigIssue::new("mlp_bias", "biases are not supported"));
+        }
+        if self.extra.get("pretraining_tp").is_some_and(|v| v.as_u64() != Some(1)) {
+            return Err(ConfigIssue::new("pretraining_tp", "only 1 is supported"));
+        }
+        Ok(())
     }
 
     fn validate_sizes(&self) -> Result<(), ConfigIssue> {
@@ -323,7 +352,7 @@ impl Qwen3Config {
         let (h, d) = (self.hidden_size, self.head_dim);
         let attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads);
         let mlp = 3 * h * self.intermediate_size;
-        let norms = 2 * h + 2 * d;
+        let norms = 2 * h + if self.has_qk_norm() { 2 * d } else { 0 };
         let embeddings = self.vocab_size * h * if self.tie_word_embeddings { 1 } else { 2 };
         self.num_hidden_layers * (attention + mlp + norms) + embeddings + h
     }
@@ -448,7 +477,8 @@ mod tests {
             (valid.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"), "num_key_value_heads"),
             (valid.replace("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""), "hidden_act"),
             (valid.replace("\"vocab_size\": 100,", ""), "vocab_size"),
-            (valid.replace("\"model_type\": \"qwen3\"", "\"model_type\": \"llama\""), "model_type"),
+            (valid.replace("\"model_type\": \"qwen3\"", "\"model_type\": \"gpt2\""), "model_type"),
+            (valid.replace("\"model_type\": \"qwen3\"", "\"model_type\": \"llama\""), "architectures"),
             (valid.replace("\"head_dim\": 16", "\"head_dim\": 15"), "head_dim"),
         ];
         for (text, key) in cases {

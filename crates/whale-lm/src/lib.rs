@@ -40,6 +40,9 @@
 //! - Qwen3.5 ([`qwen3_5`]): the hybrid Gated DeltaNet + gated-attention decoder, with its own
 //!   checkpoints, cache and PEFT adapters ([`qwen3_5::Qwen35Lora`]); the engine serves it through
 //!   [`decoder::Decoder`] and the trainer trains it as a [`train::TrainableModel`].
+//! - GGUF ([`gguf`]): llama.cpp's one-file format read with candle's reader: metadata, every
+//!   tensor dequantized to f32 or bf16, the tokenizer and chat template from the metadata, and
+//!   [`gguf::convert_to_hf`], the Hugging Face directory of a Llama GGUF.
 //! - [`bench::run_bench`] measures generation through the engine, SFT training steps and the
 //!   machine's matmul ceiling in one run, as a [`bench::BenchTable`].
 
@@ -50,6 +53,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod decoder;
 pub mod engine;
+pub mod gguf;
 mod kernels;
 pub mod lora;
 pub mod model;
@@ -71,6 +75,7 @@ pub use checkpoint::{load_model, save_model, stored_dtype, CheckpointError, Gene
 pub use config::{ConfigError, ConfigIssue, ModelSize, Qwen3Config};
 pub use decoder::{AdapterError, Decoder, DecoderCache, DecoderStep};
 pub use engine::{EngineConfig, EngineError, EngineStats, LocalPolicy};
+pub use gguf::{GgufError, GgufFile};
 pub use lora::{LoraAdapter, LoraConfig, LoraError, LoraTarget};
 pub use model::{KvCache, ModelError, Qwen3Model, SeqStep};
 pub use policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};

@@ -68,7 +68,9 @@ pub fn parameter_shapes(config: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
             ("mlp.up_proj.weight", vec![i, h]),
             ("mlp.down_proj.weight", vec![h, i]),
         ];
-        shapes.extend(layer_shapes.into_iter().map(|(name, shape)| (format!("{prefix}.{name}"), shape)));
+        let qk_norm = |name: &str| matches!(name, "self_attn.q_norm.weight" | "self_attn.k_norm.weight");
+        let kept = layer_shapes.into_iter().filter(|(name, _)| config.has_qk_norm() || !qk_norm(name));
+        shapes.extend(kept.map(|(name, shape)| (format!("{prefix}.{name}"), shape)));
     }
     shapes.push(("model.norm.weight".to_string(), vec![h]));
     if !config.tie_word_embeddings {
@@ -275,8 +277,9 @@ struct Attention {
     k_proj: Projection,
     v_proj: Projection,
     o_proj: Projection,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
+    /// Qwen3's per-head norms of queries and keys; Llama has none.
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -287,8 +290,8 @@ impl Attention {
     /// and attends over everything `kv` holds for it.
     fn forward(&self, x: &Tensor, rotary: &Rotary, kv: &StepKv, layer: usize) -> candle_core::Result<Tensor> {
         let (batch, steps, _) = x.dims3()?;
-        let q = rotary.apply(&self.heads(x, &self.q_proj, self.num_heads, Some(&self.q_norm))?)?;
-        let k = rotary.apply(&self.heads(x, &self.k_proj, self.num_kv_heads, Some(&self.k_norm))?)?;
+        let q = rotary.apply(&self.heads(x, &self.q_proj, self.num_heads, self.q_norm.as_ref())?)?;
+        let k = rotary.apply(&self.heads(x, &self.k_proj, self.num_kv_heads, self.k_norm.as_ref())?)?;
         let v = self.heads(x, &self.v_proj, self.num_kv_heads, None)?;
         let attended = kv.attend(layer, &q, &k, &v, self.scale())?;
         let merged = attended.transpose(1, 2)?.reshape((batch, steps, self.num_heads * self.head_dim))?;
@@ -534,6 +537,9 @@ impl Qwen3Model {
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for layer in 0..config.num_hidden_layers {
             let weight = |name: &str| take(&format!("model.layers.{layer}.{name}.weight"));
+            let head_norm = |name: &str| -> Result<Option<RmsNorm>, ModelError> {
+                Ok(if config.has_qk_norm() { Some(RmsNorm { weight: weight(name)?, eps }) } else { None })
+            };
             let projection = |target: LoraTarget| -> Result<Projection, ModelError> {
                 let lora = adapter.and_then(|adapter| {
                     let (a, b) = adapter.matrices(layer, target)?;
@@ -548,8 +554,8 @@ impl Qwen3Model {
                     k_proj: projection(LoraTarget::KProj)?,
                     v_proj: projection(LoraTarget::VProj)?,
                     o_proj: projection(LoraTarget::OProj)?,
-                    q_norm: RmsNorm { weight: weight("self_attn.q_norm")?, eps },
-                    k_norm: RmsNorm { weight: weight("self_attn.k_norm")?, eps },
+                    q_norm: head_norm("self_attn.q_norm")?,
+                    k_norm: head_norm("self_attn.k_norm")?,
                     num_heads: config.num_attention_heads,
                     num_kv_heads: config.num_key_value_heads,
                     head_dim: config.head_dim,

@@ -64,10 +64,16 @@ impl Tokenizer {
         let file = path.as_ref();
         let json = std::fs::read_to_string(file)
             .map_err(|e| TokenizerError::Read { file: file.to_path_buf(), reason: e.to_string() })?;
-        let inner = tokenizers::Tokenizer::from_str(&json)
-            .map_err(|e| TokenizerError::Parse { file: file.to_path_buf(), reason: e.to_string() })?;
+        Self::from_json(&json, file)
+    }
+
+    /// Parses the text of a `tokenizer.json` (made in memory, e.g. from a GGUF's metadata);
+    /// `source` names where it came from in errors. It must contain the three ChatML specials.
+    pub fn from_json(json: &str, source: &Path) -> Result<Self, TokenizerError> {
+        let inner = tokenizers::Tokenizer::from_str(json)
+            .map_err(|e| TokenizerError::Parse { file: source.to_path_buf(), reason: e.to_string() })?;
         let specials = resolve_specials(&inner)
-            .map_err(|token| TokenizerError::MissingSpecial { file: file.to_path_buf(), token })?;
+            .map_err(|token| TokenizerError::MissingSpecial { file: source.to_path_buf(), token })?;
         Ok(Self { inner, specials })
     }
 

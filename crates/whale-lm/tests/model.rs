@@ -8,10 +8,14 @@ use common::*;
 use whale_lm::train::{completion_loss, SftBatch};
 use whale_lm::{ModelError, Qwen3Config, Qwen3Model, SeqStep, SftExample};
 
+/// Both decoders this model runs: Qwen3, and Llama (no per-head norms of queries and keys).
+fn both_architectures(tied: bool, seed: u64) -> [Qwen3Model; 2] {
+    [tiny_model(tied, seed), tiny_llama(tied, seed)]
+}
+
 #[test]
 fn matches_an_independent_reference_implementation() {
-    for tied in [true, false] {
-        let model = tiny_model(tied, 11);
+    for (tied, model) in [true, false].into_iter().flat_map(|tied| both_architectures(tied, 11).map(|m| (tied, m))) {
         let tokens = random_tokens(&mut rng(1), 9);
         let ours = full_logits(&model, &tokens);
         let reference = reference_logits(model.config(), &weights_of(&model), &tokens);
@@ -29,21 +33,21 @@ fn matches_an_independent_reference_implementation() {
 
 #[test]
 fn parameters_match_the_configuration() {
-    for tied in [true, false] {
-        let model = tiny_model(tied, 3);
+    for (tied, model) in [true, false].into_iter().flat_map(|tied| both_architectures(tied, 3).map(|m| (tied, m))) {
         let params = model.named_parameters();
         let count: usize = params.iter().map(|(_, var)| var.elem_count()).sum();
         assert_eq!(count, model.config().parameter_count());
         let has_head = params.iter().any(|(name, _)| name == "lm_head.weight");
         assert_eq!(has_head, !tied);
         assert_eq!(params.len(), model.varmap().all_vars().len());
+        let norms = params.iter().filter(|(name, _)| name.ends_with("q_norm.weight")).count();
+        assert_eq!(norms, if model.config().has_qk_norm() { model.config().num_hidden_layers } else { 0 });
     }
 }
 
 #[test]
 fn every_parameter_receives_a_nonzero_gradient() {
-    for tied in [true, false] {
-        let model = tiny_model(tied, 5);
+    for model in [true, false].into_iter().flat_map(|tied| both_architectures(tied, 5)) {
         let mut rng = rng(2);
         let examples: Vec<SftExample> = (0..3)
             .map(|i| SftExample { prompt: random_tokens(&mut rng, 3 + i), completion: random_tokens(&mut rng, 4) })

@@ -286,3 +286,20 @@ fn a_bf16_model_trains_through_f32_master_copies_and_resumes_exactly() {
     assert_eq!(resumed_stats, straight_stats[2..]);
     assert_eq!(weights_of(resumed.model()), trained);
 }
+
+#[test]
+fn a_llama_model_learns_and_comes_back_from_its_checkpoint() {
+    let mut trainer = SftTrainer::new(tiny_llama(false, 53), config()).unwrap();
+    let data = examples(4, 4);
+    let first = trainer.step(&data).unwrap();
+    let last = (1..40).map(|_| trainer.step(&data).unwrap()).last().unwrap();
+    assert!(last.loss < 0.5 * first.loss, "{} -> {}", first.loss, last.loss);
+    let dir = tempfile::tempdir().unwrap();
+    trainer.save(dir.path(), &GenerationConfig::for_model(trainer.model().config())).unwrap();
+    let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    assert!(config.contains("\"model_type\": \"llama\"") && config.contains("LlamaForCausalLM"), "{config}");
+    let loaded = whale_lm::load_model(dir.path(), DType::F32, &Device::Cpu).unwrap();
+    assert!(!loaded.config().has_qk_norm());
+    let tokens = random_tokens(&mut rng(9), 7);
+    assert_eq!(full_logits(&loaded, &tokens), full_logits(trainer.model(), &tokens));
+}

@@ -91,11 +91,19 @@ impl DecoderLayer {
 
 impl Attention {
     fn forward_packed(&self, x: &Tensor, pass: &PackedPass) -> candle_core::Result<Tensor> {
-        let q = kernels::rope(&self.q_norm.forward_rows(&self.q_proj.forward(x)?)?, &pass.cos, &pass.sin)?;
-        let k = kernels::rope(&self.k_norm.forward_rows(&self.k_proj.forward(x)?)?, &pass.cos, &pass.sin)?;
+        let q = kernels::rope(&normed_rows(self.q_norm.as_ref(), self.q_proj.forward(x)?)?, &pass.cos, &pass.sin)?;
+        let k = kernels::rope(&normed_rows(self.k_norm.as_ref(), self.k_proj.forward(x)?)?, &pass.cos, &pass.sin)?;
         let v = self.v_proj.forward(x)?;
         let attended = kernels::attention(&q, &k, &v, &pass.lengths, self.head_dim, self.scale())?;
         self.o_proj.forward(&attended)
+    }
+}
+
+/// Each head of a projection normalised by `norm`, or as it is when the model has no such norm.
+fn normed_rows(norm: Option<&RmsNorm>, x: Tensor) -> candle_core::Result<Tensor> {
+    match norm {
+        Some(norm) => norm.forward_rows(&x),
+        None => Ok(x),
     }
 }
 

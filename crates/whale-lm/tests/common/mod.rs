@@ -21,6 +21,15 @@ pub fn tiny_config(tied: bool) -> Qwen3Config {
 
 /// A tiny model whose weights are larger than the HF initialisation so that logits vary
 /// clearly with the input (std 0.02 makes every distribution almost uniform).
+/// [`tiny_model`] with Llama's configuration: no per-head norms of queries and keys.
+pub fn tiny_llama(tied: bool, seed: u64) -> Qwen3Model {
+    let mut config = tiny_config(tied);
+    config.initializer_range = 0.2;
+    config.model_type = whale_lm::config::LLAMA_MODEL_TYPE.to_string();
+    config.architectures = vec![whale_lm::config::LLAMA_ARCHITECTURE.to_string()];
+    Qwen3Model::new_random(&config, seed, DType::F32, &Device::Cpu).unwrap()
+}
+
 pub fn tiny_model(tied: bool, seed: u64) -> Qwen3Model {
     let mut config = tiny_config(tied);
     config.initializer_range = 0.2;
@@ -131,13 +140,18 @@ pub fn reference_logits(config: &Qwen3Config, weights: &HashMap<String, Vec<f32>
         let mut k = Vec::new();
         let mut v = Vec::new();
         for (position, x) in normed.iter().enumerate() {
+            // Qwen3 normalises each head of the queries and keys; Llama does not.
+            let head_norm = |head: &Vec<f64>, name: &str| match config.has_qk_norm() {
+                true => rms_norm(head, w(&p(name)), eps),
+                false => head.clone(),
+            };
             let qh: Vec<Vec<f64>> = split(project("self_attn.q_proj", x, heads * d), heads)
                 .iter()
-                .map(|head| rope(&rms_norm(head, w(&p("self_attn.q_norm")), eps), position, config))
+                .map(|head| rope(&head_norm(head, "self_attn.q_norm"), position, config))
                 .collect();
             let kh: Vec<Vec<f64>> = split(project("self_attn.k_proj", x, kv_heads * d), kv_heads)
                 .iter()
-                .map(|head| rope(&rms_norm(head, w(&p("self_attn.k_norm")), eps), position, config))
+                .map(|head| rope(&head_norm(head, "self_attn.k_norm"), position, config))
                 .collect();
             q.push(qh);
             k.push(kh);

@@ -65,8 +65,9 @@ pub enum HarnessCommand {
 
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// A model directory in the Hugging Face layout (default: the base model of the harness's
-    /// domain, trained on first use).
+    /// A model directory in the Hugging Face layout, or a GGUF file or `smollm2` (converted once
+    /// into $WHALE_HOME/models) (default: the base model of the harness's domain, trained on
+    /// first use).
     #[arg(long)]
     model: Option<PathBuf>,
 }
@@ -186,7 +187,7 @@ fn resolve(argument: &str, domain: Option<Domain>) -> Result<NamedHarness> {
 /// The model of `--model`, else the base model that serves `domain`.
 fn load_policy(args: &ModelArgs, domain: Domain) -> Result<Arc<dyn Policy>> {
     let dir = match &args.model {
-        Some(dir) => dir.clone(),
+        Some(given) => super::lm::model_dir(given)?,
         None => whale_pretrain::ensure_base_model(domain)
             .with_context(|| format!("cannot prepare the {domain} base model"))?,
     };

