@@ -35,6 +35,7 @@ use crate::config::{ModelSize, Qwen3Config};
 use crate::engine::{EngineConfig, EngineError, LocalPolicy};
 use crate::model::{ModelError, Qwen3Model};
 use crate::policy::PolicyError;
+use crate::qwen3_5::{Qwen35Config, Qwen35Model, Qwen35Size};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use crate::train::{SftExample, SftTrainer, TrainError, TrainerConfig};
@@ -247,6 +248,26 @@ pub fn random_model(vocab_size: usize, device: &Device) -> Result<(Tokenizer, Qw
     let config = Qwen3Config::with_size(tokenizer.vocab_size(), ModelSize::BASE);
     let model = Qwen3Model::new_random(&config, 7, DType::F32, device)?;
     let name = format!("random ModelSize::BASE, vocabulary {}", tokenizer.vocab_size());
+    Ok((tokenizer, model, name))
+}
+
+/// [`random_model`]'s tokenizer under a random Qwen3.5 of `size` (seed 7), as long a context as
+/// that model's, and its description: what `whale lm random --shape qwen3.5-tiny` writes.
+pub fn random_qwen35(
+    vocab_size: usize,
+    size: Qwen35Size,
+    device: &Device,
+) -> Result<(Tokenizer, Qwen35Model, String), BenchError> {
+    let (tokenizer, qwen3, _) = random_model(vocab_size, &Device::Cpu)?;
+    let mut config = Qwen35Config::text(tokenizer.vocab_size(), size);
+    config.max_position_embeddings = qwen3.config().max_position_embeddings;
+    let model = Qwen35Model::new_random(&config, 7, DType::F32, device)?;
+    let name = format!(
+        "random Qwen3.5 ({} wide, {} layers), vocabulary {}",
+        size.hidden_size,
+        size.num_hidden_layers,
+        tokenizer.vocab_size()
+    );
     Ok((tokenizer, model, name))
 }
 

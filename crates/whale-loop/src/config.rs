@@ -10,6 +10,7 @@
 use crate::condition::Condition;
 use crate::scale_out::server::ServerConfig;
 use crate::scale_out::trainer_command::TrainerCommandConfig;
+use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use whale_core::Domain;
@@ -80,6 +81,32 @@ pub struct ModelConfig {
     /// Most padded prompt tokens (sequences x longest prompt) prefilled in one forward pass.
     /// Small suits a CPU, where padding costs more than batching saves; raise it on a GPU.
     pub max_prefill_tokens: usize,
+}
+
+impl ModelConfig {
+    /// The dtype `dtype` names (validated: f32 or bf16). A bf16 model keeps its weights and
+    /// activations in bf16; its trainer keeps f32 master copies of them (`whale_lm::SftTrainer`).
+    pub fn candle_dtype(&self) -> DType {
+        match self.dtype.as_str() {
+            "bf16" => DType::BF16,
+            _ => DType::F32,
+        }
+    }
+
+    /// Opens the device `device` names: the CPU, or CUDA device 0. `cuda` in a build without the
+    /// `cuda` feature is refused before anything is tried; every refusal names the field.
+    pub fn open_device(&self) -> Result<Device, String> {
+        match self.device.as_str() {
+            "cuda" if !candle_core::utils::cuda_is_available() => Err("model.device = \"cuda\": this whale was \
+                 built without the `cuda` feature (build one with scripts/cuda-build.sh, or \
+                 `cargo build --release -p whale --features cuda`)"
+                .to_string()),
+            "cuda" => {
+                Device::new_cuda(0).map_err(|e| format!("model.device = \"cuda\": cannot open CUDA device 0: {e}"))
+            }
+            _ => Ok(Device::Cpu),
+        }
+    }
 }
 
 impl Default for ModelConfig {
@@ -710,6 +737,32 @@ mod tests {
         let error = parse("[model]\ndtype = \"fp16\"\n").expect_err("dtype");
         assert!(error.to_string().contains("model.dtype") && error.to_string().contains("fp16"), "{error}");
         parse("[model]\ndtype = \"bf16\"\n").expect("bf16");
+    }
+
+    /// What `[model]` selects, checked without a GPU. A config naming `cuda` loads in any build
+    /// (a CPU build still reads a GPU run's directory); opening the device is what is refused,
+    /// naming the field: by a build without the `cuda` feature, and by one with it on a machine
+    /// without a GPU (such as scripts/cuda-build.sh's stub driver).
+    #[test]
+    fn the_model_table_selects_the_device_and_dtype() {
+        let cpu = parse("").expect("the default").model;
+        assert!(matches!(cpu.open_device(), Ok(Device::Cpu)));
+        assert_eq!(cpu.candle_dtype(), DType::F32);
+        let bf16 = parse("[model]\ndtype = \"bf16\"\n").expect("bf16").model;
+        assert_eq!(bf16.candle_dtype(), DType::BF16, "a bf16 run loads its model in bf16");
+        let cuda = parse("[model]\ndevice = \"cuda\"\n").expect("a cuda config loads in any build").model;
+        match (candle_core::utils::cuda_is_available(), cuda.open_device()) {
+            (false, Err(error)) => {
+                assert!(error.starts_with("model.device = \"cuda\"") && error.contains("`cuda` feature"), "{error}")
+            }
+            (true, Err(error)) => {
+                assert!(error.starts_with("model.device = \"cuda\": cannot open CUDA device 0"), "{error}")
+            }
+            (true, Ok(device)) => assert!(device.is_cuda()),
+            (false, Ok(device)) => panic!("a build without the cuda feature opened {device:?}"),
+        }
+        let error = parse("[model]\ndevice = \"gpu\"\n").expect_err("gpu");
+        assert!(error.to_string().contains("model.device") && error.to_string().contains("`gpu`"), "{error}");
     }
 
     #[test]

@@ -365,3 +365,15 @@ fn lm_random_writes_the_serve_bench_model_as_a_loadable_checkpoint_the_same_each
     let prompt = codec.prompt_ids(&[whale_core::ChatMessage::new("user", "What is 2 + 3?")]).expect("a prompt");
     assert!(!prompt.is_empty() && prompt.iter().all(|&id| id < 8192), "{prompt:?}");
 }
+
+#[test]
+fn lm_random_writes_a_tiny_qwen3_5_on_the_same_tokenizer_that_the_engine_loads() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let dir = home.path().join("q");
+    let printed = succeed(home.path(), &["lm", "random", "--shape", "qwen3.5-tiny", "-o", path(&dir)]);
+    assert!(printed.contains("random Qwen3.5 (64 wide, 4 layers), vocabulary 8192"), "{printed}");
+    let decoder = whale_lm::Decoder::load(&dir, DType::F32, &Device::Cpu).expect("a Qwen3.5 checkpoint loads");
+    assert_eq!((decoder.architecture(), decoder.vocab_size()), ("Qwen3.5", 8192));
+    let codec = ChatCodec::load(&dir).expect("its tokenizer and chat template load");
+    assert!(!codec.prompt_ids(&[whale_core::ChatMessage::new("user", "What is 2 + 3?")]).expect("a prompt").is_empty());
+}
