@@ -4,7 +4,7 @@
 //! except, at worst, one torn last summary line, which [`read_lines`] drops.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 /// Prefix of names still being written; readers skip them.
@@ -63,18 +63,26 @@ pub(crate) fn read_lines(path: &Path) -> io::Result<Vec<String>> {
     Ok(text[..complete].lines().filter(|line| !line.trim().is_empty()).map(str::to_string).collect())
 }
 
-/// Cuts a last line without its newline off an append-only file.
+/// Cuts a last line without its newline off an append-only file. Only the last byte is read
+/// unless the line is torn (the usual case costs one byte, not the whole file per append).
 fn cut_torn_line(path: &Path) -> io::Result<()> {
-    let bytes = match fs::read(path) {
-        Ok(bytes) => bytes,
+    let mut file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(file) => file,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(error) => return Err(error),
     };
-    if bytes.last().is_none_or(|&last| last == b'\n') {
+    let len = file.metadata()?.len();
+    if len == 0 {
         return Ok(());
     }
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::Start(len - 1))?;
+    file.read_exact(&mut last)?;
+    if last[0] == b'\n' {
+        return Ok(());
+    }
+    let bytes = fs::read(path)?;
     let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |end| end + 1);
-    let file = OpenOptions::new().write(true).open(path)?;
     file.set_len(complete as u64)?;
     file.sync_all()
 }
