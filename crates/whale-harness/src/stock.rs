@@ -45,11 +45,12 @@ macro_rules! domain {
 }
 
 /// Every stock harness, by domain, the plain one first.
-pub const STOCK_HARNESSES: [StockHarness; 13] = [
+pub const STOCK_HARNESSES: [StockHarness; 15] = [
     stock!(math, "plain"),
     stock!(math, "calculator"),
     stock!(math, "vote"),
     stock!(math, "verify"),
+    stock!(math, "fewshot"),
     stock!(chess, "plain"),
     stock!(chess, "legal-moves"),
     stock!(chess, "san-moves"),
@@ -59,6 +60,7 @@ pub const STOCK_HARNESSES: [StockHarness; 13] = [
     stock!(qa, "search"),
     stock!(qa, "rewrite"),
     stock!(qa, "two-hop"),
+    stock!(qa, "passages"),
 ];
 
 /// The stock harness called `name` (`math/plain`).
