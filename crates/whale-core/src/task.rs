@@ -4,7 +4,8 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// The three domains whale knows.
+/// The three domains whale knows, by the name files and configs spell. What a domain does is
+/// `whale_tasks::TaskDomain`, found for an identifier by `whale_tasks::task_domain`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
 pub enum Domain {
@@ -34,12 +35,12 @@ impl fmt::Display for Domain {
 impl FromStr for Domain {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "math" => Ok(Domain::Math),
-            "chess" => Ok(Domain::Chess),
-            "qa" => Ok(Domain::Qa),
-            other => Err(format!("unknown domain `{other}` (expected math, chess or qa)")),
-        }
+        let name = s.to_ascii_lowercase();
+        Domain::ALL.into_iter().find(|d| d.as_str() == name).ok_or_else(|| {
+            let names: Vec<&str> = Domain::ALL.iter().map(|d| d.as_str()).collect();
+            let (last, rest) = names.split_last().expect("at least one domain");
+            format!("unknown domain `{name}` (expected {} or {last})", rest.join(", "))
+        })
     }
 }
 
@@ -61,4 +62,18 @@ pub struct Task {
     pub payload: serde_json::Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<Split>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_domain_parses_from_its_name_in_any_case_and_others_are_named_in_the_error() {
+        for domain in Domain::ALL {
+            assert_eq!(domain.as_str().parse::<Domain>(), Ok(domain));
+            assert_eq!(domain.as_str().to_uppercase().parse::<Domain>(), Ok(domain));
+        }
+        assert_eq!("Poker".parse::<Domain>(), Err("unknown domain `poker` (expected math, chess or qa)".to_string()));
+    }
 }

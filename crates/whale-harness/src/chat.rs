@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 use whale_core::ChatMessage;
-use whale_lm::SamplingParams;
+use whale_policy::SamplingParams;
 use whale_tasks::json_kind;
 
 /// The option names `ctx.llm.chat` accepts.

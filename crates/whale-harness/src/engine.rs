@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use whale_core::{ErrorKind, Trajectory};
-use whale_lm::{Policy, SamplingParams};
+use whale_policy::{Policy, SamplingParams};
 
 /// Default number of rollout threads.
 pub const DEFAULT_THREADS: usize = 64;

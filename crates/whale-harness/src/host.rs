@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 use whale_core::{ErrorKind, ModelCall, ToolCall, Verdict};
-use whale_lm::{ChatRequest, FinishReason, Policy, PolicyError, SamplingParams};
+use whale_policy::{ChatRequest, FinishReason, Policy, PolicyError, SamplingParams};
 use whale_tasks::{Episode, ToolSpec};
 
 /// A host call that did not succeed.

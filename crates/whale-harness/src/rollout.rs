@@ -13,7 +13,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 use whale_core::{ErrorKind, RolloutError, Trajectory, Verdict, WallTime};
-use whale_lm::{Policy, SamplingParams};
+use whale_policy::{Policy, SamplingParams};
 use whale_tasks::Episode;
 
 /// Where a rollout's episode comes from: built already, or built on the worker thread when the

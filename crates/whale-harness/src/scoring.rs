@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use whale_core::metrics::{self, Scores, TaskSamples};
 use whale_core::{Domain, ErrorKind, Task, Trajectory};
-use whale_lm::{Policy, SamplingParams};
-use whale_tasks::{math, qa, DomainTasks, Environment, EnvironmentError, QaCorpus};
+use whale_policy::{Policy, SamplingParams};
+use whale_tasks::{task_domain, CorpusSource, DomainTasks, Environment, EnvironmentError};
 
 /// How to run an evaluation.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,9 +113,9 @@ pub enum EvaluateError {
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(
-        "the QA corpus is empty: these tasks carry no context paragraphs to search; pass a corpus file (--corpus)"
+        "the {0} corpus is empty: these tasks carry no context paragraphs to search; pass a corpus file (--corpus)"
     )]
-    EmptyCorpus,
+    EmptyCorpus(String),
 }
 
 /// The seed of rollout `sample` of the task at `task_index`: a SplitMix64 mix of the three,
@@ -127,22 +127,19 @@ pub fn rollout_seed(seed: u64, task_index: usize, sample: usize) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The environment for `tasks` of `domain`. QA searches the corpus file when one is given,
-/// else the tasks' own context paragraphs, indexed in memory or in `index_dir`.
+/// The environment for `tasks` of `domain`. A domain that searches a corpus (QA) searches the
+/// corpus file when one is given, else the tasks' own context paragraphs, indexed in memory or
+/// in `index_dir`, and refuses a corpus with nothing in it.
 pub fn environment(
     domain: Domain,
     tasks: &[Task],
     corpus: Option<&Path>,
     index_dir: Option<&Path>,
 ) -> Result<Environment, EvaluateError> {
-    if domain != Domain::Qa {
-        return Ok(Environment::for_tasks(domain, tasks)?);
-    }
-    let source = corpus.map_or(QaCorpus::TaskContexts(tasks), QaCorpus::File);
-    let environment = Environment::qa(source, index_dir, qa::QaConfig::default())?;
-    match &environment {
-        Environment::Qa { retriever, .. } if retriever.is_empty() => Err(EvaluateError::EmptyCorpus),
-        _ => Ok(environment),
+    let environment = task_domain(domain).environment(tasks, CorpusSource { file: corpus, index_dir })?;
+    match environment.passages() {
+        Some(0) => Err(EvaluateError::EmptyCorpus(domain.as_str().to_uppercase())),
+        Some(_) | None => Ok(environment),
     }
 }
 
@@ -251,22 +248,11 @@ pub fn error_kind_name(kind: ErrorKind) -> String {
     serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| format!("{kind:?}"))
 }
 
-/// The rollout's answer in a form where equal answers are equal strings, for maj@k: math
-/// answers as exact numbers where they are numbers (`1,000.0` and `1000` vote together), QA
-/// answers SQuAD-normalised, chess answers as the moves played.
+/// The rollout's answer in a form where equal answers are equal strings, for maj@k, as its
+/// domain declares it ([`TaskDomain::answer_key`](whale_tasks::TaskDomain::answer_key)); none
+/// for a rollout without an answer or with an empty key.
 fn answer_key(domain: Domain, trajectory: &Trajectory) -> Option<String> {
-    let answer = trajectory.answer.as_ref()?;
-    let key = match (domain, answer) {
-        (Domain::Chess, serde_json::Value::Array(moves)) => {
-            moves.iter().filter_map(|m| m.as_str()).collect::<Vec<_>>().join(" ")
-        }
-        (Domain::Math, serde_json::Value::String(text)) => {
-            let extracted = math::extract_answer(text, &math::DEFAULT_ORDER).unwrap_or_else(|| text.trim().to_string());
-            math::calculate(&extracted.replace(',', "")).map_or(extracted, |value| value.0.to_string())
-        }
-        (Domain::Qa, serde_json::Value::String(text)) => qa::normalize_answer(text),
-        (_, other) => other.to_string(),
-    };
+    let key = task_domain(domain).answer_key(trajectory.answer.as_ref()?);
     (!key.is_empty()).then_some(key)
 }
 

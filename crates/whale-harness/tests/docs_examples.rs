@@ -6,7 +6,7 @@ use common::{arithmetic_job, run, sum_in, Sequence};
 use serde_json::json;
 use std::sync::Arc;
 use whale_harness::{validate, EpisodeSource, Harness, Limits, RolloutJob};
-use whale_lm::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 
 fn examples() -> Vec<String> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/harness-api.md");

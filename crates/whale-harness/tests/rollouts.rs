@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Seek};
 use std::sync::Arc;
 use whale_core::{ChatMessage, ErrorKind, Trajectory};
 use whale_harness::{call_seed, run_rollouts, EngineError, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
-use whale_lm::{ChatRequest, Completion, Policy, PolicyError};
+use whale_policy::{ChatRequest, Completion, Policy, PolicyError};
 
 const CALCULATING: &str = r#"
 export const meta = { name: "calculating" };
@@ -178,7 +178,7 @@ impl Policy for PickyPolicy {
             text: "ok".into(),
             token_ids: vec![],
             logprobs: vec![],
-            finish_reason: whale_lm::FinishReason::Stop,
+            finish_reason: whale_policy::FinishReason::Stop,
             prompt_tokens: 1,
             completion_tokens: 1,
         })

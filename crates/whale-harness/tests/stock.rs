@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use whale_core::{Domain, Task, Trajectory};
 use whale_harness::{run_rollouts, stock_harness, EpisodeSource, Limits, RolloutJob, RunOptions};
-use whale_lm::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 use whale_tasks::qa::QaPayload;
 use whale_tasks::{DomainTasks, Environment};
 

@@ -4,11 +4,16 @@
 //! model-FLOPs utilisation (MFU).
 //!
 //! Model FLOPs count the useful arithmetic of the model, not what the implementation happens
-//! to spend (padding, masked attention cells). With `B` the parameters of the decoder layers'
-//! matrices, `H` those of the LM head, `L` layers of `A` query heads of size `d`, a forward
-//! pass over `n` tokens at positions `p` (0-based, each attending to `p + 1` keys) that
-//! computes logits for `m` of them costs
-//! `2·B·n + 2·H·m + 4·L·A·d·Σ(p + 1)` (projections and MLP, LM head, `QKᵀ` and `PV`).
+//! to spend (padding, masked attention cells, the chunked form of the delta rule). With `B` the
+//! parameters of the decoder layers' matrices (and Qwen3.5's depthwise convolutions), `H` those
+//! of the LM head, `L` full-attention layers of `A` query heads of size `d`, and `R` the FLOPs of
+//! one token through the delta-rule recurrences of Qwen3.5's Gated DeltaNet layers (0 for
+//! Qwen3), a forward pass over `n` tokens at positions `p` (0-based, each attending to `p + 1`
+//! keys) that computes logits for `m` of them costs
+//! `2·B·n + 2·H·m + 4·L·A·d·Σ(p + 1) + R·n` (projections and MLP, LM head, `QKᵀ` and `PV`,
+//! recurrences). Per layer of `V` value heads with `k`-by-`v` states, `R` counts three products
+//! of a state with a vector (the read-out before the update, the rank-one update, the output):
+//! `6·V·k·v`.
 //! - Generation of `c` tokens after a prompt of `P`: the prompt and `c - 1` sampled tokens are
 //!   fed and `c` logit rows computed, so `n = P + c - 1`, `m = c` — about `2·(B + H)` per
 //!   token plus attention. Tokens/s counts generated tokens; the time includes the prefill.
@@ -17,7 +22,8 @@
 //!   and scores its completion tokens (`m`). Tokens/s counts positions fed.
 //!
 //! Embedding lookups and norms are left out (no matmul). Without a model directory the bench
-//! serves a fresh random model of [`ModelSize::BASE`] with a byte-level BPE trained on text
+//! serves a fresh random model, built in memory: [`ModelSize::BASE`], or a Qwen3.5 of a
+//! [`Qwen35Size`] such as Qwen3.5-0.8B's layers, with a byte-level BPE trained on text
 //! generated here (arithmetic word problems over made-up names and items, see
 //! [`synthetic_corpus`]), so it runs anywhere without downloads.
 
@@ -29,22 +35,25 @@ use candle_core::{DType, Device, Tensor};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use whale_policy::{PolicyError, SamplingParams};
 
 use crate::chat_template::ChatTemplate;
-use crate::config::{ModelSize, Qwen3Config};
+use crate::decoder::Decoder;
 use crate::engine::{EngineConfig, EngineError, LocalPolicy};
-use crate::model::{ModelError, Qwen3Model};
-use crate::policy::PolicyError;
-use crate::qwen3_5::{Qwen35Config, Qwen35Model, Qwen35Size};
-use crate::sampling::SamplingParams;
+use crate::qwen3::config::{ModelSize, Qwen3Config};
+use crate::qwen3::model::{ModelError, Qwen3Model};
+use crate::qwen3_5::{parameter_shapes, LayerKind, Qwen35Config, Qwen35Model, Qwen35Size};
 use crate::tokenizer::{Tokenizer, TokenizerError};
-use crate::train::{SftExample, SftTrainer, TrainError, TrainerConfig};
+use crate::train::{SftExample, SftTrainer, TrainError, TrainableModel, TrainerConfig};
 
 /// What to measure.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchConfig {
-    /// A Hugging Face model directory; `None` uses a random [`ModelSize::BASE`] model.
+    /// A Hugging Face model directory (Qwen3 or Qwen3.5); `None` uses a random model.
     pub model_dir: Option<PathBuf>,
+    /// The random model's shape: a Qwen3.5 of this size ([`random_qwen35`]), or `None` for the
+    /// [`ModelSize::BASE`] Qwen3 ([`random_model`]).
+    pub random_qwen35: Option<Qwen35Size>,
     /// The numbers of concurrent requests to time generation at.
     pub batch_sizes: Vec<usize>,
     /// Prompt length of each generation request.
@@ -55,7 +64,7 @@ pub struct BenchConfig {
     pub train_examples: usize,
     pub train_prompt_tokens: usize,
     pub train_completion_tokens: usize,
-    /// Timed SFT steps, after one untimed warm-up step.
+    /// Timed SFT steps, after one untimed warm-up step; 0 leaves the training row out.
     pub train_steps: usize,
     /// Side of the square f32 matrices multiplied to find the ceiling, and how many products
     /// to time (the fastest counts).
@@ -69,6 +78,7 @@ impl Default for BenchConfig {
     fn default() -> Self {
         Self {
             model_dir: None,
+            random_qwen35: None,
             batch_sizes: vec![1, 8, 64],
             prompt_tokens: 32,
             new_tokens: 64,
@@ -161,20 +171,26 @@ impl fmt::Display for BenchTable {
 /// matmul ceiling is timed before and after the workloads and the best counts, so a moment of
 /// contention on a shared machine does not lower it.
 ///
-/// The SFT steps update the served model's weights in memory (nothing is written to disk), so
-/// they run after the generation measurements.
+/// The SFT steps (of either architecture, through [`SftTrainer`]) update the served model's
+/// weights in memory (nothing is written to disk), so they run after the generation
+/// measurements.
 pub fn run_bench(config: &BenchConfig, device: &Device) -> Result<BenchTable, BenchError> {
     validate(config)?;
     let ceiling_before = matmul_ceiling(config.matmul_size, config.matmul_repeats, device)?;
     let (policy, model_name) = bench_policy(config, device)?;
-    let model = policy.qwen3("whale lm bench")?;
-    let flops = FlopModel::new(model.config());
+    let decoder = policy.decoder();
+    let flops = FlopModel::new(&decoder);
     let text_ids = corpus_ids(policy.tokenizer(), config.prompt_tokens.max(config.train_prompt_tokens) * 64)?;
     let mut rows = Vec::new();
     for &batch in &config.batch_sizes {
         rows.push(generation_row(&policy, &flops, &text_ids, batch, config)?);
     }
-    rows.push(training_row(&model, &flops, &text_ids, config)?);
+    if config.train_steps > 0 {
+        rows.push(match &decoder {
+            Decoder::Qwen3(model) => training_row(model, &flops, &text_ids, config)?,
+            Decoder::Qwen35(model) => training_row(model, &flops, &text_ids, config)?,
+        });
+    }
     let ceiling_after = matmul_ceiling(config.matmul_size, config.matmul_repeats, device)?;
     let matmul_flops_per_second = ceiling_before.max(ceiling_after);
     for row in &mut rows {
@@ -183,7 +199,7 @@ pub fn run_bench(config: &BenchConfig, device: &Device) -> Result<BenchTable, Be
     Ok(BenchTable {
         model: model_name,
         device: format!("{device:?}"),
-        parameters: model.config().parameter_count(),
+        parameters: parameter_count(&decoder),
         matmul_flops_per_second,
         matmul_size: config.matmul_size,
         rows,
@@ -197,7 +213,6 @@ fn validate(config: &BenchConfig) -> Result<(), BenchError> {
         ("train_examples", config.train_examples),
         ("train_prompt_tokens", config.train_prompt_tokens),
         ("train_completion_tokens", config.train_completion_tokens),
-        ("train_steps", config.train_steps),
         ("matmul_size", config.matmul_size),
         ("matmul_repeats", config.matmul_repeats),
     ];
@@ -235,40 +250,71 @@ fn bench_policy(config: &BenchConfig, device: &Device) -> Result<(LocalPolicy, S
         let policy = LocalPolicy::load(dir, DType::F32, device, engine)?;
         return Ok((policy, dir.display().to_string()));
     }
-    let (tokenizer, model, name) = random_model(config.random_vocab_size, device)?;
+    let (model, tokenizer, name): (Decoder, _, _) = match config.random_qwen35 {
+        Some(size) => {
+            let (tokenizer, model, name) = random_qwen35(config.random_vocab_size, size, DType::F32, device)?;
+            (model.into(), tokenizer, name)
+        }
+        None => {
+            let (tokenizer, model, name) = random_model(config.random_vocab_size, device)?;
+            (model.into(), tokenizer, name)
+        }
+    };
     Ok((LocalPolicy::new(model, tokenizer, ChatTemplate::chatml(), engine)?, name))
 }
 
-/// The model a bench measures when given none: [`ModelSize::BASE`] with random weights and a
-/// byte-level BPE of `vocab_size` ids trained on the synthetic text (both seeded, so every
-/// bench and `whale lm random` get the same one), and its description.
-pub fn random_model(vocab_size: usize, device: &Device) -> Result<(Tokenizer, Qwen3Model, String), BenchError> {
+/// The byte-level BPE of `vocab_size` ids that every random model uses, trained on the
+/// synthetic text (seeded, so every bench and `whale lm random` get the same one).
+fn random_tokenizer(vocab_size: usize) -> Result<Tokenizer, BenchError> {
     let corpus = synthetic_corpus(20_000, 7);
-    let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), vocab_size)?;
+    Ok(Tokenizer::train_bpe(corpus.iter().map(String::as_str), vocab_size)?)
+}
+
+/// The model a bench measures when given none: [`ModelSize::BASE`] with random weights (seed
+/// 7) and [`random_tokenizer`]'s BPE, and its description.
+pub fn random_model(vocab_size: usize, device: &Device) -> Result<(Tokenizer, Qwen3Model, String), BenchError> {
+    let tokenizer = random_tokenizer(vocab_size)?;
     let config = Qwen3Config::with_size(tokenizer.vocab_size(), ModelSize::BASE);
     let model = Qwen3Model::new_random(&config, 7, DType::F32, device)?;
     let name = format!("random ModelSize::BASE, vocabulary {}", tokenizer.vocab_size());
     Ok((tokenizer, model, name))
 }
 
-/// [`random_model`]'s tokenizer under a random Qwen3.5 of `size` (seed 7), as long a context as
-/// that model's, and its description: what `whale lm random --shape qwen3.5-tiny` writes.
+/// [`random_tokenizer`]'s BPE under a random Qwen3.5 of `size` (seed 7) in `dtype`, as long a
+/// context as [`random_model`]'s, and its description: what `whale lm random --shape qwen3.5-tiny`
+/// (or `qwen3.5-0.8b`) writes. Only the vocabulary is whale's: Qwen3.5-0.8B's layers sit on
+/// this BPE instead of their own 248,320 tokens.
 pub fn random_qwen35(
     vocab_size: usize,
     size: Qwen35Size,
+    dtype: DType,
     device: &Device,
 ) -> Result<(Tokenizer, Qwen35Model, String), BenchError> {
-    let (tokenizer, qwen3, _) = random_model(vocab_size, &Device::Cpu)?;
+    let tokenizer = random_tokenizer(vocab_size)?;
     let mut config = Qwen35Config::text(tokenizer.vocab_size(), size);
-    config.max_position_embeddings = qwen3.config().max_position_embeddings;
-    let model = Qwen35Model::new_random(&config, 7, DType::F32, device)?;
+    config.max_position_embeddings =
+        Qwen3Config::with_size(tokenizer.vocab_size(), ModelSize::BASE).max_position_embeddings;
+    let model = Qwen35Model::new_random(&config, 7, dtype, device)?;
+    let shape = if size == Qwen35Size::QWEN3_5_0_8B { "Qwen3.5-0.8B's layer shape: " } else { "" };
     let name = format!(
-        "random Qwen3.5 ({} wide, {} layers), vocabulary {}",
+        "random Qwen3.5 ({shape}{} wide, {} layers), vocabulary {}",
         size.hidden_size,
         size.num_hidden_layers,
         tokenizer.vocab_size()
     );
     Ok((tokenizer, model, name))
+}
+
+/// All parameters of the model, embeddings included (and the LM head when not tied).
+fn parameter_count(decoder: &Decoder) -> usize {
+    match decoder {
+        Decoder::Qwen3(model) => model.config().parameter_count(),
+        Decoder::Qwen35(model) => qwen35_parameter_count(model.config()),
+    }
+}
+
+fn qwen35_parameter_count(config: &Qwen35Config) -> usize {
+    parameter_shapes(config).iter().map(|(_, shape)| shape.iter().product::<usize>()).sum()
 }
 
 /// At least `len` token ids of generated text, for prompts and training examples.
@@ -330,8 +376,8 @@ fn generation_row(
 }
 
 /// `train_steps` timed [`SftTrainer::step`]s on one mini-batch, after a warm-up step.
-fn training_row(
-    model: &Qwen3Model,
+fn training_row<M: TrainableModel>(
+    model: &M,
     flops: &FlopModel,
     text_ids: &[u32],
     config: &BenchConfig,
@@ -378,16 +424,25 @@ fn training_row(
 
 /// The per-token FLOP counts of the module documentation.
 struct FlopModel {
-    /// Parameters of the decoder layers' matrices.
+    /// Parameters of the decoder layers' matrices (and depthwise convolutions).
     body: f64,
     /// Parameters of the LM head.
     head: f64,
-    /// FLOPs of one query attending to one key, all layers and heads: `4·L·A·d`.
+    /// FLOPs of one query attending to one key, all full-attention layers and heads: `4·L·A·d`.
     attention_per_key: f64,
+    /// FLOPs of one token through every delta-rule recurrence: `R`.
+    recurrence_per_token: f64,
 }
 
 impl FlopModel {
-    fn new(config: &Qwen3Config) -> Self {
+    fn new(decoder: &Decoder) -> Self {
+        match decoder {
+            Decoder::Qwen3(model) => Self::qwen3(model.config()),
+            Decoder::Qwen35(model) => Self::qwen35(model.config()),
+        }
+    }
+
+    fn qwen3(config: &Qwen3Config) -> Self {
         let (h, d) = (config.hidden_size as f64, config.head_dim as f64);
         let (heads, kv_heads) = (config.num_attention_heads as f64, config.num_key_value_heads as f64);
         let layers = config.num_hidden_layers as f64;
@@ -397,6 +452,26 @@ impl FlopModel {
             body: layers * (attention + mlp),
             head: config.vocab_size as f64 * h,
             attention_per_key: 4.0 * layers * heads * d,
+            recurrence_per_token: 0.0,
+        }
+    }
+
+    /// The layers' parameters of more than one dimension are their matrices (the full-attention
+    /// query projection's output gate among them) and convolutions.
+    fn qwen35(config: &Qwen35Config) -> Self {
+        let body: usize = parameter_shapes(config)
+            .iter()
+            .filter(|(name, shape)| name.contains("layers.") && shape.len() > 1)
+            .map(|(_, shape)| shape.iter().product::<usize>())
+            .sum();
+        let layers = |kind| config.layer_types.iter().filter(|&&k| k == kind).count() as f64;
+        let state = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim;
+        let query_width = config.num_attention_heads * config.head_dim;
+        Self {
+            body: body as f64,
+            head: (config.vocab_size * config.hidden_size) as f64,
+            attention_per_key: 4.0 * layers(LayerKind::FullAttention) * query_width as f64,
+            recurrence_per_token: 6.0 * layers(LayerKind::LinearAttention) * state as f64,
         }
     }
 
@@ -404,7 +479,9 @@ impl FlopModel {
     fn forward(&self, fed: usize, scored: usize) -> f64 {
         let fed_f = fed as f64;
         let keys = fed_f * (fed_f + 1.0) / 2.0;
-        2.0 * self.body * fed_f + 2.0 * self.head * scored as f64 + self.attention_per_key * keys
+        (2.0 * self.body + self.recurrence_per_token) * fed_f
+            + 2.0 * self.head * scored as f64
+            + self.attention_per_key * keys
     }
 
     fn generation(&self, prompt: usize, generated: usize) -> f64 {
@@ -473,7 +550,7 @@ mod tests {
     #[test]
     fn the_flop_model_counts_every_matrix_once() {
         let config = Qwen3Config::base(1000);
-        let flops = FlopModel::new(&config);
+        let flops = FlopModel::qwen3(&config);
         let (h, d, layers) = (config.hidden_size, config.head_dim, config.num_hidden_layers);
         let norms = layers * (2 * h + 2 * d) + h;
         // Tied embeddings: the LM head is the embedding matrix, counted once by the config.
@@ -483,6 +560,34 @@ mod tests {
         assert_eq!(flops.forward(3, 2), expected);
         assert_eq!(flops.generation(2, 2), expected);
         assert_eq!(flops.training(4, 2), 3.0 * expected);
+    }
+
+    #[test]
+    fn the_qwen3_5_flop_model_counts_every_matrix_once_and_each_recurrence() {
+        let config = Qwen35Config::text(1000, Qwen35Size::QWEN3_5_0_8B);
+        let flops = FlopModel::qwen35(&config);
+        let (h, d, heads, kv) = (1024, 256, 8, 2);
+        let (key_heads, value_heads, state_dim) = (16, 16, 128);
+        let (qkv, value_dim) = ((2 * key_heads + value_heads) * state_dim, value_heads * state_dim);
+        let mlp = 3 * h * 3584;
+        // In: q, k, v; the gate z; b and a, one per value head. Then the width-4 convolution of
+        // q, k, v, and the output projection.
+        let linear = h * (qkv + value_dim + 2 * value_heads) + qkv * 4 + value_dim * h;
+        // The query with its output gate, key, value, output.
+        let full = h * (2 * heads * d + 2 * kv * d) + heads * d * h;
+        assert_eq!(flops.body as usize, 18 * (linear + mlp) + 6 * (full + mlp));
+        assert_eq!(flops.head as usize, 1000 * h);
+        // Norms (two per layer, q and k norms, the gated norm), dt_bias and A_log, the final norm.
+        let vectors = 24 * 2 * h + 6 * 2 * d + 18 * (state_dim + 2 * value_heads) + h;
+        let embeddings = 1000 * h;
+        let all = flops.body as usize + flops.head as usize + vectors + embeddings;
+        assert_eq!(all, qwen35_parameter_count(&config));
+        assert_eq!(flops.attention_per_key, (4 * 6 * heads * d) as f64);
+        assert_eq!(flops.recurrence_per_token, (6 * 18 * value_heads * state_dim * state_dim) as f64);
+        let expected = (2.0 * flops.body + flops.recurrence_per_token) * 3.0
+            + 2.0 * flops.head * 2.0
+            + flops.attention_per_key * (1.0 + 2.0 + 3.0);
+        assert_eq!(flops.forward(3, 2), expected);
     }
 
     #[test]
@@ -506,7 +611,7 @@ mod tests {
     fn bad_configurations_are_refused_before_any_work() {
         let no_batches = BenchConfig { batch_sizes: vec![], ..BenchConfig::default() };
         assert!(matches!(run_bench(&no_batches, &Device::Cpu), Err(BenchError::Config { key: "batch_sizes", .. })));
-        let no_steps = BenchConfig { train_steps: 0, ..BenchConfig::default() };
-        assert!(matches!(run_bench(&no_steps, &Device::Cpu), Err(BenchError::Config { key: "train_steps", .. })));
+        let no_tokens = BenchConfig { new_tokens: 0, ..BenchConfig::default() };
+        assert!(matches!(run_bench(&no_tokens, &Device::Cpu), Err(BenchError::Config { key: "new_tokens", .. })));
     }
 }

@@ -1,30 +1,72 @@
-//! The architectures the generation engine serves, as one enum: a checkpoint's `model_type`
-//! picks Qwen3 or Qwen3.5, and the engine, `whale serve` and run configs take either.
+//! The seam between an architecture and the rest of whale: what the engine, `whale serve`,
+//! `whale lm` and the loop need of a loaded model, whatever its layers are.
 //!
-//! Only generation goes through here. The trainer and LoRA take a [`Qwen3Model`] directly, and
-//! [`Decoder::qwen3`] is how a caller that needs one asks for it.
+//! Each architecture's folder ([`crate::qwen3`], [`crate::qwen3_5`]) implements
+//! [`Architecture`] for its model and offers a [`Registration`] (the `model_type`s of its
+//! `config.json` and its loader) to the registry, [`crate::architectures`]. A sequence's cache
+//! is the architecture's own type, carried boxed in a [`DecoderCache`] so the engine need not
+//! know it. [`Decoder`] holds the loaded model; everything is asked of it through
+//! [`Architecture`] (its variants are what the bench's per-architecture FLOP and parameter
+//! counts still read).
 
-use crate::checkpoint::{load_model, CheckpointError};
-use crate::lora::{LoraAdapter, LoraError};
-use crate::model::{KvCache, ModelError, Qwen3Model, SeqStep};
-use crate::qwen3_5::{is_qwen35, load_qwen35, Qwen35Cache, Qwen35Lora, Qwen35Model, Qwen35Step};
+use crate::qwen3::checkpoint::CheckpointError;
+use crate::qwen3::lora::LoraError;
+use crate::qwen3::model::{ModelError, Qwen3Model};
+use crate::qwen3_5::Qwen35Model;
 use candle_core::{DType, Device, Tensor};
+use std::any::Any;
 use std::path::Path;
 
-/// A model the engine can decode with.
-#[derive(Clone)]
-pub enum Decoder {
-    Qwen3(Qwen3Model),
-    Qwen35(Qwen35Model),
+/// A loaded model the engine can decode with.
+pub trait Architecture {
+    /// The architecture's name, for messages.
+    fn name(&self) -> &'static str;
+    fn dtype(&self) -> DType;
+    fn device(&self) -> &Device;
+    fn vocab_size(&self) -> usize;
+    fn max_position_embeddings(&self) -> usize;
+    /// The config's end-of-sequence ids.
+    fn eos_token_id(&self) -> &[u32];
+    /// An empty cache for one sequence.
+    fn new_cache(&self) -> Result<DecoderCache, ModelError>;
+    /// One batched incremental step: the logits of each chunk's last token, `[steps.len(),
+    /// vocab]` f32. Each step's cache was made by this architecture's [`Self::new_cache`].
+    fn forward_step(&self, steps: &mut [DecoderStep<'_>]) -> Result<Tensor, ModelError>;
+    /// This model with the PEFT LoRA adapter in `dir` applied, sharing this model's weights.
+    fn with_peft_adapter(&self, dir: &Path) -> Result<Decoder, AdapterError>;
+    /// A clone to decode with (an architecture may keep decoding-friendly copies of weights).
+    fn for_decoding(&self) -> Decoder;
 }
 
-/// What one sequence carries between decoding steps, for the matching [`Decoder`].
-pub enum DecoderCache {
-    Qwen3(KvCache),
-    Qwen35(Qwen35Cache),
+/// One architecture's entry in the registry, [`crate::architectures`].
+pub struct Registration {
+    /// The values of `config.json`'s `model_type` that this architecture reads.
+    pub model_types: &'static [&'static str],
+    /// Loads a checkpoint directory of this architecture as a model of `dtype` on `device`.
+    pub load: fn(&Path, DType, &Device) -> Result<Decoder, CheckpointError>,
 }
 
-/// Why a PEFT adapter directory could not be applied to a [`Decoder`].
+/// What one sequence carries between decoding steps, of the architecture that made it.
+pub struct DecoderCache(Box<dyn Any + Send>);
+
+impl DecoderCache {
+    pub fn new<C: Any + Send>(cache: C) -> Self {
+        Self(Box::new(cache))
+    }
+
+    /// The architecture's own cache; an error when another architecture made this one.
+    pub fn downcast_mut<C: Any>(&mut self) -> Result<&mut C, ModelError> {
+        self.0.downcast_mut().ok_or_else(|| ModelError::Input("a cache was made for another architecture".to_string()))
+    }
+}
+
+/// One sequence's share of an [`Architecture::forward_step`].
+pub struct DecoderStep<'a> {
+    pub tokens: &'a [u32],
+    pub cache: &'a mut DecoderCache,
+}
+
+/// Why a PEFT adapter directory could not be applied to a model.
 #[derive(Debug, thiserror::Error)]
 pub enum AdapterError {
     /// The directory does not hold an adapter this architecture reads.
@@ -35,10 +77,11 @@ pub enum AdapterError {
     Mismatch(#[from] ModelError),
 }
 
-/// One sequence's share of a [`Decoder::forward_step`].
-pub struct DecoderStep<'a> {
-    pub tokens: &'a [u32],
-    pub cache: &'a mut DecoderCache,
+/// A model the engine can decode with.
+#[derive(Clone)]
+pub enum Decoder {
+    Qwen3(Qwen3Model),
+    Qwen35(Qwen35Model),
 }
 
 impl From<Qwen3Model> for Decoder {
@@ -54,43 +97,11 @@ impl From<Qwen35Model> for Decoder {
 }
 
 impl Decoder {
-    /// This model with the PEFT LoRA adapter in `dir` applied, sharing this model's weights
-    /// (`whale serve`'s adapters, `whale lm generate --adapter`, an external trainer's adapter).
-    pub fn with_peft_adapter(&self, dir: &Path) -> Result<Self, AdapterError> {
-        Ok(match self {
-            Self::Qwen3(model) => {
-                let adapter = LoraAdapter::load_peft(dir, model.config(), model.dtype(), model.device())?;
-                Self::from(model.with_adapter(&adapter)?)
-            }
-            Self::Qwen35(model) => {
-                let adapter = Qwen35Lora::load_peft(dir, model.config(), model.dtype(), model.device())?;
-                Self::from(model.with_adapter(&adapter)?)
-            }
-        })
-    }
-
-    /// A clone to decode with: for Qwen3, [`Qwen3Model::for_decoding`]'s transposed copies of
-    /// the projections; for Qwen3.5, a plain clone.
-    pub fn for_decoding(&self) -> Self {
+    /// The model, whatever its architecture.
+    pub fn model(&self) -> &dyn Architecture {
         match self {
-            Self::Qwen3(model) => Self::Qwen3(model.for_decoding()),
-            Self::Qwen35(model) => Self::Qwen35(model.clone()),
-        }
-    }
-
-    /// Loads a checkpoint directory of either architecture (by its `config.json`'s `model_type`).
-    pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self, CheckpointError> {
-        if is_qwen35(dir) {
-            return Ok(Self::Qwen35(load_qwen35(dir, dtype, device)?));
-        }
-        Ok(Self::Qwen3(load_model(dir, dtype, device)?))
-    }
-
-    /// The architecture's name, for messages.
-    pub fn architecture(&self) -> &'static str {
-        match self {
-            Self::Qwen3(_) => "Qwen3",
-            Self::Qwen35(_) => "Qwen3.5",
+            Self::Qwen3(model) => model,
+            Self::Qwen35(model) => model,
         }
     }
 
@@ -102,71 +113,50 @@ impl Decoder {
         }
     }
 
+    /// This model with the PEFT LoRA adapter in `dir` applied, sharing this model's weights
+    /// (`whale serve`'s adapters, `whale lm generate --adapter`, an external trainer's adapter).
+    pub fn with_peft_adapter(&self, dir: &Path) -> Result<Self, AdapterError> {
+        self.model().with_peft_adapter(dir)
+    }
+
+    /// A clone to decode with ([`Architecture::for_decoding`]).
+    pub fn for_decoding(&self) -> Self {
+        self.model().for_decoding()
+    }
+
+    /// The architecture's name, for messages.
+    pub fn architecture(&self) -> &'static str {
+        self.model().name()
+    }
+
     pub fn dtype(&self) -> DType {
-        match self {
-            Self::Qwen3(model) => model.dtype(),
-            Self::Qwen35(model) => model.dtype(),
-        }
+        self.model().dtype()
     }
 
     pub fn device(&self) -> &Device {
-        match self {
-            Self::Qwen3(model) => model.device(),
-            Self::Qwen35(model) => model.device(),
-        }
+        self.model().device()
     }
 
     pub fn vocab_size(&self) -> usize {
-        match self {
-            Self::Qwen3(model) => model.config().vocab_size,
-            Self::Qwen35(model) => model.config().vocab_size,
-        }
+        self.model().vocab_size()
     }
 
     pub fn max_position_embeddings(&self) -> usize {
-        match self {
-            Self::Qwen3(model) => model.config().max_position_embeddings,
-            Self::Qwen35(model) => model.config().max_position_embeddings,
-        }
+        self.model().max_position_embeddings()
     }
 
     /// The config's end-of-sequence ids.
     pub fn eos_token_id(&self) -> &[u32] {
-        match self {
-            Self::Qwen3(model) => &model.config().eos_token_id,
-            Self::Qwen35(model) => &model.config().eos_token_id,
-        }
+        self.model().eos_token_id()
     }
 
     /// An empty cache for one sequence.
     pub fn new_cache(&self) -> Result<DecoderCache, ModelError> {
-        Ok(match self {
-            Self::Qwen3(model) => DecoderCache::Qwen3(model.new_cache()),
-            Self::Qwen35(model) => DecoderCache::Qwen35(model.new_cache()?),
-        })
+        self.model().new_cache()
     }
 
-    /// One batched incremental step (see [`Qwen3Model::forward_step`]): the logits of each
-    /// chunk's last token, `[steps.len(), vocab]` f32.
+    /// One batched incremental step ([`Architecture::forward_step`]).
     pub fn forward_step(&self, steps: &mut [DecoderStep<'_>]) -> Result<Tensor, ModelError> {
-        let foreign = || ModelError::Input("a cache was made for another architecture".to_string());
-        match self {
-            Self::Qwen3(model) => {
-                let mut own = Vec::with_capacity(steps.len());
-                for step in steps.iter_mut() {
-                    let DecoderCache::Qwen3(cache) = &mut *step.cache else { return Err(foreign()) };
-                    own.push(SeqStep { tokens: step.tokens, cache });
-                }
-                model.forward_step(&mut own)
-            }
-            Self::Qwen35(model) => {
-                let mut own = Vec::with_capacity(steps.len());
-                for step in steps.iter_mut() {
-                    let DecoderCache::Qwen35(cache) = &mut *step.cache else { return Err(foreign()) };
-                    own.push(Qwen35Step { tokens: step.tokens, cache });
-                }
-                model.forward_step(&mut own)
-            }
-        }
+        self.model().forward_step(steps)
     }
 }

@@ -39,13 +39,13 @@ use candle_core::{DType, Device};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use whale_core::ChatMessage;
+use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError, SamplingParams};
 
 use crate::chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
-use crate::checkpoint::{CheckpointError, GenerationConfig};
 use crate::decoder::{Decoder, DecoderCache, DecoderStep};
-use crate::model::{ModelError, Qwen3Model};
-use crate::policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
-use crate::sampling::{SampledToken, Sampler, SamplingParams, StopMatcher};
+use crate::qwen3::checkpoint::{CheckpointError, GenerationConfig};
+use crate::qwen3::model::{ModelError, Qwen3Model};
+use crate::sampling::{SampledToken, Sampler, StopMatcher};
 use crate::tokenizer::{TextStream, Tokenizer, TokenizerError};
 
 /// File name of the Hugging Face tokenizer in a model directory.

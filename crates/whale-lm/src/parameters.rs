@@ -3,7 +3,7 @@
 //! place for making such a map from named tensors (checked against the shapes an architecture
 //! expects), listing it in a stable order, and drawing the random values a fresh one starts from.
 
-use crate::model::ModelError;
+use crate::qwen3::model::error::ModelError;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use rand::Rng;

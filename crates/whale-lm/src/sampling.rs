@@ -3,63 +3,17 @@
 //! Every rollout must be reproducible from its seed alone, whatever else runs in the same batch:
 //! each request owns a ChaCha8 stream seeded from its `seed` and consumes exactly one uniform
 //! draw per generated token, greedy or not, so the draw for token i never depends on other
-//! requests, on earlier settings or on the vocabulary size.
+//! requests, on earlier settings or on the vocabulary size. The parameters themselves are the
+//! policy vocabulary's [`SamplingParams`].
 
 use crate::kernels::vectorised;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
+use whale_policy::{SamplingParams, SamplingParamsError};
 
-/// How to sample one completion. Defaults are the paper's sampling settings (temperature 1.0,
-/// top_p 1.0, top_k 20); `max_tokens` 1024 and seed 0 are ours.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct SamplingParams {
-    /// Logits are divided by it; 0 means greedy (argmax).
-    pub temperature: f32,
-    /// Nucleus: keep the smallest set of most likely tokens whose mass reaches `top_p`.
-    pub top_p: f32,
-    /// Keep only the `top_k` most likely tokens; 0 keeps all.
-    pub top_k: usize,
-    /// Most completion tokens to generate.
-    pub max_tokens: usize,
-    /// Generation ends before the earliest occurrence of any of these in the decoded text.
-    pub stop: Vec<String>,
-    pub seed: u64,
-    /// Generate past end-of-sequence tokens, to `max_tokens` or a stop string (vLLM's and
-    /// llama.cpp's `ignore_eos`): a benchmark's replies then all have the same length.
-    pub ignore_eos: bool,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, top_k: 20, max_tokens: 1024, stop: Vec::new(), seed: 0, ignore_eos: false }
-    }
-}
-
-impl SamplingParams {
-    pub fn validate(&self) -> Result<(), SamplingError> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(SamplingError::Temperature(self.temperature));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(SamplingError::TopP(self.top_p));
-        }
-        if self.max_tokens == 0 {
-            return Err(SamplingError::MaxTokens);
-        }
-        Ok(())
-    }
-}
-
+/// Why a row of logits could not be sampled from.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SamplingError {
-    #[error("temperature must be finite and >= 0, got {0}")]
-    Temperature(f32),
-    #[error("top_p must be in (0, 1], got {0}")]
-    TopP(f32),
-    #[error("max_tokens must be at least 1")]
-    MaxTokens,
     #[error("no logits to sample from")]
     EmptyLogits,
     #[error("logit {index} is {value} (only finite values and -inf are allowed)")]
@@ -88,7 +42,7 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    pub fn new(params: &SamplingParams) -> Result<Self, SamplingError> {
+    pub fn new(params: &SamplingParams) -> Result<Self, SamplingParamsError> {
         params.validate()?;
         Ok(Self {
             temperature: params.temperature,

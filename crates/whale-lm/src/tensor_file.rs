@@ -3,8 +3,8 @@
 //! writes (a temporary file, then a rename). Its own file so that the model, LoRA adapters and the
 //! trainer's state share these readers without importing one another.
 
-use crate::config::ConfigError;
-use crate::model::error::ModelError;
+use crate::qwen3::config::ConfigError;
+use crate::qwen3::model::error::ModelError;
 use candle_core::safetensors::Load;
 use candle_core::{Device, Tensor};
 use safetensors::tensor::{Dtype as StDtype, SafeTensors};

@@ -13,15 +13,15 @@
 //! stay bit-for-bit what they were. Such a trainer saves a PEFT adapter directory instead of a
 //! checkpoint, with the optimizer state beside it.
 //!
-//! The trainer runs any [`TrainableModel`]: Qwen3 (with or without an adapter) and Qwen3.5
-//! (every parameter); only saving and resuming are the architecture's own.
+//! The trainer runs any [`TrainableModel`] (each architecture's folder implements it): saving and
+//! resuming go through the model's own checkpoint and adapter formats.
 
-use crate::checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
-use crate::config::optional;
+use crate::decoder::{Architecture, Decoder};
 use crate::kernels;
-use crate::lora::{LoraAdapter, LoraError};
-use crate::model::{ModelError, Packing, Qwen3Model};
-use crate::qwen3_5::{load_qwen35, save_qwen35, Qwen35Lora, Qwen35Model};
+use crate::qwen3::checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
+use crate::qwen3::config::optional;
+use crate::qwen3::lora::{LoraConfig, LoraError};
+use crate::qwen3::model::{ModelError, Packing, Qwen3Model};
 use crate::tensor_file::{read_tensors, write_atomic, write_tensors};
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
@@ -247,79 +247,34 @@ impl SftBatch {
     }
 }
 
-/// What the trainer needs of a model: its training pass and the parameters an update changes.
-pub trait TrainableModel: Clone {
-    fn vocab_size(&self) -> usize;
-    fn device(&self) -> &Device;
+/// What the trainer needs of a model: its training pass, the parameters an update changes, and
+/// the architecture's own checkpoints and adapters. Each architecture's folder implements it
+/// beside its [`Architecture`].
+pub trait TrainableModel: Architecture + Clone + Into<Decoder> + 'static {
     /// The final hidden states `[Σ len, hidden]` of sequences packed end to end, differentiable.
     fn packed_hidden(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError>;
     /// Logits (f32) of hidden states.
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor>;
-    /// The parameters an update changes, with their names (the names of the optimizer state).
+    /// The parameters an update changes, with their names (the names of the optimizer state):
+    /// the adapter's matrices when the model carries one, every parameter otherwise.
     fn trained_parameters(&self) -> Vec<(String, Var)>;
     /// The model of one training pass, whose dropout masks (if any) are drawn from `seed`.
     fn pass_model(&self, seed: u64) -> Self;
-}
-
-impl TrainableModel for Qwen3Model {
-    fn vocab_size(&self) -> usize {
-        self.config().vocab_size
-    }
-
-    fn device(&self) -> &Device {
-        Qwen3Model::device(self)
-    }
-
-    fn packed_hidden(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError> {
-        Qwen3Model::packed_hidden(self, sequences)
-    }
-
-    fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
-        Qwen3Model::logits(self, hidden)
-    }
-
-    /// The adapter's matrices when the model carries one, every parameter otherwise.
-    fn trained_parameters(&self) -> Vec<(String, Var)> {
-        match self.adapter() {
-            Some(adapter) => adapter.named_parameters(),
-            None => self.named_parameters(),
-        }
-    }
-
-    fn pass_model(&self, seed: u64) -> Self {
-        self.with_dropout(seed)
-    }
-}
-
-impl TrainableModel for Qwen35Model {
-    fn vocab_size(&self) -> usize {
-        self.config().vocab_size
-    }
-
-    fn device(&self) -> &Device {
-        Qwen35Model::device(self)
-    }
-
-    fn packed_hidden(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError> {
-        Qwen35Model::packed_hidden(self, sequences)
-    }
-
-    fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
-        Qwen35Model::logits(self, hidden)
-    }
-
-    /// The adapter's matrices when the model carries one, every parameter otherwise.
-    fn trained_parameters(&self) -> Vec<(String, Var)> {
-        match self.adapter() {
-            Some(adapter) => adapter.named_parameters(),
-            None => self.named_parameters(),
-        }
-    }
-
-    /// The model itself: adapter dropout is not built for Qwen3.5 ([`Qwen35Lora::new`] refuses it).
-    fn pass_model(&self, _seed: u64) -> Self {
-        self.clone()
-    }
+    /// This architecture's model in `decoder`, or `None` when it holds another.
+    fn of_decoder(decoder: &Decoder) -> Option<&Self>;
+    /// Loads a checkpoint directory of this architecture.
+    fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self, CheckpointError>;
+    /// Writes the checkpoint: `config.json`, the weights and the architecture's other files.
+    fn save(&self, dir: &Path) -> Result<(), CheckpointError>;
+    fn has_adapter(&self) -> bool;
+    /// This model with a fresh adapter (its matrices drawn from `seed`), sharing the base weights.
+    fn with_new_adapter(&self, config: &LoraConfig, seed: u64) -> Result<Self, TrainError>;
+    /// This model with the PEFT adapter saved in `dir`, sharing the base weights.
+    fn with_saved_adapter(&self, dir: &Path) -> Result<Self, TrainError>;
+    /// Writes the adapter as a PEFT directory naming `base_model_name_or_path`.
+    fn save_adapter(&self, dir: &Path, base_model_name_or_path: &str) -> Result<(), TrainError>;
+    /// The adapter folded into the weights, as a model without one.
+    fn merged(&self) -> Result<Self, ModelError>;
 }
 
 /// The summed cross-entropy (f32 scalar, differentiable) of the scored positions of a batch.
@@ -655,10 +610,9 @@ impl<M: TrainableModel> SftTrainer<M> {
     }
 }
 
-impl SftTrainer {
-    /// Continues from a directory written by [`Self::save`]: weights, moments and counters.
-    pub fn resume(dir: &Path, config: TrainerConfig, dtype: DType, device: &Device) -> Result<Self, TrainError> {
-        let model = load_model(dir, dtype, device)?;
+impl<M: TrainableModel> SftTrainer<M> {
+    /// A trainer over `model` that continues from the moments and counters saved in `dir`.
+    pub fn resumed(model: M, config: TrainerConfig, dir: &Path) -> Result<Self, TrainError> {
         let mut trainer = Self::new(model, config)?;
         trainer.restore(dir)?;
         Ok(trainer)
@@ -666,71 +620,50 @@ impl SftTrainer {
 
     /// Continues training the adapter of `base` saved by [`Self::save_adapter`] in `dir`: its
     /// matrices, moments and counters.
-    pub fn resume_adapter(dir: &Path, base: &Qwen3Model, config: TrainerConfig) -> Result<Self, TrainError> {
-        let adapter = LoraAdapter::load_peft(dir, base.config(), base.dtype(), base.device())?;
-        let mut trainer = Self::new(base.with_adapter(&adapter)?, config)?;
-        trainer.restore(dir)?;
-        Ok(trainer)
+    pub fn resume_adapter(dir: &Path, base: &M, config: TrainerConfig) -> Result<Self, TrainError> {
+        Self::resumed(base.with_saved_adapter(dir)?, config, dir)
     }
 
-    /// Writes the checkpoint (`config.json`, `model.safetensors`, `generation_config.json`),
-    /// the optimizer moments (`optimizer.safetensors`) and, last, `trainer_state.json`, whose
-    /// presence therefore marks a complete save. Save into a fresh directory each time to be
-    /// safe against a kill in the middle. A trainer of an adapter saves with
-    /// [`Self::save_adapter`] instead.
-    pub fn save(&self, dir: &Path, generation: &GenerationConfig) -> Result<(), TrainError> {
-        if self.model.adapter().is_some() {
-            return Err(TrainError::Mode("a LoRA trainer saves its adapter (save_adapter), not a checkpoint"));
-        }
-        save_model(&self.model, generation, dir)?;
+    /// Writes the architecture's checkpoint ([`TrainableModel::save`]), the optimizer moments
+    /// (`optimizer.safetensors`) and, last, `trainer_state.json`, whose presence therefore marks
+    /// a complete save. Save into a fresh directory each time to be safe against a kill in the
+    /// middle. A trainer of an adapter saves with [`Self::save_adapter`] instead.
+    pub fn save_checkpoint(&self, dir: &Path) -> Result<(), TrainError> {
+        self.refuse_adapter()?;
+        self.model.save(dir)?;
         self.save_optimizer(dir)
     }
 
     /// Writes the adapter as a PEFT directory (`adapter_config.json` naming
     /// `base_model_name_or_path`, `adapter_model.safetensors`), then the optimizer moments and,
-    /// last, `trainer_state.json`, as [`Self::save`] does.
+    /// last, `trainer_state.json`, as [`Self::save_checkpoint`] does.
     pub fn save_adapter(&self, dir: &Path, base_model_name_or_path: &str) -> Result<(), TrainError> {
-        let adapter =
-            self.model.adapter().ok_or(TrainError::Mode("only a trainer of a LoRA adapter saves an adapter"))?;
-        adapter.save_peft(dir, base_model_name_or_path)?;
+        if !self.model.has_adapter() {
+            return Err(TrainError::Mode("only a trainer of a LoRA adapter saves an adapter"));
+        }
+        self.model.save_adapter(dir, base_model_name_or_path)?;
         self.save_optimizer(dir)
+    }
+
+    fn refuse_adapter(&self) -> Result<(), TrainError> {
+        match self.model.has_adapter() {
+            true => Err(TrainError::Mode("a LoRA trainer saves its adapter (save_adapter), not a checkpoint")),
+            false => Ok(()),
+        }
     }
 }
 
-impl SftTrainer<Qwen35Model> {
-    /// Continues a Qwen3.5 run from a directory written by [`Self::save`]: weights, moments and
+impl SftTrainer {
+    /// Continues a Qwen3 run from a directory written by [`Self::save`]: weights, moments and
     /// counters.
-    pub fn resume_qwen35(dir: &Path, config: TrainerConfig, dtype: DType, device: &Device) -> Result<Self, TrainError> {
-        let mut trainer = Self::new(load_qwen35(dir, dtype, device)?, config)?;
-        trainer.restore(dir)?;
-        Ok(trainer)
+    pub fn resume(dir: &Path, config: TrainerConfig, dtype: DType, device: &Device) -> Result<Self, TrainError> {
+        Self::resumed(load_model(dir, dtype, device)?, config, dir)
     }
 
-    /// Continues training the adapter of `base` saved by [`Self::save_adapter`] in `dir`.
-    pub fn resume_qwen35_adapter(dir: &Path, base: &Qwen35Model, config: TrainerConfig) -> Result<Self, TrainError> {
-        let adapter = Qwen35Lora::load_peft(dir, base.config(), base.dtype(), base.device())?;
-        let mut trainer = Self::new(base.with_adapter(&adapter)?, config)?;
-        trainer.restore(dir)?;
-        Ok(trainer)
-    }
-
-    /// Writes the Qwen3.5 checkpoint, the optimizer moments and, last, `trainer_state.json`,
-    /// as the Qwen3 trainer's `save` does. A trainer of an adapter saves with
-    /// [`Self::save_adapter`] instead.
-    pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
-        if self.model.adapter().is_some() {
-            return Err(TrainError::Mode("a LoRA trainer saves its adapter (save_adapter), not a checkpoint"));
-        }
-        save_qwen35(&self.model, dir)?;
-        self.save_optimizer(dir)
-    }
-
-    /// Writes the adapter as a PEFT directory, then the optimizer state, as the Qwen3
-    /// trainer's `save_adapter` does.
-    pub fn save_adapter(&self, dir: &Path, base_model_name_or_path: &str) -> Result<(), TrainError> {
-        let adapter =
-            self.model.adapter().ok_or(TrainError::Mode("only a trainer of a LoRA adapter saves an adapter"))?;
-        adapter.save_peft(dir, base_model_name_or_path)?;
+    /// [`Self::save_checkpoint`] with the `generation_config.json` given.
+    pub fn save(&self, dir: &Path, generation: &GenerationConfig) -> Result<(), TrainError> {
+        self.refuse_adapter()?;
+        save_model(&self.model, generation, dir)?;
         self.save_optimizer(dir)
     }
 }

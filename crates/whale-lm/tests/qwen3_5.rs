@@ -233,8 +233,9 @@ fn the_sft_trainer_trains_qwen3_5_and_a_resumed_run_continues_exactly() {
     for batch in &data[..2] {
         first_half.step(batch).unwrap();
     }
-    first_half.save(dir.path()).unwrap();
-    let mut resumed = SftTrainer::resume_qwen35(dir.path(), settings, DType::F32, &Device::Cpu).unwrap();
+    first_half.save_checkpoint(dir.path()).unwrap();
+    let loaded = load_qwen35(dir.path(), DType::F32, &Device::Cpu).unwrap();
+    let mut resumed = SftTrainer::resumed(loaded, settings, dir.path()).unwrap();
     assert_eq!(resumed.state(), first_half.state());
     let resumed_stats: Vec<_> = data[2..].iter().map(|batch| resumed.step(batch).unwrap()).collect();
     assert_eq!(resumed_stats, stats[2..]);
@@ -276,7 +277,7 @@ fn a_lora_adapter_trains_alone_round_trips_through_peft_files_and_merges() {
     let loaded = Qwen35Lora::load_peft(dir.path(), &config, DType::F32, &Device::Cpu).unwrap();
     assert_eq!(max_difference(&logits(&base.with_adapter(&loaded).unwrap()), &adapted), 0.0);
     assert!(max_difference(&logits(&trainer.model().merged().unwrap()), &adapted) < 1e-4);
-    let resumed = SftTrainer::resume_qwen35_adapter(dir.path(), &base, trainer.config().clone()).unwrap();
+    let resumed = SftTrainer::resume_adapter(dir.path(), &base, trainer.config().clone()).unwrap();
     assert_eq!(resumed.state(), trainer.state());
 
     let unknown = LoraConfig { target_modules: vec!["qkv".into()], ..lora.clone() };

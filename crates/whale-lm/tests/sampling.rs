@@ -1,6 +1,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use whale_lm::sampling::{SampledToken, Sampler, SamplingError, SamplingParams, StopMatch, StopMatcher};
+use whale_lm::sampling::{SampledToken, Sampler, SamplingError, StopMatch, StopMatcher};
+use whale_policy::{SamplingParams, SamplingParamsError};
 
 fn params(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplingParams {
     SamplingParams { temperature, top_k, top_p, seed, ..SamplingParams::default() }
@@ -175,11 +176,11 @@ fn the_seed_alone_fixes_the_sequence() {
 #[test]
 fn bad_parameters_and_logits_are_errors() {
     for (bad, expected) in [
-        (params(-0.1, 20, 1.0, 0), SamplingError::Temperature(-0.1)),
-        (params(f32::NAN, 20, 1.0, 0), SamplingError::Temperature(f32::NAN)),
-        (params(1.0, 20, 0.0, 0), SamplingError::TopP(0.0)),
-        (params(1.0, 20, 1.5, 0), SamplingError::TopP(1.5)),
-        (SamplingParams { max_tokens: 0, ..SamplingParams::default() }, SamplingError::MaxTokens),
+        (params(-0.1, 20, 1.0, 0), SamplingParamsError::Temperature(-0.1)),
+        (params(f32::NAN, 20, 1.0, 0), SamplingParamsError::Temperature(f32::NAN)),
+        (params(1.0, 20, 0.0, 0), SamplingParamsError::TopP(0.0)),
+        (params(1.0, 20, 1.5, 0), SamplingParamsError::TopP(1.5)),
+        (SamplingParams { max_tokens: 0, ..SamplingParams::default() }, SamplingParamsError::MaxTokens),
     ] {
         let err = Sampler::new(&bad).expect_err("invalid");
         assert_eq!(std::mem::discriminant(&err), std::mem::discriminant(&expected), "{err}");

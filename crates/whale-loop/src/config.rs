@@ -761,8 +761,12 @@ mod tests {
             (true, Ok(device)) => assert!(device.is_cuda()),
             (false, Ok(device)) => panic!("a build without the cuda feature opened {device:?}"),
         }
-        let error = parse("[model]\ndevice = \"gpu\"\n").expect_err("gpu");
-        assert!(error.to_string().contains("model.device") && error.to_string().contains("`gpu`"), "{error}");
+        for device in ["gpu", "cuda:1"] {
+            let error = parse(&format!("[model]\ndevice = \"{device}\"\n")).expect_err(device);
+            let named =
+                error.to_string().contains("model.device") && error.to_string().contains(&format!("`{device}`"));
+            assert!(named, "{error}");
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@
 use crate::condition::Condition;
 use crate::config::RunConfig;
 use crate::lock::{DirLock, LockError};
+use crate::metrics_row::{MetricsRow, RowKind};
 use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE, STATE_FILE};
 use crate::scale_out::external_weights::{
     policy_gradient_samples, ExternalTrainer, ExternalWeightsError, RolloutRecord, Sample, StepFiles, Update,
@@ -487,12 +488,10 @@ impl Experiment {
     }
 
     fn outcome(&self) -> Result<RunOutcome, ExperimentError> {
-        let evals = self
-            .dir
-            .metrics()?
+        let evals = MetricsRow::read_all(&self.dir)?
             .into_iter()
-            .filter(|row| row["kind"] == "evaluation")
-            .filter_map(|row| serde_json::from_value(row).ok())
+            .filter(|row| row.kind == RowKind::Evaluation)
+            .filter_map(|row| serde_json::from_value(row.fields).ok())
             .collect();
         Ok(RunOutcome {
             dir: self.dir.root().to_path_buf(),
@@ -569,7 +568,7 @@ impl Experiment {
             if record.reused { " (reused)" } else { "" }
         ));
         let before = cumulative(&self.state.ledger);
-        self.commit_unit("evaluation", serde_json::to_value(&record).unwrap_or(Value::Null), before)
+        self.commit_unit(RowKind::Evaluation, serde_json::to_value(&record).unwrap_or(Value::Null), before)
     }
 
     fn weight_unit(&mut self) -> Result<(), ExperimentError> {
@@ -601,7 +600,7 @@ impl Experiment {
         );
         self.say(step_line(&report));
         let row = serde_json::to_value(&report).unwrap_or(Value::Null);
-        self.commit_unit("weight_step", row, before)?;
+        self.commit_unit(RowKind::WeightStep, row, before)?;
         match (&self.weights, replaced) {
             (Weights::External(trainer), Some(replaced)) => {
                 trainer.retire(&replaced).map_err(trainer_failed(self.dir.root()))?
@@ -759,7 +758,7 @@ impl Experiment {
                 "weights_version": rescore.card.weights_version,
                 "objectives": rescore.card.objectives,
             });
-            ("rescore", row, false, Spend::default())
+            (RowKind::Rescore, row, false, Spend::default())
         } else {
             let iteration = self.state.search_iterations + 1;
             let mut proposer_tokens = Spend::default();
@@ -770,7 +769,7 @@ impl Experiment {
             }
             let (row, new_best) = iteration_row(self.search.archive(), iteration);
             self.state.search_iterations = iteration;
-            ("search_iteration", row, new_best, proposer_tokens)
+            (RowKind::SearchIteration, row, new_best, proposer_tokens)
         };
         self.refresh_population()?;
         let search = self.dir.search_spends()?.iter().fold(Spend::default(), |mut total, s| {
@@ -816,7 +815,7 @@ impl Experiment {
     }
 
     /// Appends the unit's row (with the cumulative spend) and commits the state.
-    fn commit_unit(&mut self, kind: &str, mut row: Value, before: Value) -> Result<(), ExperimentError> {
+    fn commit_unit(&mut self, kind: RowKind, mut row: Value, before: Value) -> Result<(), ExperimentError> {
         self.state.units += 1;
         let mut rows = Vec::new();
         if let Some(boundary) = self.phase_boundary(kind, before) {
@@ -836,8 +835,8 @@ impl Experiment {
 
     /// A `phase` row when this unit starts a phase (its first weight step or search unit),
     /// carrying the cumulative spend from before the unit.
-    fn phase_boundary(&self, kind: &str, before: Value) -> Option<Value> {
-        if kind == "evaluation" {
+    fn phase_boundary(&self, kind: RowKind, before: Value) -> Option<Value> {
+        if kind == RowKind::Evaluation {
             return None;
         }
         let outcomes = &self.state.outcomes;
@@ -845,7 +844,7 @@ impl Experiment {
         let previous = outcomes.len().checked_sub(2).map(|i| outcomes[i].phase());
         (previous != Some(current)).then(|| {
             json!({
-                "kind": "phase",
+                "kind": RowKind::Phase,
                 "phase": current,
                 "unit": self.state.units,
                 "cumulative": before,

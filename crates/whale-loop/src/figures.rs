@@ -1,8 +1,9 @@
 //! The study's figures, drawn once as SVG (embedded in `report.html`) and rendered from that
-//! same SVG to PNG (for the README): test mean@k against cumulative rollouts with a band over
+//! same SVG to PNG (for docs/results/studies.md): test mean@k against cumulative rollouts with a band over
 //! seeds, the forest plot of paired differences from WHALE, and the coupling heat map.
 
 use crate::coupling::Coupling;
+use crate::palette::PALETTE;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -15,18 +16,6 @@ pub enum FigureError {
     #[error("rendering the SVG to PNG: {0}")]
     Render(String),
 }
-
-/// The colours of successive lines, in every plot whale draws.
-pub(crate) const PALETTE: [RGBColor; 8] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(255, 127, 14),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-];
 
 /// One condition's curve over seeds: at each cumulative-rollout count, the mean over seeds of
 /// the last test mean@k each seed had reached, and the least and most of them.

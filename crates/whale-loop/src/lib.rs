@@ -6,8 +6,9 @@
 //! to stop. The [`weight_phase`] rolls out a batch of training tasks under the current harness
 //! and updates the weights (online RFT, GRPO or RLOO); the [`search_phase`] runs Meta-Harness iterations with
 //! the weights fixed. [`test_eval`] scores the current agent on the test split at the points the
-//! schedule marks. [`run_dir`] writes every completed unit so that [`experiment`] resumes a
-//! killed run exactly, and [`lock`] lets one process at a time write a directory; [`report`] and [`compare`] turn finished runs into tables and plots, and
+//! schedule marks. [`run_dir`] writes every completed unit (its [`metrics_row`]s typed by kind) so
+//! that [`experiment`] resumes a killed run exactly,
+//! and [`lock`] lets one process at a time write a directory; [`report`] and [`compare`] turn finished runs into tables and plots, and
 //! [`study`] repeats comparisons over seeds and domains and pools them; [`coupling`] scores
 //! every harness a run accepted under every weights it held at a phase boundary, and
 //! [`figures`] draws the study's plots.
@@ -20,6 +21,8 @@ pub mod coupling;
 pub mod experiment;
 pub mod figures;
 pub mod lock;
+pub mod metrics_row;
+mod palette;
 pub mod report;
 pub mod run_dir;
 pub mod scale_out;

@@ -8,6 +8,8 @@
 //! with `plotters` and embedded in a self-contained HTML file.
 
 use crate::condition::Condition;
+use crate::metrics_row::{MetricsRow, RowKind};
+use crate::palette::PALETTE;
 use crate::run_dir::{read_json, RunDir, RunDirError, CONFIG_FILE, LEDGER_FILE, REPORT_FILE, STATE_FILE};
 use plotters::prelude::*;
 use serde::Serialize;
@@ -71,11 +73,10 @@ impl Series {
     pub fn read(dir: &Path) -> Result<Self, ReportError> {
         let run = RunDir::open(dir)?;
         let state = run.read_state()?;
-        let rows = run.metrics()?;
-        let points = rows.iter().filter(|row| row["kind"] == "evaluation").filter_map(curve_point).collect();
-        let boundaries = rows
-            .iter()
-            .filter(|row| row["kind"] == "phase")
+        let rows = MetricsRow::read_all(&run)?;
+        let of_kind = |kind| rows.iter().filter(move |row| row.kind == kind).map(|row| &row.fields);
+        let points = of_kind(RowKind::Evaluation).filter_map(curve_point).collect();
+        let boundaries = of_kind(RowKind::Phase)
             .map(|row| Boundary {
                 training_rollouts: row["cumulative"]["training_rollouts"].as_u64().unwrap_or(0),
                 phase: row["phase"].as_str().unwrap_or_default().to_string(),
@@ -274,7 +275,7 @@ where
         .draw()
         .map_err(|e| e.to_string())?;
     for (index, s) in series.iter().enumerate() {
-        let color = crate::figures::PALETTE[index % crate::figures::PALETTE.len()];
+        let color = PALETTE[index % PALETTE.len()];
         // Earlier series are drawn wider, so a later one on the same points leaves them visible.
         let width = 2 + (series.len() - 1 - index) as u32 / 2;
         for boundary in &s.boundaries {

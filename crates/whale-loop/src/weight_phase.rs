@@ -36,9 +36,9 @@ use whale_core::{ModelCall, SampledTokens, Task, Trajectory};
 use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
 use whale_lm::{
-    completion_logprobs, save_model, save_qwen35, ChatCodec, Decoder, EngineError, GenerationConfig, LocalPolicy,
-    LoraAdapter, LrSchedule, PgExample, PgObjective, Policy, PolicyError, Qwen35Lora, Qwen35Model, SamplingParams,
-    SftExample, SftTrainer, TrainError, TrainableModel, TrainerConfig,
+    completion_logprobs, ChatCodec, Decoder, EngineError, LocalPolicy, LoraConfig, LrSchedule, PgExample, PgObjective,
+    Policy, PolicyError, SamplingParams, SftExample, SftTrainer, TrainError, TrainableModel, TrainerConfig,
+    TrainerState, WithTrainable,
 };
 use whale_tasks::{DomainTasks, Environment, EnvironmentError};
 
@@ -218,30 +218,120 @@ pub fn trainer_config(config: &WeightConfig, pad_token_id: u32) -> TrainerConfig
     }
 }
 
-/// What the in-process trainer is called in the error for a model it cannot train.
-const TRAINER: &str = "whale's in-process trainer (use [weights.trainer] for an external one)";
+/// The in-process trainer of a run, over the model of whichever architecture its engine serves.
+pub struct RunTrainer(Box<dyn ArchitectureTrainer>);
 
-/// The in-process trainer of a run, for the architecture its engine serves.
-pub enum RunTrainer {
-    Qwen3(Box<SftTrainer>),
-    Qwen35(Box<SftTrainer<Qwen35Model>>),
+/// What a run does with its trainer; implemented once for the trainer of every
+/// [`TrainableModel`], so nothing here names an architecture.
+trait ArchitectureTrainer {
+    fn decoder(&self) -> Decoder;
+    fn state(&self) -> TrainerState;
+    fn apply(&mut self, journal: &StepJournal, config: &WeightConfig) -> Result<PassStats, TrainError>;
+    fn save(&self, dir: &Path, base_model: &Path) -> Result<(), TrainError>;
+    fn save_merged(&self, dir: &Path) -> Result<(), String>;
+    fn step(
+        &mut self,
+        phase: &WeightPhase<'_>,
+        step: u64,
+        population: &[Harness],
+        policy: &Arc<LocalPolicy>,
+        reference: Option<&Decoder>,
+    ) -> Result<(StepReport, StepJournal, Vec<Trajectory>), WeightPhaseError>;
+}
+
+impl<M: TrainableModel> ArchitectureTrainer for SftTrainer<M> {
+    fn decoder(&self) -> Decoder {
+        self.model().clone().into()
+    }
+
+    fn state(&self) -> TrainerState {
+        *SftTrainer::state(self)
+    }
+
+    fn apply(&mut self, journal: &StepJournal, config: &WeightConfig) -> Result<PassStats, TrainError> {
+        apply(self, journal, config)
+    }
+
+    /// The adapter (a PEFT directory naming `base_model`) when the model carries one, the
+    /// checkpoint otherwise; the optimizer state either way.
+    fn save(&self, dir: &Path, base_model: &Path) -> Result<(), TrainError> {
+        match self.model().has_adapter() {
+            true => self.save_adapter(dir, &base_model.display().to_string()),
+            false => self.save_checkpoint(dir),
+        }
+    }
+
+    fn save_merged(&self, dir: &Path) -> Result<(), String> {
+        let model = self.model().merged().map_err(|e| e.to_string())?;
+        model.save(dir).map_err(|e| e.to_string())
+    }
+
+    fn step(
+        &mut self,
+        phase: &WeightPhase<'_>,
+        step: u64,
+        population: &[Harness],
+        policy: &Arc<LocalPolicy>,
+        reference: Option<&Decoder>,
+    ) -> Result<(StepReport, StepJournal, Vec<Trajectory>), WeightPhaseError> {
+        phase.step(step, population, policy, self, reference.and_then(M::of_decoder))
+    }
 }
 
 impl RunTrainer {
     /// The model being trained, as the engine serves it.
     pub fn decoder(&self) -> Decoder {
-        match self {
-            Self::Qwen3(trainer) => trainer.model().clone().into(),
-            Self::Qwen35(trainer) => trainer.model().clone().into(),
-        }
+        self.0.decoder()
+    }
+
+    /// The trainer's counters.
+    pub fn state(&self) -> TrainerState {
+        self.0.state()
     }
 
     /// The journal's updates ([`apply`]).
     pub fn apply(&mut self, journal: &StepJournal, config: &WeightConfig) -> Result<PassStats, TrainError> {
-        match self {
-            Self::Qwen3(trainer) => apply(trainer, journal, config),
-            Self::Qwen35(trainer) => apply(trainer, journal, config),
-        }
+        self.0.apply(journal, config)
+    }
+}
+
+/// Builds a fresh trainer over the model it is given, with a new adapter under `[weights.lora]`.
+struct FreshTrainer<'a> {
+    settings: TrainerConfig,
+    lora: Option<&'a LoraConfig>,
+    seed: u64,
+}
+
+impl WithTrainable for FreshTrainer<'_> {
+    type Output = Result<RunTrainer, TrainError>;
+
+    fn run<M: TrainableModel>(self, base: M) -> Self::Output {
+        let model = match self.lora {
+            Some(lora) => base.with_new_adapter(lora, self.seed)?,
+            None => base,
+        };
+        Ok(RunTrainer(Box::new(SftTrainer::new(model, self.settings)?)))
+    }
+}
+
+/// Builds the trainer saved in `dir` over the model it is given: its adapter under
+/// `[weights.lora]`, otherwise the checkpoint there, loaded in the model's dtype.
+struct SavedTrainer<'a> {
+    settings: TrainerConfig,
+    dir: &'a Path,
+    adapter: bool,
+    device: &'a Device,
+}
+
+impl WithTrainable for SavedTrainer<'_> {
+    type Output = Result<RunTrainer, TrainError>;
+
+    fn run<M: TrainableModel>(self, base: M) -> Self::Output {
+        let model = match self.adapter {
+            true => base.with_saved_adapter(self.dir)?,
+            false => M::load(self.dir, base.dtype(), self.device)?,
+        };
+        Ok(RunTrainer(Box::new(SftTrainer::resumed(model, self.settings, self.dir)?)))
     }
 }
 
@@ -250,25 +340,11 @@ impl RunTrainer {
 /// serves from now on, sharing its matrices.
 pub fn new_trainer(config: &WeightConfig, policy: &LocalPolicy, seed: u64) -> Result<RunTrainer, WeightPhaseError> {
     let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
-    if let Decoder::Qwen35(base) = policy.decoder() {
-        let Some(lora) = &config.lora else {
-            return Ok(RunTrainer::Qwen35(Box::new(SftTrainer::new(base, settings)?)));
-        };
-        let adapter = Qwen35Lora::new(lora.clone(), base.config(), seed, base.dtype(), base.device())
-            .map_err(TrainError::from)?;
-        let trainer = SftTrainer::new(base.with_adapter(&adapter).map_err(TrainError::from)?, settings)?;
-        policy.reload(trainer.model().clone(), policy.weights_version())?;
-        return Ok(RunTrainer::Qwen35(Box::new(trainer)));
+    let trainer = policy.decoder().with_trainable(FreshTrainer { settings, lora: config.lora.as_ref(), seed })?;
+    if config.lora.is_some() {
+        policy.reload(trainer.decoder(), policy.weights_version())?;
     }
-    let Some(lora) = &config.lora else {
-        return Ok(RunTrainer::Qwen3(Box::new(SftTrainer::new(policy.qwen3(TRAINER)?, settings)?)));
-    };
-    let base = policy.qwen3(TRAINER)?;
-    let adapter =
-        LoraAdapter::new(lora.clone(), base.config(), seed, base.dtype(), base.device()).map_err(TrainError::from)?;
-    let trainer = SftTrainer::new(base.with_adapter(&adapter).map_err(TrainError::from)?, settings)?;
-    policy.reload(trainer.model().clone(), policy.weights_version())?;
-    Ok(RunTrainer::Qwen3(Box::new(trainer)))
+    Ok(trainer)
 }
 
 /// The trainer saved by [`save_trainer`] in `dir` (a checkpoint, or with `[weights.lora]` an
@@ -280,20 +356,8 @@ pub fn resume_trainer(
     device: &Device,
 ) -> Result<RunTrainer, WeightPhaseError> {
     let settings = trainer_config(config, policy.tokenizer().specials().endoftext);
-    let trainer = match (policy.decoder(), &config.lora) {
-        (Decoder::Qwen35(base), Some(_)) => {
-            RunTrainer::Qwen35(Box::new(SftTrainer::resume_qwen35_adapter(dir, &base, settings)?))
-        }
-        (Decoder::Qwen35(model), None) => {
-            RunTrainer::Qwen35(Box::new(SftTrainer::resume_qwen35(dir, settings, model.dtype(), device)?))
-        }
-        (_, Some(_)) => {
-            RunTrainer::Qwen3(Box::new(SftTrainer::resume_adapter(dir, &policy.qwen3(TRAINER)?, settings)?))
-        }
-        (_, None) => {
-            RunTrainer::Qwen3(Box::new(SftTrainer::resume(dir, settings, policy.qwen3(TRAINER)?.dtype(), device)?))
-        }
-    };
+    let saved = SavedTrainer { settings, dir, adapter: config.lora.is_some(), device };
+    let trainer = policy.decoder().with_trainable(saved)?;
     policy.reload(trainer.decoder(), policy.weights_version())?;
     Ok(trainer)
 }
@@ -301,16 +365,7 @@ pub fn resume_trainer(
 /// Saves the trainer into `dir`: a checkpoint, or the PEFT adapter of `base_model` (its
 /// `base_model_name_or_path`), with the optimizer state either way.
 pub fn save_trainer(trainer: &RunTrainer, dir: &Path, base_model: &Path) -> Result<(), TrainError> {
-    match trainer {
-        RunTrainer::Qwen3(trainer) if trainer.model().adapter().is_some() => {
-            trainer.save_adapter(dir, &base_model.display().to_string())
-        }
-        RunTrainer::Qwen3(trainer) => trainer.save(dir, &GenerationConfig::for_model(trainer.model().config())),
-        RunTrainer::Qwen35(trainer) if trainer.model().adapter().is_some() => {
-            trainer.save_adapter(dir, &base_model.display().to_string())
-        }
-        RunTrainer::Qwen35(trainer) => trainer.save(dir),
-    }
+    trainer.0.save(dir, base_model)
 }
 
 /// Writes the trainer's weights (an adapter merged into its base) as a model directory that
@@ -318,17 +373,7 @@ pub fn save_trainer(trainer: &RunTrainer, dir: &Path, base_model: &Path) -> Resu
 /// config, and the tokenizer files of `base_model`. No optimizer state: nothing resumes from it.
 pub fn save_phase_weights(trainer: &RunTrainer, dir: &Path, base_model: &Path) -> Result<(), WeightPhaseError> {
     let failed = |reason: String| WeightPhaseError::PhaseWeights { dir: dir.to_path_buf(), reason };
-    match trainer {
-        RunTrainer::Qwen3(trainer) => {
-            let model = trainer.model().merged().map_err(|e| failed(e.to_string()))?;
-            save_model(&model, &GenerationConfig::for_model(model.config()), dir)
-        }
-        RunTrainer::Qwen35(trainer) => {
-            let model = trainer.model().merged().map_err(|e| failed(e.to_string()))?;
-            save_qwen35(&model, dir)
-        }
-    }
-    .map_err(|e| failed(e.to_string()))?;
+    trainer.0.save_merged(dir).map_err(failed)?;
     ChatCodec::copy_files(base_model, dir).map_err(|e| failed(e.to_string()))
 }
 
@@ -417,18 +462,7 @@ impl WeightPhase<'_> {
         trainer: &mut RunTrainer,
         reference: Option<&Decoder>,
     ) -> Result<(StepReport, StepJournal, Vec<Trajectory>), WeightPhaseError> {
-        match trainer {
-            RunTrainer::Qwen3(trainer) => {
-                self.step(step, population, policy, trainer.as_mut(), reference.and_then(Decoder::qwen3))
-            }
-            RunTrainer::Qwen35(trainer) => {
-                let reference = reference.and_then(|r| match r {
-                    Decoder::Qwen35(model) => Some(model),
-                    Decoder::Qwen3(_) => None,
-                });
-                self.step(step, population, policy, trainer.as_mut(), reference)
-            }
-        }
+        trainer.0.step(self, step, population, policy, reference)
     }
 
     /// The advantages of a step's rollouts, from the groups of k rollouts of each task.

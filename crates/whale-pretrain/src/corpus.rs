@@ -116,7 +116,10 @@ fn text_field<'a>(task: &'a Task, field: &str) -> Option<&'a str> {
 /// What identifies a task in the corpus: a chess puzzle's starting FEN, any other task's
 /// question.
 pub fn identity(task: &Task) -> Option<String> {
-    let field = if task.domain == Domain::Chess { "fen" } else { "question" };
+    let field = match task.domain {
+        Domain::Chess => "fen",
+        Domain::Math | Domain::Qa => "question",
+    };
     text_field(task, field).map(str::to_string)
 }
 

@@ -8,6 +8,7 @@
 //! sides (weights and harness), so pretraining reports it with its bootstrap interval.
 
 use super::corpus::plain_math_prompt;
+use crate::error::PretrainError;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::Path;
@@ -49,7 +50,10 @@ impl EvalSpec {
     /// 64 tasks x 8 samples of the domain's evaluation difficulty: math word problems of
     /// difficulty 1, endgame mates in one, QA questions with one and two hops mixed.
     pub fn for_domain(domain: Domain) -> Self {
-        let difficulty = if domain == Domain::Qa { 2 } else { 1 };
+        let difficulty = match domain {
+            Domain::Math | Domain::Chess => 1,
+            Domain::Qa => 2,
+        };
         Self { domain, tasks: 64, samples: 8, difficulty, seed: 0xE7A1, max_tokens: 192 }
     }
 }
@@ -99,27 +103,23 @@ pub fn held_out(tasks: &[Task]) -> HashSet<String> {
 }
 
 /// Serves the checkpoint in `dir` and evaluates it on `tasks`.
-pub fn evaluate_dir(dir: &Path, spec: &EvalSpec, tasks: &[Task]) -> Result<EvalReport, super::PretrainError> {
+pub fn evaluate_dir(dir: &Path, spec: &EvalSpec, tasks: &[Task]) -> Result<EvalReport, PretrainError> {
     let policy = LocalPolicy::load(dir, candle_core::DType::F32, &candle_core::Device::Cpu, EngineConfig::default())?;
     let policy = Arc::new(policy);
     let report = match spec.domain {
         Domain::Math => evaluate(policy.as_ref(), spec, tasks)?,
-        _ => evaluate_harness(policy.clone(), spec, tasks)?,
+        Domain::Chess | Domain::Qa => evaluate_harness(policy.clone(), spec, tasks)?,
     };
     policy.shutdown();
     Ok(report)
 }
 
 /// Runs the domain's starting harness ([`starting_harness`]) `spec.samples` times per task.
-pub fn evaluate_harness(
-    policy: Arc<dyn Policy>,
-    spec: &EvalSpec,
-    tasks: &[Task],
-) -> Result<EvalReport, super::PretrainError> {
+pub fn evaluate_harness(policy: Arc<dyn Policy>, spec: &EvalSpec, tasks: &[Task]) -> Result<EvalReport, PretrainError> {
     let started = Instant::now();
     let name = starting_harness(spec.domain);
     let harness =
-        whale_harness::stock_harness(name).map(|stock| stock.harness()).ok_or(super::PretrainError::NoHarness(name))?;
+        whale_harness::stock_harness(name).map(|stock| stock.harness()).ok_or(PretrainError::NoHarness(name))?;
     let environment = scoring::environment(spec.domain, tasks, None, None)?;
     let settings = EvalSettings { k: spec.samples, seed: spec.seed, ..EvalSettings::default() };
     let run = scoring::evaluate(&harness, &environment, tasks, policy, &settings, None)?;

@@ -19,7 +19,10 @@
 //!    rename), with `whale_pretrain.json` inside as the marker of a complete model.
 
 pub mod corpus;
+mod error;
 pub mod eval;
+
+pub use error::PretrainError;
 
 use candle_core::{DType, Device};
 use corpus::{Conversation, CorpusSpec};
@@ -163,10 +166,10 @@ impl PretrainConfig {
         let mut config = Self::math(seed);
         config.domain = domain;
         config.eval = EvalSpec::for_domain(domain);
-        let (chess_share, qa_share, conversations, steps) = match domain {
+        let (chess_share, qa_share, conversations, steps, spaced_answers) = match domain {
             Domain::Math => return config,
-            Domain::Chess => (1.0, 0.0, 16_000, 900),
-            Domain::Qa => (0.0, 1.0, 12_000, 1600),
+            Domain::Chess => (1.0, 0.0, 16_000, 900, false),
+            Domain::Qa => (0.0, 1.0, 12_000, 1600, true),
         };
         config.corpus = CorpusSpec {
             conversations,
@@ -175,7 +178,7 @@ impl PretrainConfig {
             qa_share,
             chess_difficulties: [1, 2],
             extended_styles: true,
-            spaced_answers: domain == Domain::Qa,
+            spaced_answers,
             ..config.corpus
         };
         config.steps = steps;
@@ -233,7 +236,9 @@ impl PretrainConfig {
     pub fn model_name(&self) -> String {
         let name = match self.domain {
             Domain::Math => format!("base-{}-seed{}", base_model_version(Domain::Math), self.seed),
-            domain => format!("base-{}-{domain}-seed{}", base_model_version(domain), self.seed),
+            Domain::Chess | Domain::Qa => {
+                format!("base-{}-{}-seed{}", base_model_version(self.domain), self.domain, self.seed)
+            }
         };
         if *self == Self::for_domain(self.domain, self.seed) {
             return name;
@@ -243,34 +248,6 @@ impl PretrainConfig {
         let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
         format!("{name}-{hex}")
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PretrainError {
-    #[error(transparent)]
-    Codec(#[from] whale_lm::ChatCodecError),
-    #[error(transparent)]
-    Tokenizer(#[from] whale_lm::TokenizerError),
-    #[error(transparent)]
-    Template(#[from] whale_lm::ChatTemplateError),
-    #[error(transparent)]
-    Train(#[from] whale_lm::TrainError),
-    #[error(transparent)]
-    Model(#[from] whale_lm::ModelError),
-    #[error(transparent)]
-    Checkpoint(#[from] whale_lm::CheckpointError),
-    #[error(transparent)]
-    Policy(#[from] whale_lm::PolicyError),
-    #[error(transparent)]
-    Engine(#[from] whale_lm::EngineError),
-    #[error("{}: {reason}", path.display())]
-    Io { path: PathBuf, reason: String },
-    #[error("the corpus gave no training example of at most {0} tokens")]
-    EmptyCorpus(usize),
-    #[error(transparent)]
-    Evaluate(#[from] whale_harness::scoring::EvaluateError),
-    #[error("no stock harness `{0}` to evaluate with")]
-    NoHarness(&'static str),
 }
 
 fn io_error(path: &Path, error: impl std::fmt::Display) -> PretrainError {

@@ -7,8 +7,10 @@ use std::path::Path;
 use std::sync::Arc;
 use whale_core::{ChatMessage, Domain, ModelCall, Task, Trajectory, WallTime};
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions, STOCK_HARNESSES};
-use whale_lm::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
-use whale_search::{Candidate, CandidateMeta, MutateProposer, Mutation, ProposalContext, Proposer};
+use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+use whale_search::{
+    Candidate, CandidateMeta, MutateProposer, Mutation, Proposal, ProposalContext, Proposer, ProposerError,
+};
 use whale_tasks::{DomainTasks, Environment};
 
 /// Plays the model for any domain: the first legal move a prompt lists, else a prose answer
@@ -92,6 +94,11 @@ fn example() -> Trajectory {
     }
 }
 
+/// [`MutateProposer::mutate`] of an incumbent whose layers all read.
+fn mutate(mutation: Mutation, ctx: &ProposalContext<'_>, seed: u64) -> Option<Proposal> {
+    MutateProposer::mutate(mutation, ctx, seed).expect("the incumbent's layers read")
+}
+
 fn context<'a>(incumbent: &'a Candidate, examples: &'a [Trajectory], limits: &'a Limits) -> ProposalContext<'a> {
     ProposalContext {
         archive: Path::new("."),
@@ -168,7 +175,7 @@ fn every_mutation_of_every_stock_harness_validates_and_runs_as_safely_as_the_ori
         let mut applied = BTreeSet::new();
         for mutation in Mutation::ALL {
             for seed in 0..2 {
-                let Some(proposal) = MutateProposer::mutate(mutation, &ctx, seed) else { continue };
+                let Some(proposal) = mutate(mutation, &ctx, seed) else { continue };
                 applied.insert(format!("{mutation:?}"));
                 assert_ne!(proposal.source, stock.source, "{} {mutation:?}", stock.name);
                 assert!(proposal.hypothesis.len() > 40, "{} {mutation:?}: {}", stock.name, proposal.hypothesis);
@@ -199,22 +206,31 @@ fn a_layer_added_by_one_mutation_can_be_dropped_by_another() {
     let limits = Limits::default();
     let stock = STOCK_HARNESSES.iter().find(|s| s.name == "math/calculator").expect("stock");
     let incumbent = candidate(stock.source);
-    let voted = MutateProposer::mutate(Mutation::Vote, &context(&incumbent, &[], &limits), 1).expect("vote");
+    let voted = mutate(Mutation::Vote, &context(&incumbent, &[], &limits), 1).expect("vote");
     assert!(voted.source.contains("// whale:layer vote-1 begin"));
     let layered = candidate(&voted.source);
     let ctx = context(&layered, &[], &limits);
-    assert_eq!(MutateProposer::mutate(Mutation::Vote, &ctx, 1), None, "one vote layer is enough");
-    let dropped = MutateProposer::mutate(Mutation::DropLayer, &ctx, 1).expect("drop");
+    assert_eq!(mutate(Mutation::Vote, &ctx, 1), None, "one vote layer is enough");
+    let dropped = mutate(Mutation::DropLayer, &ctx, 1).expect("drop");
     assert!(!dropped.source.contains("whale:layer vote"));
     assert!(dropped.hypothesis.starts_with("Ablation: remove the `vote-1` mechanism"), "{}", dropped.hypothesis);
-    let stepped = MutateProposer::mutate(Mutation::ToolStep, &ctx, 1).expect("tool step");
+    let stepped = mutate(Mutation::ToolStep, &ctx, 1).expect("tool step");
     let two = candidate(&stepped.source);
     let ctx = context(&two, &[], &limits);
-    let removed: Vec<String> = (0..8)
-        .filter_map(|seed| MutateProposer::mutate(Mutation::DropLayer, &ctx, seed))
-        .map(|p| p.hypothesis)
-        .collect();
+    let removed: Vec<String> =
+        (0..8).filter_map(|seed| mutate(Mutation::DropLayer, &ctx, seed)).map(|p| p.hypothesis).collect();
     assert!(removed.iter().any(|h| h.starts_with("Remove the tool step `tool-step-1`")), "{removed:?}");
+}
+
+#[test]
+fn an_incumbent_with_a_layer_of_an_unknown_kind_is_an_error_naming_the_value() {
+    let limits = Limits::default();
+    let stock = STOCK_HARNESSES.iter().find(|s| s.name == "math/calculator").expect("stock");
+    let voted = mutate(Mutation::Vote, &context(&candidate(stock.source), &[], &limits), 1).expect("vote");
+    let renamed = candidate(&voted.source.replace("whale:layer vote-1", "whale:layer consensus-1"));
+    let outcome = MutateProposer::default().propose(&context(&renamed, &[], &limits));
+    let Err(ProposerError::Incumbent(message)) = outcome else { panic!("{outcome:?}") };
+    assert!(message.contains("layer `consensus-1`: field `kind`: unknown value `consensus`"), "{message}");
 }
 
 #[test]
@@ -223,10 +239,8 @@ fn harness_code_without_anchors_gets_only_the_edits_that_apply() {
     let no_export_anchor = "function solve(task, ctx) {\n  return ctx.llm.chat(\"Answer the question below in a few words.\\n\" + ctx.env.observation).text;\n}\nexport { solve };\n";
     let incumbent = candidate(no_export_anchor);
     let ctx = context(&incumbent, &[], &limits);
-    let applicable: Vec<Mutation> = Mutation::ALL
-        .into_iter()
-        .filter(|&m| (0..4).any(|seed| MutateProposer::mutate(m, &ctx, seed).is_some()))
-        .collect();
+    let applicable: Vec<Mutation> =
+        Mutation::ALL.into_iter().filter(|&m| (0..4).any(|seed| mutate(m, &ctx, seed).is_some())).collect();
     assert_eq!(applicable, [Mutation::AddPhrase, Mutation::RewriteSentence]);
     let bare = "function solve(task, ctx) { return ctx.llm.chat(ctx.env.observation).text; }\nexport { solve };\n";
     let incumbent = candidate(bare);
@@ -302,9 +316,9 @@ fn a_view_swap_shows_the_legal_moves_in_san_where_the_tool_recorded_both_forms()
     let recorded = rollouts(stock.source, Domain::Chess, &tasks, &environment);
     let incumbent = candidate(stock.source);
     let blind = context(&incumbent, &[], &limits);
-    assert_eq!(MutateProposer::mutate(Mutation::ViewSwap, &blind, 1), None, "no recorded tool result, no forms");
+    assert_eq!(mutate(Mutation::ViewSwap, &blind, 1), None, "no recorded tool result, no forms");
     let ctx = ProposalContext { failures: &recorded, ..context(&incumbent, &[], &limits) };
-    let swaps: Vec<_> = (0..6).filter_map(|seed| MutateProposer::mutate(Mutation::ViewSwap, &ctx, seed)).collect();
+    let swaps: Vec<_> = (0..6).filter_map(|seed| mutate(Mutation::ViewSwap, &ctx, seed)).collect();
     let shown =
         swaps.iter().find(|p| p.source.contains("Legal moves: ${legal.san.join")).expect("the move list swapped");
     assert!(shown.source.contains("Reply with the best move in SAN."), "{}", shown.source);
@@ -370,9 +384,9 @@ fn a_query_rewrite_searches_the_models_queries_first_and_returns_as_many_passage
     let environment = Environment::for_tasks(Domain::Qa, &tasks).expect("environment");
     let recorded = rollouts(stock.source, Domain::Qa, &tasks, &environment);
     let incumbent = candidate(stock.source);
-    assert_eq!(MutateProposer::mutate(Mutation::Query, &context(&incumbent, &[], &limits), 1), None, "no search seen");
+    assert_eq!(mutate(Mutation::Query, &context(&incumbent, &[], &limits), 1), None, "no search seen");
     let ctx = ProposalContext { failures: &recorded, ..context(&incumbent, &[], &limits) };
-    let proposals: Vec<_> = (0..8).filter_map(|seed| MutateProposer::mutate(Mutation::Query, &ctx, seed)).collect();
+    let proposals: Vec<_> = (0..8).filter_map(|seed| mutate(Mutation::Query, &ctx, seed)).collect();
     for hops in [1, 2] {
         let proposal = proposals
             .iter()
@@ -417,7 +431,7 @@ fn where_no_tool_searches_or_is_passed_an_integer_the_proposals_are_those_withou
         let all = MutateProposer::default().propose(&ctx).expect("propose");
         assert_eq!(all, MutateProposer::with_mutations(without).propose(&ctx).expect("propose"), "{name}");
         for mutation in new {
-            assert_eq!(MutateProposer::mutate(mutation, &ctx, 3), None, "{name} {mutation:?}");
+            assert_eq!(mutate(mutation, &ctx, 3), None, "{name} {mutation:?}");
         }
     }
 }
@@ -432,7 +446,7 @@ fn a_tool_argument_step_changes_how_many_passages_the_search_returns() {
     let ctx = context(&incumbent, &[], &limits);
     let mut ks = BTreeSet::new();
     for seed in 0..8 {
-        let proposal = MutateProposer::mutate(Mutation::ToolArgument, &ctx, seed).expect("search(question, 3)");
+        let proposal = mutate(Mutation::ToolArgument, &ctx, seed).expect("search(question, 3)");
         let played = rollouts(&proposal.source, Domain::Qa, &tasks, &environment);
         for trajectory in &played {
             assert_eq!(trajectory.error, None);

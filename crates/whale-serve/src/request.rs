@@ -267,14 +267,7 @@ fn sampling_params(wire: &WireGeneration) -> Result<SamplingParams, ApiError> {
         seed: wire.seed.as_ref().map_or_else(|| Ok(rand::random()), seed_bits)?,
         ignore_eos: wire.ignore_eos.unwrap_or(false),
     };
-    params.validate().map_err(|e| {
-        let param = match e {
-            whale_lm::sampling::SamplingError::Temperature(_) => "temperature",
-            whale_lm::sampling::SamplingError::TopP(_) => "top_p",
-            _ => "max_tokens",
-        };
-        ApiError::bad_request(e.to_string()).with_param(param)
-    })?;
+    params.validate().map_err(|e| ApiError::bad_request(e.to_string()).with_param(e.field()))?;
     Ok(params)
 }
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{local, remote, request, start, write_model};
-use whale_lm::remote::TransportFault;
-use whale_lm::{Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
+use whale_policy::remote::TransportFault;
+use whale_policy::{Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
 use whale_serve::ServeConfig;
 
 #[test]

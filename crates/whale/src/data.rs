@@ -6,7 +6,7 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
 use whale_core::{Domain, Task};
-use whale_tasks::{read_jsonl, replay_gold, DomainTasks, RecordError};
+use whale_tasks::{read_jsonl, replay_gold, task_domain, DomainTasks, RecordError};
 
 /// What `whale data check` found in one file.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -37,18 +37,11 @@ pub fn check(domain: Domain, path: &Path) -> CheckReport {
             gold_solved += 1;
         } else {
             let reason = format!("task `{}`: the gold answer does not verify: {}", task.id, verdict.detail);
-            problems.push(RecordError::new(path, *line, Some(gold_field(domain)), reason));
+            problems.push(RecordError::new(path, *line, Some(task_domain(domain).gold_field()), reason));
         }
     }
     problems.sort_by_key(|p| p.line);
     CheckReport { loaded: tasks.len(), gold_solved, rejected: problems.len(), problems }
-}
-
-fn gold_field(domain: Domain) -> &'static str {
-    match domain {
-        Domain::Math | Domain::Qa => "answer",
-        Domain::Chess => "Moves",
-    }
 }
 
 /// Writes `n` generated tasks in the domain's native format.

@@ -1,7 +1,8 @@
 //! `whale lm ...` end to end, with a tiny model pretrained for a few steps into a temporary
 //! `WHALE_HOME`: the cached model is in the Hugging Face layout, is reused, resumes after an
 //! interruption exactly where it stopped, fine-tunes (fully or a LoRA adapter, which resumes,
-//! merges and applies when sampling) and samples.
+//! merges and applies when sampling) and samples; `whale lm bench` and `whale lm random` on
+//! random models.
 
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
@@ -376,4 +377,56 @@ fn lm_random_writes_a_tiny_qwen3_5_on_the_same_tokenizer_that_the_engine_loads()
     assert_eq!((decoder.architecture(), decoder.vocab_size()), ("Qwen3.5", 8192));
     let codec = ChatCodec::load(&dir).expect("its tokenizer and chat template load");
     assert!(!codec.prompt_ids(&[whale_core::ChatMessage::new("user", "What is 2 + 3?")]).expect("a prompt").is_empty());
+}
+
+/// The `| workload | tokens | seconds | tokens/s | ...` rows of a bench table: workload and
+/// tokens/s, as scripts/gpu-check.sh reads them.
+fn bench_rows(table: &str) -> Vec<(String, f64)> {
+    table
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let tokens_per_second = cells.get(4)?.parse().ok()?;
+            Some((cells[1].to_string(), tokens_per_second))
+        })
+        .collect()
+}
+
+#[test]
+fn lm_bench_measures_a_random_qwen3_5_of_the_shape_asked_at_each_concurrency() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let args = ["lm", "bench", "--random", "--shape", "qwen3.5-tiny", "--batch-sizes", "1,3", "--new-tokens", "4"];
+    let table = succeed(home.path(), &[&args[..], &["--train-steps", "1"]].concat());
+    assert!(table.contains("model: random Qwen3.5 (64 wide, 4 layers), vocabulary 8192"), "{table}");
+    let rows = bench_rows(&table);
+    let workloads: Vec<&str> = rows.iter().map(|(workload, _)| workload.as_str()).collect();
+    assert_eq!(workloads, ["generate, 1 concurrent", "generate, 3 concurrent", "SFT step, 16 examples"], "{table}");
+    assert!(rows.iter().all(|(_, tokens_per_second)| *tokens_per_second > 0.0), "{table}");
+    assert!(table.contains("1 steps of 16 x (32 prompt + 96 completion) tokens"), "{table}");
+    let loss: f64 =
+        table.split("loss ").nth(1).and_then(|rest| rest.split(' ').next()).expect("a loss").parse().unwrap();
+    // A fresh model spreads its probability about evenly: ln 8192 = 9.01.
+    assert!((8.5..9.5).contains(&loss), "{table}");
+
+    let untrained = succeed(home.path(), &[&args[..], &["--train-steps", "0"]].concat());
+    let workloads: Vec<String> = bench_rows(&untrained).into_iter().map(|(workload, _)| workload).collect();
+    assert_eq!(workloads, ["generate, 1 concurrent", "generate, 3 concurrent"], "{untrained}");
+}
+
+#[test]
+fn lm_bench_refuses_flags_that_do_not_go_together() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let cases: [(&[&str], &str); 5] = [
+        (&["--shape", "qwen3.5-tiny"], "--random"),
+        (&["--random", "--model", "dir"], "cannot be used with"),
+        (&["--random", "--batch-sizes", "1,0"], "must be at least 1"),
+        (&["--random", "--new-tokens", "0"], "must be at least 1"),
+        (&["--random", "--shape", "qwen3.5-2b"], "qwen3.5-0.8b"),
+    ];
+    for (flags, said) in cases {
+        let output = whale(home.path(), &[&["lm", "bench"], flags].concat());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(said), "{flags:?} should say {said:?}: {stderr}");
+    }
 }

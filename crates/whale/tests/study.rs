@@ -1,6 +1,8 @@
 //! `whale study` on the tiny model: every arm under every seed in its own compare directory,
 //! `study.json` with the paired differences pooled over seeds, and a study killed with SIGKILL
-//! at seeded random moments ends with the same `study.json` as one never interrupted.
+//! at seeded random moments ends with the same `study.json` as one never interrupted. A study
+//! split over two machines, its result files collected in one directory, reports exactly what
+//! one uninterrupted study reports; a result file of another config is refused, named.
 
 mod common;
 
@@ -43,15 +45,34 @@ every_steps = 2
     )
 }
 
+/// The conditions of every study here.
+const CONDITIONS: &str = "whale,weight-only,harness-only";
+
 fn study(root: &Path, runs: &str) -> Command {
+    study_of(root, runs, &["--seeds", "3,5", "--conditions", CONDITIONS])
+}
+
+/// `whale study ARGS` of `tiny.toml` into `root/runs`, its output discarded.
+fn study_of(root: &Path, runs: &str, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
     command
-        .args(["study", "--quiet", "--seeds", "3,5", "--conditions", "whale,weight-only,harness-only", "--runs"])
+        .args(["study", "--quiet", "--runs"])
         .arg(root.join(runs))
+        .args(args)
         .arg(root.join("tiny.toml"))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     command
+}
+
+/// The study's text as `whale study` prints it: without the CPU line a run starts with and the
+/// paths and wall time it ends with.
+fn report_text(command: &mut Command) -> String {
+    let output = command.stdout(Stdio::piped()).stderr(Stdio::piped()).output().expect("whale runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8(output.stdout).expect("utf-8");
+    let lines = stdout.lines().skip_while(|line| line.starts_with("cpu: "));
+    lines.take_while(|line| !line.starts_with("results: ")).map(|line| format!("{line}\n")).collect()
 }
 
 fn fixture() -> (tempfile::TempDir, PathBuf) {
@@ -200,4 +221,80 @@ fn each_coupling_cell_equals_a_direct_harness_run_of_its_harness_on_its_weights(
     whale(&["coupling", &text(&run_dir), "--quiet"]);
     assert_eq!(common::read_json(&run_dir.join("coupling.json")), matrix, "computed again, the same matrix");
     assert_eq!(std::fs::read(run_dir.join("state.json")).expect("state"), state, "the run is left as it was");
+}
+
+#[test]
+fn a_study_split_over_two_machines_reports_what_one_uninterrupted_study_reports() {
+    let (_dir, root) = fixture();
+    let both = ["--seeds", "0,1", "--conditions", CONDITIONS];
+    let whole_text = report_text(&mut study_of(&root, "whole", &both));
+    let whole = root.join("whole/study");
+    assert!(whole_text.contains("  cpu: ") && whole_text.contains(": seeds [0, 1]\n"), "{whole_text}");
+
+    // Machine A runs seed 0 (`--seeds 1`: one seed); machine B is handed A's result file and
+    // runs the study of both seeds, so that only seed 1 runs there.
+    assert!(study_of(&root, "a", &["--seeds", "1", "--conditions", CONDITIONS]).status().expect("whale").success());
+    let from_a = root.join("a/study/results/tiny-seed-0.json");
+    let b_results = root.join("b/study/results");
+    std::fs::create_dir_all(&b_results).expect("results dir");
+    std::fs::copy(&from_a, b_results.join("tiny-seed-0.json")).expect("copied");
+    let b_text = report_text(&mut study_of(&root, "b", &both));
+    assert!(!root.join("b/study/tiny/seed-0").exists(), "seed 0 came from machine A's file");
+    assert!(root.join("b/study/tiny/seed-1/whale/state.json").is_file(), "seed 1 ran on machine B");
+    assert_eq!(b_text, whole_text, "machine B's study of both seeds");
+
+    let file = common::read_json(&from_a);
+    assert_eq!((file["config"].as_str(), file["seed"].as_u64()), (Some("tiny"), Some(0)));
+    assert!(file["cpu"]["model"].as_str().is_some_and(|m| !m.is_empty()) && file["cpu"]["features"].is_array());
+    assert!(file["whale"]["version"].is_string() && file["wall_s"].as_f64().is_some_and(|s| s > 0.0), "{file}");
+    assert_eq!(file["arms"].as_array().map(Vec::len), Some(3));
+    assert!(file["coupling"]["cells"].as_array().is_some_and(|cells| cells.len() >= 2));
+    let size = std::fs::metadata(&from_a).expect("the file").len();
+    assert!(size < 64 * 1024, "a result file holds no checkpoint: {size} bytes");
+
+    // The two machines' files alone, in one directory, make the whole study's report.
+    let collected = root.join("collected");
+    std::fs::create_dir_all(&collected).expect("collected dir");
+    std::fs::copy(&from_a, collected.join("tiny-seed-0.json")).expect("copied");
+    std::fs::copy(b_results.join("tiny-seed-1.json"), collected.join("tiny-seed-1.json")).expect("copied");
+    let collected = collected.display().to_string();
+    let report_only = [&both[..], &["--report-only", "--results", &collected]].concat();
+    assert_eq!(report_text(&mut study_of(&root, "report", &report_only)), whole_text);
+    let report = root.join("report/study");
+    assert!(!report.join("tiny").exists(), "--report-only runs nothing");
+    assert_eq!(
+        common::untimed_file(&report.join("study.json")),
+        common::untimed_file(&whole.join("study.json")),
+        "study.json from the files"
+    );
+    let bytes = |path: PathBuf| std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(bytes(report.join("report.html")), bytes(whole.join("report.html")), "report.html");
+    for figure in ["tiny-curves", "tiny-forest", "tiny-coupling-seed-0", "tiny-coupling-seed-1"] {
+        let png = format!("figures/{figure}.png");
+        assert_eq!(bytes(report.join(&png)), bytes(whole.join(&png)), "{png}");
+    }
+
+    let partial = report_text(&mut study_of(&root, "a", &[&both[..], &["--report-only"]].concat()));
+    assert!(partial.contains("tiny (math), seeds [0]\n") && partial.contains("missing seeds [1]"), "{partial}");
+}
+
+#[test]
+fn a_result_file_of_another_config_is_refused_naming_the_file() {
+    let (_dir, root) = fixture();
+    let seed_0 = ["--seeds", "1", "--conditions", "weight-only"];
+    assert!(study_of(&root, "runs", &seed_0).status().expect("whale runs").success());
+    let file = root.join("runs/study/results/tiny-seed-0.json");
+    let written = std::fs::read(&file).expect("the result file");
+
+    let config = std::fs::read_to_string(root.join("tiny.toml")).expect("config");
+    std::fs::write(root.join("tiny.toml"), config.replace("budget = 24", "budget = 32")).expect("changed");
+    for report_only in [true, false] {
+        let args = [&seed_0[..], if report_only { &["--report-only"] } else { &[] }].concat();
+        let output = study_of(&root, "runs", &args).stderr(Stdio::piped()).output().expect("whale runs");
+        assert!(!output.status.success(), "report only {report_only}: a file of another config counted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(&file.display().to_string()), "report only {report_only}: {stderr}");
+        assert!(stderr.contains("schedule.budget = 24 in the file, 32 here"), "report only {report_only}: {stderr}");
+    }
+    assert_eq!(std::fs::read(&file).expect("the result file"), written, "a refused file is left as it was");
 }

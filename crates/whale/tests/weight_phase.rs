@@ -13,7 +13,7 @@ use whale_harness::{stock_harness, Limits};
 use whale_lm::{LoraConfig, SamplingParams, SftTrainer};
 use whale_loop::config::{Algorithm, WeightConfig};
 use whale_loop::weight_phase::{
-    apply, call_example, kept, new_trainer, resume_trainer, save_trainer, trainer_config, RunTrainer, WeightPhase,
+    apply, call_example, kept, new_trainer, resume_trainer, save_trainer, trainer_config, WeightPhase,
 };
 use whale_tasks::{DomainTasks, Environment};
 
@@ -158,7 +158,6 @@ fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     config.lora =
         Some(LoraConfig { rank: 4, target_modules: vec!["q_proj".into(), "up_proj".into()], ..LoraConfig::default() });
     let mut run_trainer = new_trainer(&config, &policy, 11).expect("trainer");
-    let RunTrainer::Qwen3(trainer) = &mut run_trainer else { panic!("a Qwen3 trainer") };
     let served = || {
         values(
             policy
@@ -178,25 +177,24 @@ fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     let limits = Limits::default();
     let phase = phase(&config, &environment, &tasks, &sampling, &limits);
     let harness = stock_harness("math/plain").expect("stock").harness();
-    let (report, _, _) = phase.step(1, &[harness], &policy, trainer.as_mut(), None).expect("step");
+    let (report, _, _) = phase.step_run(1, &[harness], &policy, &mut run_trainer, None).expect("step");
     assert!(report.updates > 0, "{report:?}");
     assert_eq!(values(base.named_parameters()), base_before, "the base is bit for bit what it was");
     let trained = served();
     assert_ne!(trained, adapter_before, "the served adapter is the trained one");
-    assert_eq!(trained, values(trainer.model().adapter().expect("adapter").named_parameters()));
+    let trainer_model = run_trainer.decoder().qwen3().cloned().expect("a Qwen3 trainer");
+    assert_eq!(trained, values(trainer_model.adapter().expect("adapter").named_parameters()));
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let state = *trainer.state();
+    let state = run_trainer.state();
     save_trainer(&run_trainer, dir.path(), std::path::Path::new("/models/base")).expect("save");
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("adapter_config.json")).expect("adapter config"))
             .expect("json");
     assert_eq!(saved["base_model_name_or_path"], "/models/base");
     let other = Arc::new(common::tiny_policy());
-    let RunTrainer::Qwen3(resumed) = resume_trainer(&config, &other, dir.path(), &Device::Cpu).expect("resume") else {
-        panic!("a Qwen3 trainer")
-    };
-    assert_eq!(*resumed.state(), state);
+    let resumed = resume_trainer(&config, &other, dir.path(), &Device::Cpu).expect("resume");
+    assert_eq!(resumed.state(), state);
     assert_eq!(
         values(other.qwen3("the test").expect("a Qwen3 model").adapter().expect("adapter").named_parameters()),
         trained

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use whale_core::{Trajectory, Verdict, WallTime};
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
-use whale_lm::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 use whale_tasks::{Episode, StepOutcome, ToolError, ToolSpec};
 
 /// "What is a + b?", answered once with `submit`; a `calculator(a, op, b)` tool.

@@ -17,7 +17,7 @@ use super::names::{self, HfTensor, RowOrder};
 use super::tokenizer::{GgufVocabulary, SpecialToken};
 use super::GgufFile;
 use crate::chat_template::TOKENIZER_CONFIG_FILE;
-use crate::checkpoint::WEIGHTS_FILE;
+use crate::qwen3::checkpoint::WEIGHTS_FILE;
 use crate::tensor_file::{write_atomic, write_tensors};
 
 pub const CONFIG_FILE: &str = "config.json";

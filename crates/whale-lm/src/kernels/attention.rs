@@ -21,8 +21,8 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::host::{f32_slice, on_host};
 use super::vectorised::{dot, exp, sum};
-use super::{f32_slice, on_host};
 
 /// Query steps per block.
 const QUERY_BLOCK: usize = 64;

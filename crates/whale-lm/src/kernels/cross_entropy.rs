@@ -9,8 +9,8 @@
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::host::{f32_slice, map_rows, on_host, PARALLEL_ELEMENTS};
 use super::vectorised::{exp, sum_exp};
-use super::{f32_slice, map_rows, on_host, PARALLEL_ELEMENTS};
 
 /// `logsumexp(logits_i) − logits_i[targets_i]` for each row `i` of `[N, V]` logits.
 pub(super) struct CrossEntropy {

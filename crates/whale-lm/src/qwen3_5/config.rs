@@ -4,7 +4,7 @@
 //! Every problem names the key (and the file, through [`ConfigError`]). The whole JSON object is
 //! kept as read, so that saving writes back the same file, the vision tower's keys included.
 
-use crate::config::{optional, required, token_ids, ConfigError, ConfigIssue};
+use crate::qwen3::config::{optional, required, token_ids, ConfigError, ConfigIssue};
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -346,6 +346,24 @@ impl Qwen35Size {
         linear_num_key_heads: 2,
         linear_num_value_heads: 4,
     };
+
+    /// The decoder layers of Qwen3.5-0.8B (the `text_config` of `Qwen/Qwen3.5-0.8B`'s
+    /// `config.json`): 24 layers 1024 wide, in six runs of three Gated DeltaNet layers (16 key and
+    /// 16 value heads of 128) and one gated full attention (8 query and 2 key/value heads of 256),
+    /// each with an MLP of 3584. The released model also ties its embeddings to a 248,320-token
+    /// vocabulary and rotates with base 10,000,000; [`Qwen35Config::text`] keeps its own defaults
+    /// for those, which change no layer's shape.
+    pub const QWEN3_5_0_8B: Qwen35Size = Qwen35Size {
+        hidden_size: 1024,
+        intermediate_size: 3584,
+        num_hidden_layers: 24,
+        num_attention_heads: 8,
+        num_key_value_heads: 2,
+        head_dim: 256,
+        linear_head_dim: 128,
+        linear_num_key_heads: 16,
+        linear_num_value_heads: 16,
+    };
 }
 
 /// The rotary base and the rotated share: from `rope_parameters` (transformers 5), else the top
@@ -431,6 +449,20 @@ mod tests {
         assert_eq!(config.layer_types[2], LayerKind::LinearAttention);
         assert_eq!(config.rotary_dim(), 4);
         assert!(config.raw.contains_key("vision_config"));
+    }
+
+    #[test]
+    fn the_0_8b_size_has_the_released_checkpoints_text_parameters() {
+        let mut config = Qwen35Config::text(248_320, Qwen35Size::QWEN3_5_0_8B);
+        config.tie_word_embeddings = true;
+        config.validate().unwrap();
+        let shapes = super::super::parameter_shapes(&config);
+        let count: usize = shapes.iter().map(|(_, shape)| shape.iter().product::<usize>()).sum();
+        // The parameters of the text tensors in Qwen/Qwen3.5-0.8B's model.safetensors (the
+        // vision tower and the MTP head left out), the figure published for its text model.
+        assert_eq!(count, 752_393_024);
+        let full = config.layer_types.iter().filter(|kind| **kind == LayerKind::FullAttention).count();
+        assert_eq!((full, config.rotary_dim(), config.conv_dim()), (6, 64, 6144));
     }
 
     #[test]

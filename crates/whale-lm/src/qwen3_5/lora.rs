@@ -8,12 +8,12 @@
 //! A uniform in `±1/sqrt(in)`, B zero.
 
 use super::config::Qwen35Config;
-use super::model::parameter_shapes;
-use crate::lora::{
+use super::shapes::parameter_shapes;
+use crate::parameters;
+use crate::qwen3::lora::{
     config_error, lora_config_from_peft, peft_config, peft_key, LoraConfig, LoraError, ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
 };
-use crate::parameters;
 use crate::tensor_file::{read_exact_tensors, read_json_object, write_atomic, write_tensors, CheckpointError};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;

@@ -9,30 +9,24 @@
 //!
 //! [`Qwen35Lora`] is a PEFT LoRA adapter of its projections ([`Qwen35Model::with_adapter`]).
 
+pub mod architecture;
 pub mod config;
 mod delta_rule;
 pub mod lora;
 pub mod model;
+mod shapes;
 
 pub use config::{LayerKind, Qwen35Config, Qwen35Size};
 pub use lora::Qwen35Lora;
-pub use model::{parameter_shapes, Qwen35Cache, Qwen35Model, Qwen35Step};
+pub use model::{Qwen35Cache, Qwen35Model, Qwen35Step};
+pub use shapes::parameter_shapes;
 
-use crate::checkpoint::{torch_dtype_name, weight_files, CheckpointError, CONFIG_FILE};
+use crate::qwen3::checkpoint::{torch_dtype_name, weight_files, CheckpointError, CONFIG_FILE};
 use crate::tensor_file::{read_tensors, write_atomic, write_tensors, WEIGHTS_FILE};
 use candle_core::{DType, Device};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
-
-/// Whether the checkpoint in `dir` is a Qwen3.5 one (its `model_type` is `qwen3_5` or
-/// `qwen3_5_text`); false when there is no readable `config.json`.
-pub fn is_qwen35(dir: &Path) -> bool {
-    crate::checkpoint::config_object(dir)
-        .ok()
-        .and_then(|config| config.get("model_type").cloned())
-        .is_some_and(|kind| kind == config::TEXT_MODEL_TYPE || kind == config::MULTIMODAL_MODEL_TYPE)
-}
 
 /// Loads a Qwen3.5 checkpoint directory (one `model.safetensors` or an index of shards) as a
 /// model of `dtype` on `device`.

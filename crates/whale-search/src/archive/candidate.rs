@@ -1,10 +1,16 @@
 //! A candidate harness as the archive keeps it: `candidates/<id>/harness.js` and `meta.json`.
 
-use super::{ArchiveError, CandidateRef, META_FILE, SOURCE_FILE};
+use super::error::ArchiveError;
+use super::summary::CandidateRef;
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::path::Path;
 use whale_harness::{content_hash, Harness};
+
+/// A candidate directory's harness source.
+pub(super) const SOURCE_FILE: &str = "harness.js";
+/// A candidate directory's [`CandidateMeta`].
+pub(super) const META_FILE: &str = "meta.json";
 
 /// `meta.json` of a candidate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -14,14 +14,17 @@
 //! registered with [`Archive::forbid_task_ids`], are never written.
 
 mod candidate;
+mod error;
 mod summary;
 
 pub use candidate::{Candidate, CandidateMeta};
+pub use error::ArchiveError;
 pub use summary::{CandidateRef, SummaryEvent};
 
 use crate::durable;
 use crate::guide;
 use crate::score::ScoreCard;
+use candidate::{META_FILE, SOURCE_FILE};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -35,30 +38,8 @@ const RESULTS: &str = "results";
 const SUMMARY: &str = "summary.jsonl";
 const FRONTIER: &str = "frontier.json";
 const SESSIONS: &str = "sessions";
-const SOURCE_FILE: &str = "harness.js";
-const META_FILE: &str = "meta.json";
 const SCORES_FILE: &str = "scores.json";
 const TRACES_FILE: &str = "traces.jsonl";
-
-#[derive(Debug, thiserror::Error)]
-pub enum ArchiveError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
-    #[error("{path}: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
-    #[error("summary.jsonl line {line}: {reason}")]
-    Summary { line: usize, reason: String },
-    #[error("the summary names incumbent {id} (hash {hash}) but no candidate has that source")]
-    MissingIncumbent { id: String, hash: String },
-    #[error("the archive has no incumbent yet; seed it first")]
-    Unseeded,
-    #[error("the archive already has an incumbent ({id}); a search is seeded once")]
-    AlreadySeeded { id: String },
-    #[error("task `{task_id}` is a test task; test tasks and their results never enter the archive")]
-    TestTask { task_id: String },
-    #[error("trajectory of task `{task_id}` is not one of the tasks being recorded")]
-    UnknownTask { task_id: String },
-}
 
 /// One entry of the Pareto front: a source (by hash) and every candidate id that carries it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -113,6 +113,10 @@ pub enum ProposerError {
     /// name): its output is poor, not its server.
     #[error("the proposer's model gave an unusable reply: {0}")]
     Reply(String),
+    /// The incumbent's source holds what the proposer cannot read (a layer marker of an unknown
+    /// kind): what it was given is at fault, not its infrastructure.
+    #[error("the incumbent harness: {0}")]
+    Incumbent(String),
 }
 
 impl ProposerError {

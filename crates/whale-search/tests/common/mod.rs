@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use whale_core::{Domain, Split, Task, Trajectory, Verdict};
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
-use whale_lm::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 use whale_search::{Evaluator, EvaluatorError, Proposal, ProposalContext, Proposer, ProposerError};
 use whale_tasks::{Episode, StepOutcome, ToolError, ToolSpec};
 

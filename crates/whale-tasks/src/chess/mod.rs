@@ -8,6 +8,7 @@
 //! Payload schema: `{"puzzle_id": str, "fen": str (before the setup move), "moves": [uci...],
 //! "rating": int|null, "themes": [str]}`.
 
+mod domain;
 mod game;
 mod generate;
 mod lichess;
@@ -15,6 +16,7 @@ mod mate;
 mod notation;
 mod puzzle;
 
+pub use domain::{environment, ChessDomain};
 pub use game::{ChessConfig, ChessEpisode};
 pub use puzzle::TaskError;
 

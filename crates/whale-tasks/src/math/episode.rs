@@ -5,7 +5,7 @@
 //! model calls for exact arithmetic.
 
 use super::calculator::calculate;
-use super::judge;
+use super::judge::judge;
 use crate::episode::{Episode, StepOutcome, ToolError, ToolSpec};
 use serde_json::{json, Value};
 use whale_core::Verdict;

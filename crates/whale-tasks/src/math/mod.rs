@@ -16,10 +16,12 @@
 
 mod answer;
 mod calculator;
+mod domain;
 mod episode;
 mod exact;
 mod extract;
 mod generator;
+mod judge;
 mod latex;
 mod loader;
 
@@ -27,11 +29,13 @@ pub use answer::equivalent;
 pub use calculator::{
     calculate, CalcError, CalcValue, MAX_EXPONENT, MAX_EXPRESSION_CHARS, MAX_NESTING, MAX_RESULT_BITS,
 };
+pub use domain::MathDomain;
 pub use episode::MathEpisode;
 pub use extract::{extract_answer, Extractor, DEFAULT_ORDER};
 pub use generator::{MAX_DIFFICULTY, MIN_DIFFICULTY};
 pub use loader::{load, parse_record, write_native};
 
+use judge::judge;
 use serde_json::{json, Value};
 use whale_core::{Domain, Task, Verdict};
 
@@ -108,27 +112,6 @@ fn payload_text<'a>(task: &'a Task, field: &'static str) -> Result<&'a str, Task
         Some(_) => Err(TaskError::NotAString { id: task.id.clone(), field }),
         None => Err(TaskError::MissingField { id: task.id.clone(), field }),
     }
-}
-
-/// Longest extracted answer quoted in full in a verdict.
-const SHOWN_ANSWER_CHARS: usize = 80;
-
-/// The answer read from `prediction` (by [`DEFAULT_ORDER`], else the whole text) and the verdict.
-fn judge(gold: &str, prediction: &str) -> (String, Verdict) {
-    let answer = extract_answer(prediction, &DEFAULT_ORDER).unwrap_or_else(|| prediction.trim().to_string());
-    let shown: String = if answer.chars().count() > SHOWN_ANSWER_CHARS {
-        answer.chars().take(SHOWN_ANSWER_CHARS).chain("…".chars()).collect()
-    } else {
-        answer.clone()
-    };
-    let verdict = if equivalent(&answer, gold) {
-        Verdict::pass(format!("correct: {shown}"))
-    } else if answer.is_empty() {
-        Verdict::fail(format!("expected {gold}, got no answer"))
-    } else {
-        Verdict::fail(format!("expected {gold}, got {shown}"))
-    };
-    (shown, verdict)
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //! "supporting_titles"?: [..]}`.
 
 mod corpus;
+mod domain;
 mod environment;
 mod generator;
 mod jsonl;
@@ -19,6 +20,7 @@ mod retriever;
 mod verifier;
 
 pub use corpus::{corpus_from_tasks, load_corpus, Passage};
+pub use domain::{corpus_environment, QaCorpus, QaDomain};
 pub use environment::{episode, QaConfig, QaEpisode};
 pub use generator::generate;
 pub use payload::{ContextParagraph, QaPayload, Source};

@@ -107,7 +107,7 @@ pub fn score(domain: Domain, file: &std::path::Path) -> Result<ExitCode> {
     let mean =
         |f: &dyn Fn(&data::ScoreLine) -> f64| scored.iter().map(|l| f(l)).sum::<f64>() / scored.len().max(1) as f64;
     eprint!("{}: scored {}, mean reward {:.4}", file.display(), scored.len(), mean(&|l| l.reward));
-    if domain == Domain::Qa {
+    if whale_tasks::task_domain(domain).scores_em_f1() {
         eprint!(", EM {:.4}, F1 {:.4}", mean(&|l| l.em.unwrap_or(0.0)), mean(&|l| l.f1.unwrap_or(0.0)));
     }
     eprintln!(", unreadable {failed}");

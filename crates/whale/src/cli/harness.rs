@@ -13,7 +13,7 @@ use whale_core::{Domain, Task};
 use whale_harness::scoring::{self as evaluate, EvalSettings, Evaluation};
 use whale_harness::{stock_harness, validate, Harness, HarnessError, Limits, HARNESS_FILE, STOCK_HARNESSES};
 use whale_lm::{EngineConfig, LocalPolicy, Policy, SamplingParams};
-use whale_tasks::DomainTasks;
+use whale_tasks::{task_domain, DomainTasks};
 
 /// Generated tasks in the smoke test of `whale harness check`.
 const SMOKE_TASKS: usize = 3;
@@ -237,6 +237,13 @@ fn located(display: &str, error: &HarnessError) -> String {
     }
 }
 
+/// The domains whose episodes search a corpus, comma-separated (`qa`).
+fn searching_domains() -> String {
+    let names: Vec<&str> =
+        Domain::ALL.into_iter().filter(|d| task_domain(*d).searches_a_corpus()).map(Domain::as_str).collect();
+    names.join(", ")
+}
+
 fn load_tasks(args: &RunArgs, domain: Domain) -> Result<Vec<Task>> {
     let mut tasks = match (&args.data, args.gen) {
         (Some(path), _) => {
@@ -257,8 +264,8 @@ fn load_tasks(args: &RunArgs, domain: Domain) -> Result<Vec<Task>> {
 
 fn run_harness(args: &RunArgs) -> Result<ExitCode> {
     let named = resolve(&args.harness, args.domain)?;
-    if named.domain != Domain::Qa && (args.corpus.is_some() || args.index.is_some()) {
-        bail!("--corpus and --index are for qa; {} tasks have no search", named.domain);
+    if !task_domain(named.domain).searches_a_corpus() && (args.corpus.is_some() || args.index.is_some()) {
+        bail!("--corpus and --index are for {}; {} tasks have no search", searching_domains(), named.domain);
     }
     let tasks = load_tasks(args, named.domain)?;
     let environment = evaluate::environment(named.domain, &tasks, args.corpus.as_deref(), args.index.as_deref())?;

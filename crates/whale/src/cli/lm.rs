@@ -6,7 +6,8 @@ use clap::Subcommand;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use whale_core::Domain;
-use whale_lm::LoraConfig;
+use whale_lm::qwen3_5::Qwen35Size;
+use whale_lm::{BenchConfig, LoraConfig};
 use whale_pretrain::eval::{self, EvalSpec};
 use whale_pretrain::{self as pretrain, PretrainConfig, PretrainOptions, PretrainOutcome, SizeName};
 
@@ -92,27 +93,48 @@ pub enum LmCommand {
         #[arg(long, default_value_t = EvalSpec::default().seed)]
         seed: u64,
     },
-    /// Measure generation and training speed (tokens/s, model FLOP/s, MFU) on this machine.
+    /// Measure generation and training speed (tokens/s, model FLOP/s, MFU) on this machine, in
+    /// f32: generation at each number of concurrent requests, then SFT steps.
     Bench {
-        /// A checkpoint directory (default: the base model, pretrained first if needed).
+        /// A checkpoint directory, Qwen3 or Qwen3.5 (default: the base model, pretrained first
+        /// if needed).
         #[arg(long, conflicts_with = "random")]
         model: Option<PathBuf>,
-        /// Bench a fresh random model of the 256-wide size instead (nothing to train first).
+        /// Bench a fresh random model of --shape instead, built in memory (nothing to train or
+        /// write first).
         #[arg(long)]
         random: bool,
+        /// The random model's shape, as `whale lm random --shape` (there written to disk, here
+        /// built in f32): qwen3 (the default), qwen3.5-tiny, or qwen3.5-0.8b (Qwen3.5-0.8B's
+        /// layers on whale's 8,192-token vocabulary: 515M parameters, 2.1 GB in f32).
+        #[arg(long, value_enum, requires = "random")]
+        shape: Option<RandomShape>,
         /// cpu, or cuda (device 0; a build with the `cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// The numbers of concurrent generation requests to time, comma-separated.
+        #[arg(long, value_delimiter = ',', value_parser = positive, default_value = "1,8,64")]
+        batch_sizes: Vec<usize>,
+        /// Tokens each generation request asks for, after a prompt of 32.
+        #[arg(long, value_parser = positive, default_value_t = BenchConfig::default().new_tokens)]
+        new_tokens: usize,
+        /// Timed SFT steps (16 examples of 128 tokens each); 0 leaves the training row out.
+        #[arg(long, default_value_t = BenchConfig::default().train_steps)]
+        train_steps: usize,
     },
-    /// Write the random 256-wide model that `whale serve bench --random` serves (5.25M
-    /// parameters, an 8,192-token BPE trained on the synthetic corpus, seed 7) as a checkpoint
-    /// directory, so that another server can load the same weights (`scripts/peer-bench.sh`).
+    /// Write a random model as a checkpoint directory on an 8,192-token BPE trained on the
+    /// synthetic corpus (seed 7), so that another server can load the same weights
+    /// (`scripts/peer-bench.sh`) and runs can start from a model of a given shape.
     Random {
         /// The directory to write (config.json, model.safetensors, tokenizer files).
         #[arg(short, long)]
         output: PathBuf,
-        /// `qwen3`: the model above. `qwen3.5-tiny`: a random Qwen3.5 on the same tokenizer, 64
-        /// wide, three Gated DeltaNet layers and one full attention (seed 7).
+        /// `qwen3`: the 256-wide model that `whale serve bench --random` serves (5.25M
+        /// parameters, f32). `qwen3.5-tiny`: a random Qwen3.5 64 wide, three Gated DeltaNet
+        /// layers and one full attention (f32). `qwen3.5-0.8b`: Qwen3.5-0.8B's layers (24 layers
+        /// 1024 wide, 18 Gated DeltaNet and 6 full attention) on the same 8,192-token vocabulary
+        /// instead of its 248,320, untied: 515M parameters, written in bf16 (1.0 GB) as
+        /// Qwen3.5's checkpoints are.
         #[arg(long, value_enum, default_value_t = RandomShape::Qwen3)]
         shape: RandomShape,
     },
@@ -227,25 +249,56 @@ pub enum LmCommand {
     },
 }
 
-/// Writes `whale_lm::bench::random_qwen35` of [`Qwen35Size::TINY`] to `dir` as a checkpoint in the
+/// Writes `whale_lm::bench::random_qwen35` of `size` in `dtype` to `dir` as a checkpoint in the
 /// Hugging Face layout, with its tokenizer and ChatML template; returns its description.
-fn write_random_qwen35(dir: &std::path::Path) -> Result<String> {
+fn write_random_qwen35(dir: &std::path::Path, size: Qwen35Size, dtype: candle_core::DType) -> Result<String> {
     use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
-    let vocab_size = whale_lm::BenchConfig::default().random_vocab_size;
-    let size = whale_lm::qwen3_5::Qwen35Size::TINY;
-    let (tokenizer, model, description) = whale_lm::bench::random_qwen35(vocab_size, size, &candle_core::Device::Cpu)?;
+    let vocab_size = BenchConfig::default().random_vocab_size;
+    let (tokenizer, model, description) =
+        whale_lm::bench::random_qwen35(vocab_size, size, dtype, &candle_core::Device::Cpu)?;
     whale_lm::save_qwen35(&model, dir)?;
     tokenizer.save(dir.join(whale_lm::engine::TOKENIZER_FILE))?;
     write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), model.config().max_position_embeddings)?;
     Ok(description)
 }
 
-/// The shape of `whale lm random`'s model.
+/// The shape of `whale lm random`'s (and `whale lm bench --random`'s) model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RandomShape {
     Qwen3,
     #[value(name = "qwen3.5-tiny")]
     Qwen35Tiny,
+    #[value(name = "qwen3.5-0.8b")]
+    Qwen35Point8B,
+}
+
+impl RandomShape {
+    /// The Qwen3.5 size of the shape; `None` for the Qwen3 one.
+    fn qwen35_size(self) -> Option<Qwen35Size> {
+        match self {
+            Self::Qwen3 => None,
+            Self::Qwen35Tiny => Some(Qwen35Size::TINY),
+            Self::Qwen35Point8B => Some(Qwen35Size::QWEN3_5_0_8B),
+        }
+    }
+
+    /// The dtype `whale lm random` writes: bf16 for Qwen3.5-0.8B's shape (half the size, and
+    /// the dtype of Qwen3.5's own checkpoints), f32 for the small ones that tests load exactly.
+    fn written_dtype(self) -> candle_core::DType {
+        match self {
+            Self::Qwen35Point8B => candle_core::DType::BF16,
+            Self::Qwen3 | Self::Qwen35Tiny => candle_core::DType::F32,
+        }
+    }
+}
+
+/// A count that must be at least 1 (clap's parser for the bench's sizes).
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_string()),
+        Ok(value) => Ok(value),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The dtype of converted weights.
@@ -328,7 +381,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             println!("mean@{samples} {}  pass@{samples} {}  maj@{samples} {}", scores.mean, scores.pass, scores.maj);
             Ok(ExitCode::SUCCESS)
         }
-        LmCommand::Bench { model, random, device } => {
+        LmCommand::Bench { model, random, shape, device, batch_sizes, new_tokens, train_steps } => {
             let device = match device.as_str() {
                 "cpu" => candle_core::Device::Cpu,
                 "cuda" => candle_core::Device::new_cuda(0).context("--device cuda: cannot open CUDA device 0")?,
@@ -339,18 +392,26 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 (Some(given), false) => Some(model_dir(&given)?),
                 (None, false) => Some(pretrain::ensure_base_model(Domain::Math)?),
             };
-            let config = whale_lm::BenchConfig { model_dir, ..whale_lm::BenchConfig::default() };
+            let config = BenchConfig {
+                model_dir,
+                random_qwen35: shape.and_then(RandomShape::qwen35_size),
+                batch_sizes,
+                new_tokens,
+                train_steps,
+                ..BenchConfig::default()
+            };
             print!("{}", whale_lm::run_bench(&config, &device)?);
             Ok(ExitCode::SUCCESS)
         }
         LmCommand::Random { output, shape } => {
             std::fs::create_dir_all(&output).with_context(|| format!("cannot create {}", output.display()))?;
-            let description = match shape {
-                RandomShape::Qwen3 => crate::serve_bench::write_random_model(&output).map_err(anyhow::Error::from),
-                RandomShape::Qwen35Tiny => write_random_qwen35(&output),
+            let description = match shape.qwen35_size() {
+                None => crate::serve_bench::write_random_model(&output).map_err(anyhow::Error::from),
+                Some(size) => write_random_qwen35(&output, size, shape.written_dtype()),
             }
             .with_context(|| format!("cannot write the random model to {}", output.display()))?;
-            println!("wrote a {description} model to {}", output.display());
+            let dtype = shape.written_dtype().as_str();
+            println!("wrote a {description} model in {dtype} to {}", output.display());
             Ok(ExitCode::SUCCESS)
         }
         LmCommand::Train {

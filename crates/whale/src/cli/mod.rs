@@ -36,7 +36,8 @@ enum Command {
     /// condition's difference from WHALE paired over test tasks and pooled over seeds, into
     /// runs/NAME/ (study.json, report.html, figures/*.png), with the coupling matrix of every
     /// WHALE run and a verdict on each of the paper's three findings. Resumable: run it again
-    /// after a kill.
+    /// after a kill. Each finished (config, seed) writes a result file to runs/NAME/results/;
+    /// one study grows across machines by copying those files into one `--results DIR`.
     Study(run::StudyArgs),
     /// The coupling matrix of a finished run: every harness its search accepted, scored on the
     /// test split (mean@k, the run's own rollout seeds) under every weights the run held at a

@@ -89,9 +89,13 @@ pub struct StudyArgs {
     /// The study's name; its directory is RUNS/NAME.
     #[arg(long, default_value = "study")]
     name: String,
-    /// Run nothing: write study.json, report.html and the figures from the seeds whose every
-    /// condition has finished (a study stopped early; a study still running in RUNS/NAME holds
-    /// its lock, which refuses this until it ends).
+    /// Where the result files are, one per (config, seed) (default: RUNS/NAME/results): a
+    /// (config, seed) whose file is there is not run again, and each one run writes its file
+    /// there. Copy files from other machines into it to grow one study.
+    #[arg(long, value_name = "DIR")]
+    results: Option<PathBuf>,
+    /// Run nothing: write study.json, report.html and the figures from the result files alone,
+    /// saying which seeds have none yet.
     #[arg(long)]
     report_only: bool,
     #[command(flatten)]
@@ -200,17 +204,21 @@ pub fn study_command(args: StudyArgs) -> Result<ExitCode> {
     };
     let plan = study::StudyPlan { configs, seeds: args.seeds.0.clone(), arms, quick: args.quick };
     let root = args.common.runs.join(&args.name);
+    let results = args.results.clone().unwrap_or_else(|| root.join(study::RESULTS_DIR));
     let started = Instant::now();
     let result = if args.report_only {
-        let _lock = DirLock::acquire(&root)?;
-        let study = study::read(&plan, &root)?;
+        let _lock = DirLock::create(&root)?;
+        let study = study::read(&plan, &results)?;
         study::write(&study, &root)?;
         study
     } else {
-        study::run(&plan, &root, args.common.verbosity())
-            .context("the study stopped; every finished run is kept, and the same command continues from there")?
+        study::run(&plan, &root, &results, args.common.verbosity()).context(
+            "the study stopped; every finished run and result file is kept, and the same command continues \
+             from there",
+        )?
     };
     print!("{}", study::text(&result));
+    println!("results: {}", display(&results));
     println!("study: {}", display(&root.join("study.json")));
     println!("report: {}", display(&root.join("report.html")));
     println!("wall time: {:.0} s", started.elapsed().as_secs_f64());

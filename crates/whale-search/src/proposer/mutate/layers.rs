@@ -19,7 +19,10 @@
 //! ordinary, catchable error, so a mechanism that multiplies calls (voting, retrying) makes a
 //! harness degrade the way it does when a model call is refused instead of ending the rollout.
 
+use super::mechanisms::{Formatting, Parsing};
 use super::tokens::{tokenize, Token, TokenKind};
+use std::fmt;
+use std::str::FromStr;
 use whale_harness::Limits;
 
 const SCAFFOLD_BEGIN: &str = "// whale:layers begin";
@@ -103,11 +106,90 @@ export async function solve(task, ctx) {
 // whale:layers end
 "#;
 
+/// What a layer does. A layer's name in the source is `<kind>-<n>` (`vote-2`,
+/// `format-recent-window-1`), spelled as the archives' harnesses already hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LayerKind {
+    /// A phrase-bank instruction added to the system message.
+    Instruction,
+    /// A tool consulted before model calls.
+    ToolStep,
+    /// The model writes the query of the harness's searches.
+    Query,
+    /// Several replies per call and a majority vote on the final answer.
+    Vote,
+    /// Asking again after invalid output.
+    Retry,
+    Format(Formatting),
+    Parse(Parsing),
+    /// Solved training examples shown before each call.
+    FewShot,
+}
+
+impl LayerKind {
+    /// Every kind, in the order an error lists them.
+    fn all() -> Vec<LayerKind> {
+        let plain = [LayerKind::Instruction, LayerKind::ToolStep, LayerKind::Query, LayerKind::Vote, LayerKind::Retry];
+        let formats = Formatting::ALL.map(LayerKind::Format);
+        let parses = Parsing::ALL.map(LayerKind::Parse);
+        plain.into_iter().chain(formats).chain(parses).chain([LayerKind::FewShot]).collect()
+    }
+
+    fn known() -> String {
+        LayerKind::all().iter().map(LayerKind::to_string).collect::<Vec<_>>().join(", ")
+    }
+}
+
+impl fmt::Display for LayerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LayerKind::Instruction => f.write_str("instruction"),
+            LayerKind::ToolStep => f.write_str("tool-step"),
+            LayerKind::Query => f.write_str("query"),
+            LayerKind::Vote => f.write_str("vote"),
+            LayerKind::Retry => f.write_str("retry"),
+            LayerKind::Format(Formatting::SystemIntoUser) => f.write_str("format-system-into-user"),
+            LayerKind::Format(Formatting::Compact) => f.write_str("format-compact"),
+            LayerKind::Format(Formatting::RecentWindow) => f.write_str("format-recent-window"),
+            LayerKind::Parse(Parsing::Final) => f.write_str("parse-final"),
+            LayerKind::Parse(Parsing::Number) => f.write_str("parse-number"),
+            LayerKind::Parse(Parsing::Clean) => f.write_str("parse-clean"),
+            LayerKind::FewShot => f.write_str("few-shot"),
+        }
+    }
+}
+
+impl FromStr for LayerKind {
+    type Err = UnknownLayerKind;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        LayerKind::all()
+            .into_iter()
+            .find(|kind| kind.to_string() == name)
+            .ok_or_else(|| UnknownLayerKind(name.to_string()))
+    }
+}
+
+/// A layer kind this proposer does not write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field `kind`: unknown value `{0}` (known: {known})", known = LayerKind::known())]
+pub(crate) struct UnknownLayerKind(String);
+
+/// A layer marker of a source that names no layer this proposer writes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum LayerError {
+    #[error("line {line}: layer `{name}`: {source}")]
+    Kind { line: usize, name: String, source: UnknownLayerKind },
+    #[error("line {line}: layer `{name}`: field `name`: not `<kind>-<n>`")]
+    Name { line: usize, name: String },
+}
+
 /// One layer block of a source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Layer {
-    /// `<kind>-<n>`, e.g. `vote-2`.
-    pub name: String,
+    pub kind: LayerKind,
+    /// Tells apart the layers of one kind: `vote-2` is `vote` number 2.
+    pub number: u32,
     pub hypothesis: String,
     /// Byte range of the block, marker lines included.
     pub start: usize,
@@ -115,44 +197,62 @@ pub(crate) struct Layer {
 }
 
 impl Layer {
-    /// The mechanism kind (`vote`, `tool-step`...).
-    pub fn kind(&self) -> &str {
-        self.name.rsplit_once('-').map_or(self.name.as_str(), |(kind, _)| kind)
+    /// `<kind>-<n>`, e.g. `vote-2`.
+    pub fn name(&self) -> String {
+        format!("{}-{}", self.kind, self.number)
     }
 }
 
-/// The layer blocks of `source`, in order.
-pub(crate) fn layers(source: &str) -> Vec<Layer> {
+/// The layer blocks of `source`, in order; an error for a marker whose name is not
+/// `<kind>-<n>` of a known kind.
+pub(crate) fn layers(source: &str) -> Result<Vec<Layer>, LayerError> {
     let mut found = Vec::new();
-    let mut open: Option<(String, usize, String)> = None;
+    let mut open: Option<(String, LayerKind, u32, usize, String)> = None;
     let mut offset = 0;
-    for line in source.split_inclusive('\n') {
+    for (index, line) in source.split_inclusive('\n').enumerate() {
         let trimmed = line.trim();
         if let Some(marker) = trimmed.strip_prefix(LAYER_PREFIX) {
             if let Some(name) = marker.strip_suffix(" begin") {
-                open = Some((name.to_string(), offset, String::new()));
-            } else if let (Some(name), Some((begun, start, hypothesis))) = (marker.strip_suffix(" end"), open.take()) {
+                let (kind, number) = kind_and_number(name, index + 1)?;
+                open = Some((name.to_string(), kind, number, offset, String::new()));
+            } else if let (Some(name), Some((begun, kind, number, start, hypothesis))) =
+                (marker.strip_suffix(" end"), open.take())
+            {
                 if name == begun {
-                    found.push(Layer { name: begun, hypothesis, start, end: offset + line.len() });
+                    found.push(Layer { kind, number, hypothesis, start, end: offset + line.len() });
                 }
             }
-        } else if let (Some(text), Some((_, _, hypothesis))) = (trimmed.strip_prefix("// hypothesis: "), open.as_mut())
-        {
+        } else if let (Some(text), Some((.., hypothesis))) = (trimmed.strip_prefix("// hypothesis: "), open.as_mut()) {
             if hypothesis.is_empty() {
                 *hypothesis = text.to_string();
             }
         }
         offset += line.len();
     }
-    found
+    Ok(found)
 }
 
-/// `source` with `body` added as the outermost layer, named after `kind`; `None` when the
-/// harness has no `solve` export this module can anchor on.
-pub(crate) fn add_layer(source: &str, kind: &str, hypothesis: &str, body: &str, limits: &Limits) -> Option<String> {
+/// The kind and number of the layer named `name` on line `line`.
+fn kind_and_number(name: &str, line: usize) -> Result<(LayerKind, u32), LayerError> {
+    let (kind, number) = name.rsplit_once('-').ok_or_else(|| LayerError::Name { line, name: name.to_string() })?;
+    let number = number.parse().map_err(|_| LayerError::Name { line, name: name.to_string() })?;
+    let kind = kind.parse().map_err(|source| LayerError::Kind { line, name: name.to_string(), source })?;
+    Ok((kind, number))
+}
+
+/// `source` with `body` added as the outermost layer of `kind`, numbered apart from the
+/// source's `existing` layers; `None` when the harness has no `solve` export this module can
+/// anchor on.
+pub(crate) fn add_layer(
+    source: &str,
+    existing: &[Layer],
+    kind: LayerKind,
+    hypothesis: &str,
+    body: &str,
+    limits: &Limits,
+) -> Option<String> {
     let mut scaffolded = with_scaffold(source, limits)?;
-    let existing = layers(&scaffolded);
-    let number = (1..).find(|n| !existing.iter().any(|l| l.name == format!("{kind}-{n}"))).unwrap_or(1);
+    let number = (1..).find(|&n| !existing.iter().any(|l| l.kind == kind && l.number == n)).unwrap_or(1);
     if !scaffolded.ends_with('\n') {
         scaffolded.push('\n');
     }
@@ -238,23 +338,22 @@ mod tests {
 
     const PLAIN: &str = "// export function solve( in a comment\nconst s = \"export function solve(\";\n\
                          export async function solve(task, ctx) {\n  return ctx.llm.chat(s).text;\n}\n";
+    const PASS: &str = "whaleLayers.push((task, ctx, next) => next(task, ctx));";
 
     #[test]
     fn the_export_is_renamed_and_layers_stack_and_come_off_one_by_one() {
         let limits = Limits::default();
-        let one = add_layer(PLAIN, "echo", "first", "whaleLayers.push((task, ctx, next) => next(task, ctx));", &limits)
-            .expect("anchor");
+        let one = add_layer(PLAIN, &[], LayerKind::Retry, "first", PASS, &limits).expect("anchor");
         assert!(one.contains("async function whaleBaseSolve(task, ctx)"));
         assert!(one.contains("// export function solve( in a comment"), "comments are not anchors");
         assert!(one.contains("const s = \"export function solve(\";"), "strings are not anchors");
-        let two =
-            add_layer(&one, "echo", "second\nline", "whaleLayers.push((task, ctx, next) => next(task, ctx));", &limits)
-                .expect("anchor");
+        let existing = layers(&one).expect("layers");
+        let two = add_layer(&one, &existing, LayerKind::Retry, "second\nline", PASS, &limits).expect("anchor");
         assert_eq!(two.matches(SCAFFOLD_BEGIN).count(), 1);
-        let found = layers(&two);
-        assert_eq!(found.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(), ["echo-1", "echo-2"]);
+        let found = layers(&two).expect("layers");
+        assert_eq!(found.iter().map(Layer::name).collect::<Vec<_>>(), ["retry-1", "retry-2"]);
         assert_eq!(found[1].hypothesis, "second line");
-        assert_eq!(found[0].kind(), "echo");
+        assert_eq!(found[0].kind, LayerKind::Retry);
         for source in [&one, &two] {
             validate(source, &limits).expect("valid");
         }
@@ -266,12 +365,49 @@ mod tests {
     fn const_exports_are_anchored_and_harnesses_without_an_anchor_are_left_alone() {
         let arrow = "export const solve = (task, ctx) => ctx.llm.chat('hi').text;\n";
         let limits = Limits::default();
-        let layered =
-            add_layer(arrow, "echo", "h", "whaleLayers.push((t, c, next) => next(t, c));", &limits).expect("anchor");
+        let layered = add_layer(arrow, &[], LayerKind::Vote, "h", PASS, &limits).expect("anchor");
         assert!(layered.starts_with("const whaleBaseSolve = (task, ctx)"));
         assert!(layered.contains("maxCalls: 16, maxChars: 190000"));
         validate(&layered, &limits).expect("valid");
         let nested = "function f() { export function solve() {} }\nexport { f as solve };\n";
-        assert_eq!(add_layer(nested, "echo", "h", "", &limits), None);
+        assert_eq!(add_layer(nested, &[], LayerKind::Vote, "h", "", &limits), None);
+    }
+
+    /// The names the proposer has always written, so the layers of archived harnesses read the same.
+    #[test]
+    fn every_kind_reads_back_from_the_name_archives_hold() {
+        let names = [
+            "instruction",
+            "tool-step",
+            "query",
+            "vote",
+            "retry",
+            "format-system-into-user",
+            "format-compact",
+            "format-recent-window",
+            "parse-final",
+            "parse-number",
+            "parse-clean",
+            "few-shot",
+        ];
+        assert_eq!(LayerKind::all().iter().map(LayerKind::to_string).collect::<Vec<_>>(), names);
+        for (kind, name) in LayerKind::all().into_iter().zip(names) {
+            assert_eq!(name.parse::<LayerKind>(), Ok(kind));
+            let source = add_layer(PLAIN, &[], kind, "h", PASS, &Limits::default()).expect("anchor");
+            assert!(source.contains(&format!("// whale:layer {name}-1 begin\n")), "{source}");
+            assert_eq!(layers(&source).expect("layers")[0].name(), format!("{name}-1"));
+        }
+    }
+
+    #[test]
+    fn a_marker_of_an_unknown_kind_is_an_error_naming_its_line_and_the_value() {
+        let source = format!(
+            "{PLAIN}// whale:layer retry-1 begin\n{{}}\n// whale:layer retry-1 end\n\
+                              // whale:layer echo-2 begin\n{{}}\n// whale:layer echo-2 end\n"
+        );
+        let error = layers(&source).expect_err("echo is no kind").to_string();
+        assert!(error.starts_with("line 9: layer `echo-2`: field `kind`: unknown value `echo` (known: instruction,"));
+        let unnumbered = format!("{PLAIN}// whale:layer vote begin\n");
+        assert_eq!(layers(&unnumbered), Err(LayerError::Name { line: 6, name: "vote".to_string() }));
     }
 }

@@ -28,6 +28,7 @@ pub(crate) mod tokens;
 mod views;
 
 use super::{Proposal, ProposalContext, Proposer, ProposerError};
+use layers::{Layer, LayerKind};
 use mechanisms::{Formatting, Parsing, Shot};
 use phrases::{Failure, Phrase, PHRASES};
 use rand::seq::SliceRandom;
@@ -121,27 +122,31 @@ impl MutateProposer {
     }
 
     /// The candidate `mutation` makes of the incumbent with `seed`, if it applies and the
-    /// result validates.
-    pub fn mutate(mutation: Mutation, ctx: &ProposalContext<'_>, seed: u64) -> Option<Proposal> {
+    /// result validates; an error when the incumbent holds a layer marker of an unknown kind.
+    pub fn mutate(mutation: Mutation, ctx: &ProposalContext<'_>, seed: u64) -> Result<Option<Proposal>, ProposerError> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let source = &ctx.incumbent.source;
-        let (edited, hypothesis) = match mutation {
-            Mutation::AddPhrase => add_phrase(source, ctx, &mut rng),
+        let found = layers::layers(source).map_err(|e| ProposerError::Incumbent(e.to_string()))?;
+        let edit = match mutation {
+            Mutation::AddPhrase => add_phrase(source, &found, ctx, &mut rng),
             Mutation::RewriteSentence => rewrite_sentence(source, ctx, &mut rng),
             Mutation::DropSentence => drop_sentence(source, &mut rng),
-            Mutation::ToolStep => tool_step(source, ctx, &mut rng),
-            Mutation::DropLayer => drop_layer(source, &mut rng),
-            Mutation::Vote => vote(source, ctx, &mut rng),
-            Mutation::Retry => retry(source, ctx.limits),
-            Mutation::Format => format(source, ctx.limits, &mut rng),
-            Mutation::FewShot => few_shot(source, ctx, &mut rng),
-            Mutation::Parse => parse(source, ctx.limits, &mut rng),
+            Mutation::ToolStep => tool_step(source, &found, ctx, &mut rng),
+            Mutation::DropLayer => drop_layer(source, &found, &mut rng),
+            Mutation::Vote => vote(source, &found, ctx, &mut rng),
+            Mutation::Retry => retry(source, &found, ctx.limits),
+            Mutation::Format => format(source, &found, ctx.limits, &mut rng),
+            Mutation::FewShot => few_shot(source, &found, ctx, &mut rng),
+            Mutation::Parse => parse(source, &found, ctx.limits, &mut rng),
             Mutation::ViewSwap => views::swap(source, &views::forms(&recorded(ctx)), &mut rng),
-            Mutation::Query => query(source, ctx, &mut rng),
+            Mutation::Query => query(source, &found, ctx, &mut rng),
             Mutation::ToolArgument => arguments::step(source, &mut rng),
-        }?;
-        validate(&edited, ctx.limits).ok()?;
-        Some(Proposal { source: edited, hypothesis, parent: Some(ctx.incumbent.meta.id.clone()) })
+        };
+        Ok(edit.filter(|(edited, _)| validate(edited, ctx.limits).is_ok()).map(|(edited, hypothesis)| Proposal {
+            source: edited,
+            hypothesis,
+            parent: Some(ctx.incumbent.meta.id.clone()),
+        }))
     }
 }
 
@@ -175,7 +180,7 @@ impl Proposer for MutateProposer {
                     return Ok(proposals);
                 }
                 let seed = rng.gen();
-                if let Some(proposal) = Self::mutate(mutation, ctx, seed) {
+                if let Some(proposal) = Self::mutate(mutation, ctx, seed)? {
                     if seen.insert(content_hash(&proposal.source)) {
                         proposals.push(proposal);
                     }
@@ -265,7 +270,7 @@ fn phrase_for(text: &str, reflection: Option<Failure>, rng: &mut ChaCha8Rng) -> 
 
 const REFUTED: &str = "Refuted if the success rate does not rise, or cost rises without a success gain.";
 
-fn add_phrase(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+fn add_phrase(source: &str, found: &[Layer], ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
     let reflection = reflection(ctx);
     let literals: Vec<_> =
         instructions::instructions(source).into_iter().filter(|l| l.accepts_append(source)).collect();
@@ -279,8 +284,8 @@ fn add_phrase(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> 
              has no prompt literal to edit), because {}. {REFUTED}",
             phrase.text, phrase.why
         );
-        let edited =
-            layers::add_layer(source, "instruction", &hypothesis, &mechanisms::instruction(phrase.text), ctx.limits)?;
+        let body = mechanisms::instruction(phrase.text);
+        let edited = layers::add_layer(source, found, LayerKind::Instruction, &hypothesis, &body, ctx.limits)?;
         return Some((edited, hypothesis));
     };
     let phrase = phrase_for(literal.text(source), reflection.as_ref().map(|r| r.0), rng)?;
@@ -328,11 +333,11 @@ fn drop_sentence(source: &str, rng: &mut ChaCha8Rng) -> Edit {
     Some((literal.drop_sentence(source, index)?, hypothesis))
 }
 
-fn has_layer(source: &str, kind: &str) -> bool {
-    layers::layers(source).iter().any(|l| l.kind() == kind)
+fn has_layer(found: &[Layer], kind: LayerKind) -> bool {
+    found.iter().any(|l| l.kind == kind)
 }
 
-fn tool_step(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+fn tool_step(source: &str, found: &[Layer], ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
     if ctx.limits.tool_calls == 0 {
         return None;
     }
@@ -345,16 +350,16 @@ fn tool_step(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> E
          facts instead of recall. {REFUTED}"
     );
     let body = mechanisms::tool_step(pick, lookups, TOOL_RESULT_CHARS);
-    Some((layers::add_layer(source, "tool-step", &hypothesis, &body, ctx.limits)?, hypothesis))
+    Some((layers::add_layer(source, found, LayerKind::ToolStep, &hypothesis, &body, ctx.limits)?, hypothesis))
 }
 
 /// Searches of a rollout whose query the model writes.
 const REWRITTEN_SEARCHES: usize = 2;
 
-fn query(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+fn query(source: &str, found: &[Layer], ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
     let tools = searches(&recorded(ctx));
     let hops = *[1usize, 2].choose(rng)?;
-    if tools.is_empty() || has_layer(source, "query") || ctx.limits.model_calls < 2 * hops + 1 {
+    if tools.is_empty() || has_layer(found, LayerKind::Query) || ctx.limits.model_calls < 2 * hops + 1 {
         return None;
     }
     let tools = tools.into_iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ");
@@ -367,32 +372,31 @@ fn query(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit 
          call(s) and search(es) per search; refuted if the success rate does not rise."
     );
     let body = mechanisms::query(hops, REWRITTEN_SEARCHES);
-    Some((layers::add_layer(source, "query", &hypothesis, &body, ctx.limits)?, hypothesis))
+    Some((layers::add_layer(source, found, LayerKind::Query, &hypothesis, &body, ctx.limits)?, hypothesis))
 }
 
-fn drop_layer(source: &str, rng: &mut ChaCha8Rng) -> Edit {
-    let found = layers::layers(source);
+fn drop_layer(source: &str, found: &[Layer], rng: &mut ChaCha8Rng) -> Edit {
     let layer = found.choose(rng)?;
-    let hypothesis = if layer.kind() == "tool-step" {
+    let hypothesis = if layer.kind == LayerKind::ToolStep {
         format!(
             "Remove the tool step `{}`: if its results were not helping the model, success holds while tool \
              calls and prompt tokens fall. Refuted if the success rate falls.",
-            layer.name
+            layer.name()
         )
     } else {
         format!(
             "Ablation: remove the `{}` mechanism ({}). If it was not helping, success holds while cost falls. \
              Refuted if the success rate falls.",
-            layer.name,
+            layer.name(),
             excerpt(&layer.hypothesis)
         )
     };
     Some((layers::remove_layer(source, layer), hypothesis))
 }
 
-fn vote(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+fn vote(source: &str, found: &[Layer], ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
     let samples = *[3usize, 5].choose(rng)?;
-    if ctx.limits.model_calls < samples + 2 || has_layer(source, "vote") {
+    if ctx.limits.model_calls < samples + 2 || has_layer(found, LayerKind::Vote) {
         return None;
     }
     let hypothesis = format!(
@@ -401,11 +405,12 @@ fn vote(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
          is right more often than a single sample. Costs about {samples}x the tokens; refuted if the success rate \
          does not rise."
     );
-    Some((layers::add_layer(source, "vote", &hypothesis, &mechanisms::vote(samples), ctx.limits)?, hypothesis))
+    let body = mechanisms::vote(samples);
+    Some((layers::add_layer(source, found, LayerKind::Vote, &hypothesis, &body, ctx.limits)?, hypothesis))
 }
 
-fn retry(source: &str, limits: &Limits) -> Edit {
-    if has_layer(source, "retry") {
+fn retry(source: &str, found: &[Layer], limits: &Limits) -> Edit {
+    if has_layer(found, LayerKind::Retry) {
         return None;
     }
     let hypothesis = "Retry on invalid output: a reply cut off at max_tokens or empty is asked for again once, and an \
@@ -413,44 +418,28 @@ fn retry(source: &str, limits: &Limits) -> Edit {
                       refusal message, so a malformed output costs a retry instead of the task. Refuted if the \
                       success rate does not rise."
         .to_string();
-    Some((layers::add_layer(source, "retry", &hypothesis, &mechanisms::retry(), limits)?, hypothesis))
+    Some((layers::add_layer(source, found, LayerKind::Retry, &hypothesis, &mechanisms::retry(), limits)?, hypothesis))
 }
 
-fn format(source: &str, limits: &Limits, rng: &mut ChaCha8Rng) -> Edit {
-    let kind = |f: Formatting| format!("format-{}", format_name(f));
-    let fresh: Vec<Formatting> = Formatting::ALL.into_iter().filter(|&f| !has_layer(source, &kind(f))).collect();
+fn format(source: &str, found: &[Layer], limits: &Limits, rng: &mut ChaCha8Rng) -> Edit {
+    let fresh: Vec<Formatting> =
+        Formatting::ALL.into_iter().filter(|&f| !has_layer(found, LayerKind::Format(f))).collect();
     let formatting = *fresh.choose(rng)?;
     let hypothesis = format!("Context formatting: {}. {REFUTED}", formatting.describe());
     let body = mechanisms::format_messages(formatting);
-    Some((layers::add_layer(source, &kind(formatting), &hypothesis, &body, limits)?, hypothesis))
+    Some((layers::add_layer(source, found, LayerKind::Format(formatting), &hypothesis, &body, limits)?, hypothesis))
 }
 
-fn format_name(formatting: Formatting) -> &'static str {
-    match formatting {
-        Formatting::SystemIntoUser => "system-into-user",
-        Formatting::Compact => "compact",
-        Formatting::RecentWindow => "recent-window",
-    }
-}
-
-fn parse(source: &str, limits: &Limits, rng: &mut ChaCha8Rng) -> Edit {
-    let kind = |p: Parsing| format!("parse-{}", parse_name(p));
-    let fresh: Vec<Parsing> = Parsing::ALL.into_iter().filter(|&p| !has_layer(source, &kind(p))).collect();
+fn parse(source: &str, found: &[Layer], limits: &Limits, rng: &mut ChaCha8Rng) -> Edit {
+    let fresh: Vec<Parsing> = Parsing::ALL.into_iter().filter(|&p| !has_layer(found, LayerKind::Parse(p))).collect();
     let parsing = *fresh.choose(rng)?;
     let hypothesis = format!("Answer parsing: {}. {REFUTED}", parsing.describe());
-    Some((layers::add_layer(source, &kind(parsing), &hypothesis, &mechanisms::parse(parsing), limits)?, hypothesis))
+    let body = mechanisms::parse(parsing);
+    Some((layers::add_layer(source, found, LayerKind::Parse(parsing), &hypothesis, &body, limits)?, hypothesis))
 }
 
-fn parse_name(parsing: Parsing) -> &'static str {
-    match parsing {
-        Parsing::Final => "final",
-        Parsing::Number => "number",
-        Parsing::Clean => "clean",
-    }
-}
-
-fn few_shot(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
-    if has_layer(source, "few-shot") {
+fn few_shot(source: &str, found: &[Layer], ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Edit {
+    if has_layer(found, LayerKind::FewShot) {
         return None;
     }
     let mut shots = shots(ctx);
@@ -465,7 +454,8 @@ fn few_shot(source: &str, ctx: &ProposalContext<'_>, rng: &mut ChaCha8Rng) -> Ed
          do. Costs prompt tokens; refuted if the success rate does not rise.",
         shots.len()
     );
-    Some((layers::add_layer(source, "few-shot", &hypothesis, &mechanisms::few_shot(&shots), ctx.limits)?, hypothesis))
+    let body = mechanisms::few_shot(&shots);
+    Some((layers::add_layer(source, found, LayerKind::FewShot, &hypothesis, &body, ctx.limits)?, hypothesis))
 }
 
 /// One example per successful trajectory (its first trainable call: the last user message and

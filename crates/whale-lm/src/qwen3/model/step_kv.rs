@@ -8,7 +8,7 @@
 //! per layer, each layer writes its chunk into the buffer's last slots, and candle's products
 //! attend over it under a mask; the chunk is copied into the caches after the pass.
 
-use super::{KvCache, LayerKv};
+use super::kv_cache::{KvCache, LayerKv};
 use crate::kernels::{self, AttentionShape, CachedSequence};
 use candle_core::{DType, Device, Storage, Tensor};
 

@@ -26,18 +26,21 @@
 
 pub mod error;
 mod helper_thread;
+mod kv_cache;
+mod packing;
 mod step_kv;
 mod training;
 
 pub use error::ModelError;
+pub use kv_cache::KvCache;
 
+pub(crate) use packing::Packing;
 use step_kv::StepKv;
-pub(crate) use training::Packing;
 
-use crate::config::Qwen3Config;
 use crate::kernels;
-use crate::lora::{base_weight_name, LoraAdapter, LoraTarget};
 use crate::parameters;
+use crate::qwen3::config::Qwen3Config;
+use crate::qwen3::lora::{base_weight_name, LoraAdapter, LoraTarget};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
@@ -113,7 +116,7 @@ const GEMM_DOT_KERNEL_MAX: usize = 16 * 16;
 /// general kernel on both layouts. `gemm` reads `transposed` as it lies, while from `w` it
 /// first copies (packs) the weights into that layout, on every call: a decoding step of many
 /// sequences copied every weight before multiplying (`whale lm bench` at 64 concurrent
-/// requests gives the difference, README). Every output is the same sum in the same order, so the result is the same to the last bit
+/// requests gives the difference, docs/benchmarks.md). Every output is the same sum in the same order, so the result is the same to the last bit
 /// (a unit test holds it there); elsewhere (one row, small products), [`product`].
 fn transposed_product(x: &Tensor, weight: &Tensor, transposed: &Tensor) -> candle_core::Result<Tensor> {
     let (out_dim, in_dim) = weight.dims2()?;
@@ -268,9 +271,6 @@ impl Rotary {
     }
 }
 
-/// Keys and values of one layer, `[B, num_key_value_heads, S, head_dim]`.
-type LayerKv = (Tensor, Tensor);
-
 #[derive(Clone)]
 struct Attention {
     q_proj: Projection,
@@ -370,94 +370,6 @@ struct PassInputs {
     ids: Tensor,
     /// `[B, T]` f32 rotary positions.
     positions: Tensor,
-}
-
-/// The keys and values of every token of one sequence so far, per layer.
-///
-/// Create one with [`Qwen3Model::new_cache`] when a sequence starts and drop it when the
-/// sequence leaves. Storage grows geometrically and is zero-initialised, so the slots past
-/// [`KvCache::len`] are finite and can be read (and masked) as padding by a batched step.
-/// Steps write into the storage in place, hence no `Clone`: [`KvCache::fork`] deep-copies.
-pub struct KvCache {
-    layers: Vec<LayerKv>,
-    capacity: usize,
-    len: usize,
-    num_layers: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
-    dtype: DType,
-    device: Device,
-}
-
-impl KvCache {
-    /// How many tokens of the sequence have been fed to the model.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no token has been fed yet.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes of device memory held by this cache.
-    pub fn allocated_bytes(&self) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.head_dim * self.capacity * self.dtype.size_in_bytes()
-    }
-
-    /// Forgets every token from `len` on (no-op when `len >= self.len()`), e.g. to keep only
-    /// the prefix a re-rendered conversation shares with what was fed before.
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-    }
-
-    /// An independent copy: several continuations of one prefilled prompt can each take one.
-    pub fn fork(&self) -> Result<Self, ModelError> {
-        let layers = self
-            .layers
-            .iter()
-            .map(|(keys, values)| Ok((keys.copy()?, values.copy()?)))
-            .collect::<candle_core::Result<_>>()?;
-        Ok(Self { layers, device: self.device.clone(), ..*self })
-    }
-
-    fn fits(&self, model: &Qwen3Model) -> bool {
-        let config = model.config();
-        self.num_layers == config.num_hidden_layers
-            && self.num_kv_heads == config.num_key_value_heads
-            && self.head_dim == config.head_dim
-            && self.dtype == model.dtype
-            && self.device.same_device(&model.device)
-    }
-
-    /// Makes room for at least `needed` tokens, keeping what is stored.
-    fn reserve(&mut self, needed: usize) -> candle_core::Result<()> {
-        if needed <= self.capacity {
-            return Ok(());
-        }
-        let capacity = needed.max(2 * self.capacity).next_multiple_of(16);
-        let shape = (1, self.num_kv_heads, capacity, self.head_dim);
-        let mut grown = Vec::with_capacity(self.num_layers);
-        for layer in 0..self.num_layers {
-            let keys = Tensor::zeros(shape, self.dtype, &self.device)?;
-            let values = Tensor::zeros(shape, self.dtype, &self.device)?;
-            if let Some((old_keys, old_values)) = self.layers.get(layer) {
-                keys.slice_set(old_keys, 2, 0)?;
-                values.slice_set(old_values, 2, 0)?;
-            }
-            grown.push((keys, values));
-        }
-        self.layers = grown;
-        self.capacity = capacity;
-        Ok(())
-    }
-
-    /// Stores `[1, kv_heads, n, head_dim]` keys and values at slots `len..len + n` of one layer.
-    fn write(&self, layer: usize, keys: &Tensor, values: &Tensor) -> candle_core::Result<()> {
-        let (stored_keys, stored_values) = &self.layers[layer];
-        stored_keys.slice_set(&keys.contiguous()?, 2, self.len)?;
-        stored_values.slice_set(&values.contiguous()?, 2, self.len)
-    }
 }
 
 /// One sequence's share of a batched [`Qwen3Model::forward_step`]: the tokens to feed now and
@@ -826,7 +738,7 @@ impl Qwen3Model {
             if step.tokens.is_empty() {
                 return Err(input_error(format!("sequence {index} feeds no token")));
             }
-            if !step.cache.fits(self) {
+            if !step.cache.fits(&self.config, self.dtype, &self.device) {
                 return Err(input_error(format!(
                     "sequence {index}'s cache was made for another model, dtype or device"
                 )));
@@ -941,7 +853,7 @@ mod tests {
     /// update, it follows the new weights (the copies of the old one do not).
     #[test]
     fn a_decoding_model_gives_the_same_logits_and_is_remade_after_an_update() {
-        let config = Qwen3Config::with_size(512, crate::config::ModelSize::BASE);
+        let config = Qwen3Config::with_size(512, crate::qwen3::config::ModelSize::BASE);
         let model = Qwen3Model::new_random(&config, 3, DType::F32, &Device::Cpu).unwrap();
         let logits = |model: &Qwen3Model| -> Vec<Vec<u32>> {
             let mut caches: Vec<KvCache> = (0..24).map(|_| model.new_cache()).collect();

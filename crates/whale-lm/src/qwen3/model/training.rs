@@ -14,40 +14,6 @@ use super::{input_error, Attention, DecoderLayer, ModelError, Qwen3Model, RmsNor
 use crate::kernels;
 use candle_core::Tensor;
 
-/// The real tokens of a padded batch as sequences, and where each position went.
-pub(crate) struct Packing {
-    pub(crate) sequences: Vec<Vec<u32>>,
-    /// Per position of the padded batch, its row among the packed tokens (`None`: padding).
-    pub(crate) rows: Vec<Option<u32>>,
-}
-
-impl Packing {
-    /// `ids` is row-major `[rows, steps]`; `real(at)` tells a token from padding.
-    pub(crate) fn of_padded(ids: &[u32], steps: usize, real: impl Fn(usize) -> bool) -> Self {
-        let mut sequences = vec![Vec::new(); ids.len().div_ceil(steps.max(1))];
-        let mut packed = 0u32;
-        let rows = (0..ids.len())
-            .map(|at| {
-                real(at).then(|| {
-                    sequences[at / steps].push(ids[at]);
-                    packed += 1;
-                    packed - 1
-                })
-            })
-            .collect();
-        Self { sequences, rows }
-    }
-
-    /// How many tokens were packed.
-    pub(crate) fn tokens(&self) -> usize {
-        self.sequences.iter().map(Vec::len).sum()
-    }
-
-    pub(crate) fn sequence_slices(&self) -> Vec<&[u32]> {
-        self.sequences.iter().map(Vec::as_slice).collect()
-    }
-}
-
 /// What every layer of one training pass reads besides its input.
 struct PackedPass {
     /// The sequences' lengths, in row order.

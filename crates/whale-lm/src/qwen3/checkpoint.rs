@@ -7,8 +7,8 @@
 //! (or tensor) at fault. Files are written atomically (a temporary file, then a rename), so a
 //! run killed while saving leaves either the old file or the new one.
 
-use crate::config::{one_or_many, optional, token_ids, ConfigIssue, Qwen3Config};
-use crate::model::{parameter_shapes, Qwen3Model};
+use crate::qwen3::config::{one_or_many, optional, token_ids, ConfigIssue, Qwen3Config};
+use crate::qwen3::model::{parameter_shapes, Qwen3Model};
 use crate::tensor_file::{self, read_json_object, read_tensors, write_atomic, write_tensors};
 pub use crate::tensor_file::{CheckpointError, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
 use candle_core::{DType, Device};

@@ -1,7 +1,7 @@
 //! Why a model could not be built or run; its own file so that the checkpoint readers can name
 //! it without importing the model.
 
-use crate::config::ConfigIssue;
+use crate::qwen3::config::ConfigIssue;
 
 /// Why a model could not be built or run.
 #[derive(Debug, thiserror::Error)]

@@ -6,14 +6,14 @@
 //! tensors live in their own `VarMap` under the exact names PEFT saves
 //! (`base_model.model.model.layers.{N}.self_attn.q_proj.lora_A.weight`, ...), so
 //! `adapter_model.safetensors` is read and written without renaming, and a model built with
-//! [`crate::model::Qwen3Model::with_adapter`] holds the same variables: an optimizer step on the
+//! [`crate::qwen3::model::Qwen3Model::with_adapter`] holds the same variables: an optimizer step on the
 //! adapter is seen by every model built on it.
 //!
 //! A is `[rank, in]` and starts uniform in `±1/sqrt(in)` (PEFT's Kaiming-uniform with `a = √5`),
 //! B is `[out, rank]` and starts at zero, so a fresh adapter leaves the model's outputs unchanged.
 
-use crate::config::{optional, required, ConfigIssue, Qwen3Config};
 use crate::parameters;
+use crate::qwen3::config::{optional, required, ConfigIssue, Qwen3Config};
 use crate::tensor_file::{read_exact_tensors, read_json_object, write_atomic, write_tensors, CheckpointError};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;

@@ -1,0 +1,32 @@
+//! Why pretraining or evaluating a base model failed: the model, trainer and harness errors it
+//! passes on, and its own (a file, an empty corpus, a missing stock harness).
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PretrainError {
+    #[error(transparent)]
+    Codec(#[from] whale_lm::ChatCodecError),
+    #[error(transparent)]
+    Tokenizer(#[from] whale_lm::TokenizerError),
+    #[error(transparent)]
+    Template(#[from] whale_lm::ChatTemplateError),
+    #[error(transparent)]
+    Train(#[from] whale_lm::TrainError),
+    #[error(transparent)]
+    Model(#[from] whale_lm::ModelError),
+    #[error(transparent)]
+    Checkpoint(#[from] whale_lm::CheckpointError),
+    #[error(transparent)]
+    Policy(#[from] whale_lm::PolicyError),
+    #[error(transparent)]
+    Engine(#[from] whale_lm::EngineError),
+    #[error("{}: {reason}", path.display())]
+    Io { path: PathBuf, reason: String },
+    #[error("the corpus gave no training example of at most {0} tokens")]
+    EmptyCorpus(usize),
+    #[error(transparent)]
+    Evaluate(#[from] whale_harness::scoring::EvaluateError),
+    #[error("no stock harness `{0}` to evaluate with")]
+    NoHarness(&'static str),
+}
