@@ -117,7 +117,7 @@ def build_workload(tokenizer, args):
 
 
 def run_whale(model_dir, workload, scratch):
-    cargo(["build", "--release", "--quiet", "-p", "whale-lm", "--example", "hf_peer"])
+    cargo(["build", "--release", "--quiet", "-p", "whale-train", "--example", "hf_peer"])
     peer = REPO / "target" / "release" / "examples" / "hf_peer"
     work, out = Path(scratch) / "workload.json", Path(scratch) / "out.json"
     work.write_text(json.dumps(workload))

@@ -6,8 +6,8 @@
 #   scripts/gpu-check.sh             # there, from the repository root, with target/gpu-check carried
 #   scripts/gpu-check.sh --cpu       # here: the same steps on the CPU (a dry run of this script)
 #
-# --prepare builds the cuda binaries with scripts/cuda-build.sh (whale, and the whale-lm test
-# crates/whale-lm/tests/device.rs), compresses them, and copies the math base model beside them:
+# --prepare builds the cuda binaries with scripts/cuda-build.sh (whale, and the whale-train test
+# crates/whale-train/tests/device.rs), compresses them, and copies the math base model beside them:
 # the GPU machine has no Rust toolchain and reaches no network. There it needs the driver's
 # libcuda (r580 or newer: the kernels are CUDA 13.0 PTX and sm_90a code) and CUDA 13's cuBLAS,
 # cuRAND and cudart, which its image has as Python wheels (nvidia-cublas, nvidia-curand,
@@ -47,7 +47,7 @@ if [ "$MODE" = prepare ]; then
     eval "$("$ROOT/scripts/cuda-build.sh" --env)"
     exec 9>"$CARGO_TARGET_DIR/.cuda-build.lock"
     flock 9
-    TEST=$(cd "$ROOT" && nice -n 19 cargo test --release -p whale-lm --features cuda --test device --no-run \
+    TEST=$(cd "$ROOT" && nice -n 19 cargo test --release -p whale-train --features cuda --test device --no-run \
         --message-format=json | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
     [ -x "$TEST" ] || { echo "gpu-check: no device test binary was built" >&2; exit 1; }
     home=${WHALE_HOME:-$HOME/.cache/whale}
@@ -143,7 +143,7 @@ else
     DEVICE=cpu
     log "building the CPU binaries"
     (cd "$ROOT" && nice -n 19 cargo build --release -p whale -q) || { row "(0) build" "cargo failed" "" FAIL; finish; }
-    DEVICE_TEST=$(cd "$ROOT" && nice -n 19 cargo test --release -p whale-lm --test device --no-run \
+    DEVICE_TEST=$(cd "$ROOT" && nice -n 19 cargo test --release -p whale-train --test device --no-run \
         --message-format=json 2>/dev/null | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
     WHALE=$ROOT/target/release/whale
     BASE=$BASE_HOME/models/$BASE_MODEL

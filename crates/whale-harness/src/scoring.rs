@@ -17,7 +17,7 @@ use std::time::Instant;
 use whale_core::metrics::{self, Scores, TaskSamples};
 use whale_core::{Domain, ErrorKind, Task, Trajectory};
 use whale_policy::{Policy, SamplingParams};
-use whale_tasks::{task_domain, CorpusSource, DomainTasks, Environment, EnvironmentError};
+use whale_tasks::{task_domain, CorpusSource, Environment, EnvironmentError};
 
 /// How to run an evaluation.
 #[derive(Debug, Clone, PartialEq)]
@@ -184,7 +184,7 @@ fn jobs(
     let domain = environment.domain();
     let mut jobs = Vec::with_capacity(tasks.len() * settings.k);
     for (index, task) in tasks.iter().enumerate() {
-        let view = domain.public_view(task);
+        let view = task_domain(domain).public_view(task);
         for sample in 0..settings.k {
             jobs.push(RolloutJob {
                 task_id: task.id.clone(),

@@ -45,12 +45,13 @@ macro_rules! domain {
 }
 
 /// Every stock harness, by domain, the plain one first.
-pub const STOCK_HARNESSES: [StockHarness; 15] = [
+pub const STOCK_HARNESSES: [StockHarness; 16] = [
     stock!(math, "plain"),
     stock!(math, "calculator"),
     stock!(math, "vote"),
     stock!(math, "verify"),
     stock!(math, "fewshot"),
+    stock!(math, "expression"),
     stock!(chess, "plain"),
     stock!(chess, "legal-moves"),
     stock!(chess, "san-moves"),
@@ -91,7 +92,7 @@ mod tests {
         for domain in Domain::ALL {
             let names: Vec<&str> = STOCK_HARNESSES.iter().filter(|s| s.domain == domain).map(|s| s.name).collect();
             assert_eq!(names[0], format!("{domain}/plain"));
-            assert!((3..=5).contains(&names.len()), "{names:?}");
+            assert!((3..=6).contains(&names.len()), "{names:?}");
         }
         assert_eq!(stock_harness("qa/two-hop").map(|s| s.domain), Some(Domain::Qa));
         assert_eq!(stock_harness("qa/nonexistent"), None);

@@ -8,7 +8,7 @@ use whale_core::{Domain, Task, Trajectory};
 use whale_harness::{run_rollouts, stock_harness, EpisodeSource, Limits, RolloutJob, RunOptions};
 use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 use whale_tasks::qa::QaPayload;
-use whale_tasks::{DomainTasks, Environment};
+use whale_tasks::{task_domain, Environment};
 
 /// Replies with `script(request, call_index)`, and keeps every request.
 struct Scripted<F> {
@@ -53,7 +53,7 @@ fn rollout(name: &str, task: &Task, policy: Arc<dyn Policy>) -> Trajectory {
     let environment = Environment::for_tasks(stock.domain, std::slice::from_ref(task)).expect("an environment");
     let job = RolloutJob {
         task_id: task.id.clone(),
-        task_view: stock.domain.public_view(task),
+        task_view: task_domain(stock.domain).public_view(task),
         episode: EpisodeSource::Ready(environment.episode(task).expect("an episode")),
         seed: 3,
         harness: Arc::new(stock.harness()),
@@ -141,13 +141,13 @@ fn math_verify_submits_the_first_answer_the_check_confirms_and_does_not_train_on
 }
 
 fn mate_in(moves: u32) -> Task {
-    Domain::Chess.generate(1, 21, moves).remove(0)
+    task_domain(Domain::Chess).generate(1, 21, moves).remove(0)
 }
 
 #[test]
 fn chess_legal_moves_retries_an_illegal_reply_once_with_the_legal_moves_in_the_prompt() {
     let task = mate_in(1);
-    let gold = Domain::Chess.gold_actions(&task);
+    let gold = task_domain(Domain::Chess).gold_actions(&task);
     let policy = Scripted::new(move |_: &ChatRequest, i| if i == 0 { "Qz9!".to_string() } else { gold[0].clone() });
     let t = rollout("chess/legal-moves", &task, policy.clone());
     assert!(t.success, "{}", t.verdict_detail);
@@ -156,7 +156,7 @@ fn chess_legal_moves_retries_an_illegal_reply_once_with_the_legal_moves_in_the_p
     assert_eq!(requests[0].messages, requests[1].messages, "the retry asks the same question again");
     let prompt = last_message(&requests[0]);
     assert!(prompt.starts_with("Chess puzzle: ") && prompt.contains("to move and mate in 1."), "{prompt}");
-    assert!(prompt.contains("Legal moves: ") && prompt.contains(&Domain::Chess.gold_actions(&task)[0]));
+    assert!(prompt.contains("Legal moves: ") && prompt.contains(&task_domain(Domain::Chess).gold_actions(&task)[0]));
 }
 
 #[test]
@@ -172,7 +172,7 @@ fn chess_legal_moves_never_plays_an_illegal_move_whatever_the_model_says() {
 #[test]
 fn chess_board_plays_the_whole_line_in_one_dialogue() {
     let task = mate_in(2);
-    let gold = Domain::Chess.gold_actions(&task);
+    let gold = task_domain(Domain::Chess).gold_actions(&task);
     let policy = Scripted::new(move |request: &ChatRequest, _| {
         let turn = request.messages.iter().filter(|m| m.role == "user").count() - 1;
         format!("Best move: {}", gold[turn])
@@ -189,7 +189,7 @@ fn chess_board_plays_the_whole_line_in_one_dialogue() {
 #[test]
 fn chess_vote_plays_the_move_most_samples_agree_on() {
     let task = mate_in(1);
-    let gold = Domain::Chess.gold_actions(&task)[0].clone();
+    let gold = task_domain(Domain::Chess).gold_actions(&task)[0].clone();
     let legal: Value = Environment::for_tasks(Domain::Chess, &[])
         .and_then(|e| e.episode(&task))
         .map(|mut e| e.call_tool("legal_moves", &[]).expect("legal moves"))
@@ -203,7 +203,7 @@ fn chess_vote_plays_the_move_most_samples_agree_on() {
 }
 
 fn qa_task(difficulty: u32) -> (Task, QaPayload) {
-    let task = Domain::Qa.generate(1, 17, difficulty).remove(0);
+    let task = task_domain(Domain::Qa).generate(1, 17, difficulty).remove(0);
     let payload = QaPayload::from_task(&task).expect("a QA payload");
     (task, payload)
 }

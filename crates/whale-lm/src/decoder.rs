@@ -1,24 +1,22 @@
 //! The seam between an architecture and the rest of whale: what the engine, `whale serve`,
-//! `whale lm` and the loop need of a loaded model, whatever its layers are.
+//! `whale lm`, the bench and the loop need of a loaded model, whatever its layers are.
 //!
 //! Each architecture's folder ([`crate::qwen3`], [`crate::qwen3_5`]) implements
-//! [`Architecture`] for its model and offers a [`Registration`] (the `model_type`s of its
-//! `config.json` and its loader) to the registry, [`crate::architectures`]. A sequence's cache
-//! is the architecture's own type, carried boxed in a [`DecoderCache`] so the engine need not
-//! know it. [`Decoder`] holds the loaded model; everything is asked of it through
-//! [`Architecture`] (its variants are what the bench's per-architecture FLOP and parameter
-//! counts still read).
+//! [`Architecture`] for its model, and the registry ([`crate::architectures`]) lists the model's
+//! type. A sequence's cache is the architecture's own type, carried boxed in a [`DecoderCache`]
+//! so the engine need not know it. [`Decoder`] holds the loaded model as a boxed
+//! `dyn Architecture`; everything is asked of it through the trait, and only the registry and
+//! [`crate::trainable::TrainableModel::of_decoder`] look at the concrete type behind it
+//! ([`Decoder::downcast_ref`]).
 
-use crate::qwen3::checkpoint::CheckpointError;
 use crate::qwen3::lora::LoraError;
-use crate::qwen3::model::{ModelError, Qwen3Model};
-use crate::qwen3_5::Qwen35Model;
+use crate::qwen3::model::ModelError;
 use candle_core::{DType, Device, Tensor};
 use std::any::Any;
 use std::path::Path;
 
 /// A loaded model the engine can decode with.
-pub trait Architecture {
+pub trait Architecture: ArchitectureObject {
     /// The architecture's name, for messages.
     fn name(&self) -> &'static str;
     fn dtype(&self) -> DType;
@@ -27,6 +25,10 @@ pub trait Architecture {
     fn max_position_embeddings(&self) -> usize;
     /// The config's end-of-sequence ids.
     fn eos_token_id(&self) -> &[u32];
+    /// All parameters of the model, embeddings included (and the LM head when not tied).
+    fn parameter_count(&self) -> usize;
+    /// The model FLOPs of a token through this model ([`FlopCounts`]).
+    fn flop_counts(&self) -> FlopCounts;
     /// An empty cache for one sequence.
     fn new_cache(&self) -> Result<DecoderCache, ModelError>;
     /// One batched incremental step: the logits of each chunk's last token, `[steps.len(),
@@ -38,12 +40,58 @@ pub trait Architecture {
     fn for_decoding(&self) -> Decoder;
 }
 
-/// One architecture's entry in the registry, [`crate::architectures`].
-pub struct Registration {
-    /// The values of `config.json`'s `model_type` that this architecture reads.
-    pub model_types: &'static [&'static str],
-    /// Loads a checkpoint directory of this architecture as a model of `dtype` on `device`.
-    pub load: fn(&Path, DType, &Device) -> Result<Decoder, CheckpointError>,
+/// What a [`Decoder`] needs of the model it boxes besides [`Architecture`]: a clone, and the
+/// model as [`Any`] for [`Decoder::downcast_ref`]. Every `Clone` architecture has it.
+pub trait ArchitectureObject: Send + Sync + 'static {
+    /// A clone of the model (sharing its weights), boxed.
+    fn clone_boxed(&self) -> Box<dyn Architecture>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<A: Architecture + Clone> ArchitectureObject for A {
+    fn clone_boxed(&self) -> Box<dyn Architecture> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The model FLOPs of an architecture per token: the useful arithmetic of the model, not what
+/// an implementation happens to spend (padding, masked attention cells, the chunked form of
+/// the delta rule). Embedding lookups and norms are left out (no matmul).
+///
+/// With `B` = [`Self::body`], `H` = [`Self::head`], and `4·L·A·d` = [`Self::attention_per_key`]
+/// (`L` full-attention layers of `A` query heads of size `d`), `R` =
+/// [`Self::recurrence_per_token`], a forward pass over `n` tokens at positions `p` (0-based,
+/// each attending to `p + 1` keys) that computes logits for `m` of them costs
+/// `2·B·n + 2·H·m + 4·L·A·d·Σ(p + 1) + R·n` (projections and MLP, LM head, `QKᵀ` and `PV`,
+/// recurrences): [`Self::forward`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlopCounts {
+    /// Parameters of the decoder layers' matrices (and Qwen3.5's depthwise convolutions).
+    pub body: f64,
+    /// Parameters of the LM head.
+    pub head: f64,
+    /// FLOPs of one query attending to one key, all full-attention layers and heads: `4·L·A·d`.
+    pub attention_per_key: f64,
+    /// FLOPs of one token through every delta-rule recurrence of Qwen3.5's Gated DeltaNet layers
+    /// (0 for an architecture without them). Per layer of `V` value heads with `k`-by-`v`
+    /// states, three products of a state with a vector (the read-out before the update, the
+    /// rank-one update, the output): `6·V·k·v`.
+    pub recurrence_per_token: f64,
+}
+
+impl FlopCounts {
+    /// A forward pass over positions `0..fed` computing `scored` logit rows.
+    pub fn forward(&self, fed: usize, scored: usize) -> f64 {
+        let fed_f = fed as f64;
+        let keys = fed_f * (fed_f + 1.0) / 2.0;
+        (2.0 * self.body + self.recurrence_per_token) * fed_f
+            + 2.0 * self.head * scored as f64
+            + self.attention_per_key * keys
+    }
 }
 
 /// What one sequence carries between decoding steps, of the architecture that made it.
@@ -77,40 +125,30 @@ pub enum AdapterError {
     Mismatch(#[from] ModelError),
 }
 
-/// A model the engine can decode with.
-#[derive(Clone)]
-pub enum Decoder {
-    Qwen3(Qwen3Model),
-    Qwen35(Qwen35Model),
-}
+/// A model the engine can decode with, of whichever architecture: a clone shares its weights.
+pub struct Decoder(Box<dyn Architecture>);
 
-impl From<Qwen3Model> for Decoder {
-    fn from(model: Qwen3Model) -> Self {
-        Self::Qwen3(model)
+impl Clone for Decoder {
+    fn clone(&self) -> Self {
+        Self(self.0.clone_boxed())
     }
 }
 
-impl From<Qwen35Model> for Decoder {
-    fn from(model: Qwen35Model) -> Self {
-        Self::Qwen35(model)
+impl<A: Architecture> From<A> for Decoder {
+    fn from(model: A) -> Self {
+        Self(Box::new(model))
     }
 }
 
 impl Decoder {
     /// The model, whatever its architecture.
     pub fn model(&self) -> &dyn Architecture {
-        match self {
-            Self::Qwen3(model) => model,
-            Self::Qwen35(model) => model,
-        }
+        &*self.0
     }
 
-    /// The Qwen3 model, or `None` for another architecture.
-    pub fn qwen3(&self) -> Option<&Qwen3Model> {
-        match self {
-            Self::Qwen3(model) => Some(model),
-            Self::Qwen35(_) => None,
-        }
+    /// The model as the architecture `M`, or `None` when it is another.
+    pub fn downcast_ref<M: Architecture>(&self) -> Option<&M> {
+        self.0.as_any().downcast_ref()
     }
 
     /// This model with the PEFT LoRA adapter in `dir` applied, sharing this model's weights
@@ -148,6 +186,16 @@ impl Decoder {
     /// The config's end-of-sequence ids.
     pub fn eos_token_id(&self) -> &[u32] {
         self.model().eos_token_id()
+    }
+
+    /// All parameters, embeddings included ([`Architecture::parameter_count`]).
+    pub fn parameter_count(&self) -> usize {
+        self.model().parameter_count()
+    }
+
+    /// The model FLOPs per token ([`Architecture::flop_counts`]).
+    pub fn flop_counts(&self) -> FlopCounts {
+        self.model().flop_counts()
     }
 
     /// An empty cache for one sequence.

@@ -1,96 +1,62 @@
-//! whale's local policy: Qwen3 and Qwen3.5 decoders in candle, their Hugging Face
-//! checkpoints and the SFT trainer of the weight phase.
+//! whale's models: the Qwen3 and Qwen3.5 decoders in candle, their Hugging Face checkpoints and
+//! PEFT adapters, the tokenizer and the chat template, behind one seam that the engine,
+//! the trainer, `whale serve`, `whale lm` and the loop use without naming an architecture.
+//!
+//! Why a crate of its own: what a model is (its layers, files and vocabulary) changes with each
+//! architecture, while how it is served (whale-engine), trained (whale-train) or reached over
+//! HTTP (whale-policy's `RemotePolicy`) does not; the numeric kernels its passes are built from
+//! are whale-kernels', and GGUF files are imported into its checkpoint layout by whale-gguf.
 //!
 //! Data flow:
-//! - [`checkpoint::load_model`] reads `config.json` ([`config::Qwen3Config`]) and the
-//!   safetensors weights into a [`model::Qwen3Model`], whose parameters live in a candle
-//!   `VarMap` under their Hugging Face names; [`model::Qwen3Model::new_random`] makes a fresh one.
-//! - Rollouts: [`engine::LocalPolicy`] implements whale-policy's [`Policy`]. Each rollout
-//!   thread's [`Policy::chat`] renders the messages with the [`chat_template::ChatTemplate`],
-//!   tokenizes them ([`tokenizer::Tokenizer`]) and hands the prompt to the engine's scheduler
-//!   thread, which keeps one [`model::KvCache`] per live sequence and calls
-//!   [`model::Qwen3Model::forward_step`] with a chunk of new tokens for each sequence it serves
-//!   (prompts to prefill in one call, the last sampled tokens in another); it gets the
-//!   next-token logits back, one row per sequence, samples each row with the request's own
-//!   seeded [`sampling::Sampler`], and sends each finished [`Completion`] back. whale-lm's errors
-//!   become [`PolicyError`]s by the conversions in `policy.rs`.
-//! - Rollouts on a server: whale-policy's [`RemotePolicy`], re-exported here with the rest of the
-//!   policy vocabulary for the crates that use both.
-//! - Weight phase: the caller renders and tokenizes the accepted rollouts into
-//!   [`train::SftExample`]s (prompt tokens, completion tokens); [`train::SftTrainer::step`] groups
-//!   them into [`train::SftBatch`]es, computes the completion-only loss with
-//!   [`model::Qwen3Model::packed_hidden`] (each micro-batch's sequences end to end, no padding),
-//!   and updates the shared weights in place with AdamW,
-//!   so every clone of the model (the one the rollout engine holds included) sees them.
-//! - Policy gradient (GRPO, RLOO): the caller passes sampled completions with their advantage
-//!   and the log-probabilities recorded at sampling ([`policy_gradient::PgExample`]);
-//!   [`train::SftTrainer::policy_gradient_step`] takes one update on PPO's clipped surrogate,
-//!   with the same micro-batching, clipping and AdamW as the supervised step.
-//! - [`train::SftTrainer::save`] writes a Hugging Face checkpoint plus the optimizer state;
-//!   [`train::SftTrainer::resume`] continues from it exactly.
+//! - [`Decoder::load`] reads a checkpoint directory's `config.json`, picks the architecture
+//!   registered for its `model_type` ([`architectures::ARCHITECTURES`]) and loads the weights:
+//!   [`checkpoint::load_model`] into a [`model::Qwen3Model`] (parameters in a candle `VarMap`
+//!   under their Hugging Face names), or [`load_qwen35`] into a [`Qwen35Model`]. The
+//!   [`Decoder`] holds it as a boxed [`Architecture`].
+//! - Decoding: the engine asks the [`Decoder`] for a per-sequence [`DecoderCache`] and calls
+//!   [`Decoder::forward_step`] with a chunk of new tokens per sequence; it gets the next-token
+//!   logits back, one row per sequence. [`tokenizer::Tokenizer`] and
+//!   [`chat_template::ChatTemplate`] turn messages into prompt ids and ids back into text; their
+//!   errors become whale-policy's `PolicyError`s by the conversions in `policy.rs`.
+//! - Training: a trainer runs any [`TrainableModel`] (its differentiable pass
+//!   [`TrainableModel::packed_hidden`], its trained parameters, its checkpoints and adapters);
+//!   [`Decoder::with_trainable`] hands the model a [`Decoder`] holds to such generic code.
 //! - LoRA: a [`lora::LoraAdapter`] holds low-rank matrices under PEFT's tensor names in its own
 //!   `VarMap`; [`model::Qwen3Model::with_adapter`] gives a model that shares the base weights and
-//!   the adapter's variables and adds `scale * B A` to the targeted projections. A trainer over
-//!   such a model optimizes the adapter only and saves it with [`train::SftTrainer::save_adapter`]
+//!   the adapter's variables and adds `scale * B A` to the targeted projections
 //!   ([`lora::LoraAdapter::save_peft`] / [`lora::LoraAdapter::load_peft`] read and write the
 //!   PEFT directory that `peft`, vLLM and SGLang load); [`model::Qwen3Model::merged`] folds the
-//!   adapter into a plain model for a full checkpoint.
-//! - After a trainer step the owner calls [`engine::LocalPolicy::set_weights_version`], which
-//!   bumps [`Policy::weights_version`] and rebuilds the caches of requests in flight.
-//! - Qwen3.5 ([`qwen3_5`]): the hybrid Gated DeltaNet + gated-attention decoder, with its own
-//!   checkpoints, cache and PEFT adapters ([`qwen3_5::Qwen35Lora`]); the engine serves it through
-//!   [`decoder::Decoder`] and the trainer trains it as a [`train::TrainableModel`].
+//!   adapter into a plain model for a full checkpoint. [`Qwen35Lora`] is Qwen3.5's.
 //! - Architectures: each is a folder ([`qwen3`], [`qwen3_5`]) whose model implements
-//!   [`decoder::Architecture`] (what the engine asks) and [`train::TrainableModel`] (what the
-//!   trainer asks, its checkpoints and adapters included), and whose `REGISTRATION` is one line of
-//!   [`architectures::ARCHITECTURES`], by which [`decoder::Decoder::load`] picks a checkpoint's.
-//! - GGUF ([`gguf`]): llama.cpp's one-file format read with candle's reader: metadata, every
-//!   tensor dequantized to f32 or bf16, the tokenizer and chat template from the metadata, and
-//!   [`gguf::convert_to_hf`], the Hugging Face directory of a Llama GGUF.
-//! - [`bench::run_bench`] measures generation through the engine, SFT training steps and the
-//!   machine's matmul ceiling in one run, as a [`bench::BenchTable`].
+//!   [`Architecture`] (what a loaded model is asked, parameter and FLOP counts included) and
+//!   [`TrainableModel`] (the model as a type: its `model_type`s, checkpoints, training pass and
+//!   adapters), and whose type is one line of the registry ([`architectures`]).
+//! - [`random`]: seeded random models over a BPE trained on generated text, for benches and
+//!   tests that need no download.
 
 pub mod architectures;
-pub mod bench;
-pub mod chat_codec;
 pub mod chat_template;
 pub mod decoder;
-pub mod engine;
-pub mod gguf;
-mod kernels;
 mod parameters;
 mod policy;
-pub mod policy_gradient;
 pub mod qwen3;
 pub mod qwen3_5;
-pub mod runtime;
-pub mod sampling;
-mod tensor_file;
+pub mod random;
+pub mod tensor_file;
 pub mod tokenizer;
-pub mod train;
+pub mod trainable;
 
 /// Qwen3's modules also answer at the root, where the Hugging Face layout they hold (`config.json`,
 /// checkpoint and adapter file names) is looked up by the crates above.
 pub use qwen3::{checkpoint, config, lora, model};
 
-pub use architectures::{WithTrainable, ARCHITECTURES};
-pub use bench::{run_bench, BenchConfig, BenchError, BenchRow, BenchTable};
-pub use chat_codec::{ChatCodec, ChatCodecError};
+pub use architectures::{Registration, WithTrainable, ARCHITECTURES};
 pub use chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
-pub use decoder::{AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, Registration};
-pub use engine::{EngineConfig, EngineError, EngineStats, LocalPolicy};
-pub use gguf::{GgufError, GgufFile};
-pub use policy_gradient::{completion_logprobs, PgExample, PgObjective, PgStepStats};
+pub use decoder::{AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
 pub use qwen3::checkpoint::{load_model, save_model, stored_dtype, CheckpointError, GenerationConfig};
 pub use qwen3::config::{ConfigError, ConfigIssue, ModelSize, Qwen3Config};
 pub use qwen3::lora::{LoraAdapter, LoraConfig, LoraError, LoraTarget};
 pub use qwen3::model::{KvCache, ModelError, Qwen3Model, SeqStep};
 pub use qwen3_5::{load_qwen35, save_qwen35, Qwen35Cache, Qwen35Config, Qwen35Lora, Qwen35Model, Qwen35Step};
-pub use sampling::{SampledToken, Sampler};
 pub use tokenizer::{SpecialTokens, TextStream, Tokenizer, TokenizerError};
-pub use train::{
-    LrSchedule, SftBatch, SftExample, SftTrainer, StepStats, TrainError, TrainableModel, TrainerConfig, TrainerState,
-};
-pub use whale_policy::{
-    ChatRequest, Completion, FinishReason, Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy, SamplingParams,
-};
+pub use trainable::{TrainableError, TrainableModel};

@@ -36,7 +36,8 @@ pub enum CheckpointError {
 }
 
 impl CheckpointError {
-    pub(crate) fn invalid(file: &Path, key: &str, reason: impl Into<String>) -> Self {
+    /// A key of `file` that is missing or wrong, and why.
+    pub fn invalid(file: &Path, key: &str, reason: impl Into<String>) -> Self {
         Self::Invalid { file: file.to_path_buf(), key: key.to_string(), reason: reason.into() }
     }
 
@@ -79,10 +80,7 @@ pub(crate) fn tensor_names(file: &Path) -> Result<Vec<String>, CheckpointError> 
 }
 
 /// Reads the named float tensors of one safetensors file onto the CPU, checking each shape.
-pub(crate) fn read_tensors(
-    file: &Path,
-    wanted: &[(String, Vec<usize>)],
-) -> Result<HashMap<String, Tensor>, CheckpointError> {
+pub fn read_tensors(file: &Path, wanted: &[(String, Vec<usize>)]) -> Result<HashMap<String, Tensor>, CheckpointError> {
     read_tensors_checked(file, wanted, false)
 }
 
@@ -126,7 +124,7 @@ fn read_tensors_checked(
 
 /// Writes named tensors as one safetensors file with the `{"format": "pt"}` metadata that
 /// `transformers` requires.
-pub(crate) fn write_tensors(file: &Path, tensors: Vec<(String, Tensor)>) -> Result<(), CheckpointError> {
+pub fn write_tensors(file: &Path, tensors: Vec<(String, Tensor)>) -> Result<(), CheckpointError> {
     let on_cpu = tensors
         .into_iter()
         .map(|(name, tensor)| Ok((name, tensor.to_device(&Device::Cpu)?)))
@@ -138,7 +136,7 @@ pub(crate) fn write_tensors(file: &Path, tensors: Vec<(String, Tensor)>) -> Resu
 }
 
 /// Writes `bytes` to a temporary file beside `file`, then renames it over `file`.
-pub(crate) fn write_atomic(file: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+pub fn write_atomic(file: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let name = file.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
     let temporary = file.with_file_name(format!(".{name}.partial"));
     std::fs::write(&temporary, bytes).map_err(|e| CheckpointError::io(&temporary, e))?;

@@ -11,6 +11,9 @@ use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::AddedToken;
 
+/// File name of the Hugging Face tokenizer in a model directory.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
 /// End of a document; the padding token.
 pub const ENDOFTEXT: &str = "<|endoftext|>";
 /// Opens a ChatML turn.

@@ -14,8 +14,10 @@ use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use whale_core::Domain;
+use whale_engine::EngineConfig;
 use whale_harness::Limits;
-use whale_lm::{EngineConfig, LoraConfig, SamplingParams};
+use whale_lm::LoraConfig;
+use whale_policy::SamplingParams;
 use whale_search::{Acceptance, AgentConfig, CommandConfig};
 
 /// A whole experiment.
@@ -85,7 +87,7 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     /// The dtype `dtype` names (validated: f32 or bf16). A bf16 model keeps its weights and
-    /// activations in bf16; its trainer keeps f32 master copies of them (`whale_lm::SftTrainer`).
+    /// activations in bf16; its trainer keeps f32 master copies of them (`whale_train::SftTrainer`).
     pub fn candle_dtype(&self) -> DType {
         match self.dtype.as_str() {
             "bf16" => DType::BF16,

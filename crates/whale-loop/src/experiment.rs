@@ -1,5 +1,6 @@
 //! One run of one condition: the WHALE loop (or a baseline) from the first evaluation to the
-//! report, in units of work that each end with a commit to the run directory.
+//! last, in units of work that each end with a commit to the run directory. The run's report is
+//! drawn from that directory by whoever ran it (whale-study's `report::write_run_report`).
 //!
 //! The loop asks the [`Scheduler`] for the next phase, runs one weight step or one search
 //! unit (the incumbent's re-scoring at the start of a harness phase, then one archive
@@ -32,12 +33,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use whale_core::{Ledger, Purpose, Spend, Task, Trajectory};
+use whale_engine::{EngineConfig, LocalPolicy};
 use whale_harness::scoring::{environment, EvaluateError};
 use whale_harness::{stock_harness, validate, Harness};
-use whale_lm::{Decoder, EngineConfig, LocalPolicy, Policy};
+use whale_lm::Decoder;
+use whale_policy::Policy;
 use whale_search::HarnessSearch;
 use whale_tasks::split::{split, SplitSizes, Splits};
-use whale_tasks::{DomainTasks, Environment};
+use whale_tasks::{task_domain, Environment};
 
 /// The line a weight step prints: RFT's kept share, or a policy gradient's signal, clipping
 /// and KL.
@@ -121,7 +124,7 @@ pub fn task_splits(config: &RunConfig) -> Result<Splits, ExperimentError> {
     let spec = &config.tasks;
     let mut tasks: Vec<Task> = Vec::new();
     for file in &spec.files {
-        let report = spec.domain.load(file);
+        let report = task_domain(spec.domain).load(file);
         if let Some(first) = report.rejected.first() {
             return Err(ExperimentError::Tasks(format!("{} bad record(s), the first: {first}", report.rejected.len())));
         }
@@ -131,7 +134,7 @@ pub fn task_splits(config: &RunConfig) -> Result<Splits, ExperimentError> {
     let seed = spec.seed.unwrap_or(config.seed);
     for (index, &difficulty) in difficulties.iter().enumerate() {
         let share = spec.generate / difficulties.len() + usize::from(index < spec.generate % difficulties.len());
-        tasks.extend(spec.domain.generate(share, seed ^ u64::from(difficulty) << 32, difficulty));
+        tasks.extend(task_domain(spec.domain).generate(share, seed ^ u64::from(difficulty) << 32, difficulty));
     }
     let sizes = SplitSizes { train: spec.train, search: spec.search, test: spec.test };
     split(tasks, sizes, seed).map_err(|e| ExperimentError::Tasks(e.to_string()))
@@ -150,16 +153,18 @@ pub fn initial_harness(config: &RunConfig) -> Result<Harness, ExperimentError> {
     Ok(Harness::from_source(source))
 }
 
-pub(crate) fn device(config: &RunConfig) -> Result<Device, ExperimentError> {
+/// The device `[model]` names (whale-study's coupling loads each kept weights onto it).
+pub fn device(config: &RunConfig) -> Result<Device, ExperimentError> {
     config.model.open_device().map_err(ExperimentError::Model)
 }
 
 /// The model's dtype; the configuration was validated to name f32 or bf16.
-pub(crate) fn dtype(config: &RunConfig) -> DType {
+pub fn dtype(config: &RunConfig) -> DType {
     config.model.candle_dtype()
 }
 
-pub(crate) fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
+/// The run's base model directory: `[model] path`, else the domain's base model (made once).
+pub fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
     match &config.model.path {
         Some(path) => Ok(path.clone()),
         None => {
@@ -169,7 +174,7 @@ pub(crate) fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> 
 }
 
 /// The in-process engine's settings from `[model]`.
-pub(crate) fn engine_config(config: &RunConfig) -> EngineConfig {
+pub fn engine_config(config: &RunConfig) -> EngineConfig {
     EngineConfig {
         max_batch_size: config.model.max_batch_size,
         max_context: config.model.max_context,
@@ -250,7 +255,7 @@ fn weight_phase<'a>(
     config: &'a RunConfig,
     environment: &'a Environment,
     train: &'a [Task],
-    sampling: &'a whale_lm::SamplingParams,
+    sampling: &'a whale_policy::SamplingParams,
     progress: bool,
 ) -> WeightPhase<'a> {
     WeightPhase {
@@ -458,7 +463,8 @@ impl Experiment {
         &self.state
     }
 
-    /// Runs to the end of the budget (from wherever the run stands) and writes the report.
+    /// Runs to the end of the budget (from wherever the run stands). The report is the caller's
+    /// to write, while it still holds this experiment (and so the directory's lock).
     pub fn run(&mut self) -> Result<RunOutcome, ExperimentError> {
         while !self.state.finished {
             let next = self.scheduler.next(&self.state.outcomes, self.spent());
@@ -480,11 +486,7 @@ impl Experiment {
                 }
             }
         }
-        let outcome = self.outcome()?;
-        crate::report::write_run_report(&self.dir).map_err(|e| {
-            ExperimentError::RunDir(RunDirError::Corrupt { path: self.dir.root().to_path_buf(), reason: e.to_string() })
-        })?;
-        Ok(outcome)
+        self.outcome()
     }
 
     fn outcome(&self) -> Result<RunOutcome, ExperimentError> {

@@ -15,7 +15,7 @@
 //! examples.jsonl       the last step's kept rollouts (few-shot material for the proposer)
 //! search_spend.jsonl   rollouts the search paid for, once per (unit, harness, weights, tasks)
 //! archive/             the harness archive (see whale-search)
-//! report.html          the report, once the run is over
+//! report.html          the report, once the run is over (written by whale-study)
 //! .lock                the writer's lock (see [`crate::lock`]) and who holds it
 //! ```
 //!

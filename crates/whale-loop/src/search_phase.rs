@@ -16,13 +16,13 @@ use std::time::Instant;
 use whale_core::{pareto, Objectives, Spend, Task, Trajectory};
 use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, RolloutJob, RunOptions};
-use whale_lm::Policy;
+use whale_policy::Policy;
 use whale_search::{
     instance_frontier, AgentProposer, Archive, ArchiveError, Candidate, CommandProposer, Evaluator, EvaluatorError,
     HarnessSearch, MutateProposer, Proposer, ScoreCard, SearchConfig, SearchError, SummaryEvent,
 };
 use whale_tasks::split::Splits;
-use whale_tasks::{DomainTasks, Environment};
+use whale_tasks::{task_domain, Environment};
 
 const SEARCH_SALT: u64 = 0x5EA2_C400_0000_0001;
 
@@ -193,7 +193,7 @@ impl Evaluator for SearchRollouts<'_> {
             .map(|(index, task)| {
                 Ok(RolloutJob {
                     task_id: task.id.clone(),
-                    task_view: domain.public_view(task),
+                    task_view: task_domain(domain).public_view(task),
                     episode: EpisodeSource::Ready(self.environment.episode(task)?),
                     seed: rollout_seed(seed, index, 0),
                     harness: harness.clone(),

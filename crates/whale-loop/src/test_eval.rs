@@ -14,7 +14,7 @@ use std::sync::Arc;
 use whale_core::{Scores, Spend, Task};
 use whale_harness::scoring::{evaluate, EvalSettings, EvaluateError};
 use whale_harness::{Harness, Limits};
-use whale_lm::{Policy, SamplingParams};
+use whale_policy::{Policy, SamplingParams};
 use whale_tasks::Environment;
 
 const EVAL_SALT: u64 = 0xE7A1_0000_7E57_0001;

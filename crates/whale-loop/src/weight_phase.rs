@@ -33,14 +33,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use whale_core::{ModelCall, SampledTokens, Task, Trajectory};
+use whale_engine::{EngineError, LocalPolicy};
 use whale_harness::scoring::rollout_seed;
 use whale_harness::{run_rollouts, EpisodeSource, Harness, Limits, RolloutJob, RunOptions};
-use whale_lm::{
-    completion_logprobs, ChatCodec, Decoder, EngineError, LocalPolicy, LoraConfig, LrSchedule, PgExample, PgObjective,
-    Policy, PolicyError, SamplingParams, SftExample, SftTrainer, TrainError, TrainableModel, TrainerConfig,
-    TrainerState, WithTrainable,
+use whale_lm::{Decoder, LoraConfig, TrainableModel, WithTrainable};
+use whale_policy::{Policy, PolicyError, SamplingParams};
+use whale_tasks::{task_domain, Environment, EnvironmentError};
+use whale_train::{
+    completion_logprobs, ChatCodec, LrSchedule, PgExample, PgObjective, SftExample, SftTrainer, TrainError,
+    TrainerConfig, TrainerState,
 };
-use whale_tasks::{DomainTasks, Environment, EnvironmentError};
 
 /// Salts that keep the random streams of different uses of the run seed apart.
 const DRAW_SALT: u64 = 0x7EA1_D8A3_0000_0001;
@@ -490,7 +492,7 @@ impl WeightPhase<'_> {
         let mut jobs = Vec::new();
         for (index, task) in self.draw(step).into_iter().enumerate() {
             let harness = &population[pick.gen_range(0..population.len())];
-            let view = domain.public_view(task);
+            let view = task_domain(domain).public_view(task);
             for sample in 0..self.config.rollouts_per_task {
                 jobs.push(RolloutJob {
                     task_id: task.id.clone(),
@@ -736,7 +738,7 @@ pub fn training_examples(
 /// The model calls of the kept rollouts a step trains on, in rollout and call order: the
 /// trainable ones, less those cut off at `max_tokens` when `skip_truncated`.
 pub fn trained_calls<'a>(kept: &'a [&Trajectory], skip_truncated: bool) -> impl Iterator<Item = &'a ModelCall> {
-    let length = whale_lm::FinishReason::Length.as_str();
+    let length = whale_policy::FinishReason::Length.as_str();
     kept.iter()
         .flat_map(|t| t.model_calls.iter())
         .filter(move |call| call.trainable && !(skip_truncated && call.finish_reason == length))
@@ -749,7 +751,7 @@ pub fn trained_calls<'a>(kept: &'a [&Trajectory], skip_truncated: bool) -> impl 
 pub fn call_example(policy: &LocalPolicy, call: &ModelCall) -> Result<JournalExample, PolicyError> {
     let prompt = policy.prompt_ids(&call.messages)?;
     let mut completion = policy.tokenizer().encode(&call.completion)?;
-    if call.finish_reason == whale_lm::FinishReason::Stop.as_str() {
+    if call.finish_reason == whale_policy::FinishReason::Stop.as_str() {
         completion.push(policy.tokenizer().specials().im_end);
     }
     Ok(JournalExample::supervised(prompt, completion))

@@ -1,5 +1,5 @@
 //! How to sample one completion: the parameters every policy takes, local or served. Drawing a
-//! token from logits with them is the model's business (whale-lm's `Sampler`).
+//! token from logits with them is the engine's business (whale-engine's `Sampler`).
 
 use serde::{Deserialize, Serialize};
 

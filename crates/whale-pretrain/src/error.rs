@@ -6,21 +6,21 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum PretrainError {
     #[error(transparent)]
-    Codec(#[from] whale_lm::ChatCodecError),
+    Codec(#[from] whale_train::ChatCodecError),
     #[error(transparent)]
     Tokenizer(#[from] whale_lm::TokenizerError),
     #[error(transparent)]
     Template(#[from] whale_lm::ChatTemplateError),
     #[error(transparent)]
-    Train(#[from] whale_lm::TrainError),
+    Train(#[from] whale_train::TrainError),
     #[error(transparent)]
     Model(#[from] whale_lm::ModelError),
     #[error(transparent)]
     Checkpoint(#[from] whale_lm::CheckpointError),
     #[error(transparent)]
-    Policy(#[from] whale_lm::PolicyError),
+    Policy(#[from] whale_policy::PolicyError),
     #[error(transparent)]
-    Engine(#[from] whale_lm::EngineError),
+    Engine(#[from] whale_engine::EngineError),
     #[error("{}: {reason}", path.display())]
     Io { path: PathBuf, reason: String },
     #[error("the corpus gave no training example of at most {0} tokens")]

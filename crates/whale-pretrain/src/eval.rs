@@ -17,9 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use whale_core::metrics::{self, Scores, TaskSamples};
 use whale_core::{ChatMessage, Domain, Task};
+use whale_engine::{EngineConfig, LocalPolicy};
 use whale_harness::scoring::{self, EvalSettings};
-use whale_lm::{ChatRequest, EngineConfig, LocalPolicy, Policy, PolicyError, SamplingParams};
-use whale_tasks::{math, DomainTasks};
+use whale_policy::{ChatRequest, Policy, PolicyError, SamplingParams};
+use whale_tasks::{math, task_domain};
 
 /// Which tasks, how many samples, how long an answer may be.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -93,7 +94,7 @@ pub struct EvalReport {
 
 /// The evaluation tasks of `spec`.
 pub fn tasks(spec: &EvalSpec) -> Vec<Task> {
-    spec.domain.generate(spec.tasks, spec.seed, spec.difficulty)
+    task_domain(spec.domain).generate(spec.tasks, spec.seed, spec.difficulty)
 }
 
 /// What identifies each of `tasks` in a corpus (its question; a chess puzzle's starting FEN),
@@ -128,7 +129,7 @@ pub fn evaluate_harness(policy: Arc<dyn Policy>, spec: &EvalSpec, tasks: &[Task]
         .zip(run.per_task)
         .map(|(task, samples)| TaskResult {
             id: task.id.clone(),
-            gold: spec.domain.gold_actions(task).join(" "),
+            gold: task_domain(spec.domain).gold_actions(task).join(" "),
             rewards: samples.rewards,
             answers: samples.answers,
         })
@@ -215,7 +216,7 @@ mod tests {
     use super::*;
     use crate::corpus::PLAIN_MATH_INSTRUCTION;
     use std::collections::HashMap;
-    use whale_lm::{Completion, FinishReason};
+    use whale_policy::{Completion, FinishReason};
 
     /// Answers the plain prompt right for tasks of even index and wrong for the others, and
     /// records the seeds it was asked with.

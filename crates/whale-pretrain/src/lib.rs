@@ -38,12 +38,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use whale_core::Domain;
 use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
-use whale_lm::engine::TOKENIZER_FILE;
-use whale_lm::train::TRAINER_STATE_FILE;
-use whale_lm::{
-    save_model, ChatCodec, GenerationConfig, LrSchedule, ModelSize, Qwen3Config, Qwen3Model, SftExample, SftTrainer,
-    StepStats, TrainerConfig,
-};
+use whale_lm::tokenizer::TOKENIZER_FILE;
+use whale_lm::{save_model, GenerationConfig, ModelSize, Qwen3Config, Qwen3Model};
+use whale_train::trainer::TRAINER_STATE_FILE;
+use whale_train::{ChatCodec, LrSchedule, SftExample, SftTrainer, StepStats, TrainerConfig};
 
 /// The version of a domain's base model, bumped whenever its corpus, tokenizer or training
 /// recipe changes, so that a cached model from an older recipe is never mistaken for the

@@ -11,7 +11,7 @@ use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
 use whale_search::{
     Candidate, CandidateMeta, MutateProposer, Mutation, Proposal, ProposalContext, Proposer, ProposerError,
 };
-use whale_tasks::{DomainTasks, Environment};
+use whale_tasks::{task_domain, Environment};
 
 /// Plays the model for any domain: the first legal move a prompt lists, else a prose answer
 /// with a `####` line.
@@ -150,7 +150,7 @@ fn rollouts_by(
         .enumerate()
         .map(|(i, task)| RolloutJob {
             task_id: task.id.clone(),
-            task_view: domain.public_view(task),
+            task_view: task_domain(domain).public_view(task),
             episode: EpisodeSource::Ready(environment.episode(task).expect("episode")),
             seed: i as u64,
             harness: harness.clone(),
@@ -167,7 +167,7 @@ fn every_mutation_of_every_stock_harness_validates_and_runs_as_safely_as_the_ori
     let examples = [example()];
     let always = [Mutation::AddPhrase, Mutation::ToolStep, Mutation::Vote, Mutation::Retry, Mutation::Format];
     for stock in STOCK_HARNESSES {
-        let tasks = stock.domain.generate(3, 5, 1);
+        let tasks = task_domain(stock.domain).generate(3, 5, 1);
         let environment = Environment::for_tasks(stock.domain, &tasks).expect("environment");
         let original = outcomes(stock.source, stock.domain, &tasks, &environment);
         let incumbent = candidate(stock.source);
@@ -311,7 +311,7 @@ fn prompt_only_proposals_change_only_prompt_text_and_reflect_on_the_failures() {
 fn a_view_swap_shows_the_legal_moves_in_san_where_the_tool_recorded_both_forms() {
     let limits = Limits::default();
     let stock = STOCK_HARNESSES.iter().find(|s| s.name == "chess/legal-moves").expect("stock");
-    let tasks = Domain::Chess.generate(6, 3, 1);
+    let tasks = task_domain(Domain::Chess).generate(6, 3, 1);
     let environment = Environment::for_tasks(Domain::Chess, &tasks).expect("environment");
     let recorded = rollouts(stock.source, Domain::Chess, &tasks, &environment);
     let incumbent = candidate(stock.source);
@@ -339,7 +339,7 @@ fn where_no_tool_shows_two_forms_the_proposals_are_those_without_the_view_swap()
     let limits = Limits::default();
     for name in ["math/calculator", "qa/search"] {
         let stock = STOCK_HARNESSES.iter().find(|s| s.name == name).expect("stock");
-        let tasks = stock.domain.generate(3, 5, 1);
+        let tasks = task_domain(stock.domain).generate(3, 5, 1);
         let environment = Environment::for_tasks(stock.domain, &tasks).expect("environment");
         let recorded = rollouts(stock.source, stock.domain, &tasks, &environment);
         assert!(stock.domain != Domain::Qa || recorded.iter().any(|t| !t.tool_calls.is_empty()), "qa/search searches");
@@ -380,7 +380,7 @@ impl Policy for Searcher {
 fn a_query_rewrite_searches_the_models_queries_first_and_returns_as_many_passages() {
     let limits = Limits::default();
     let stock = STOCK_HARNESSES.iter().find(|s| s.name == "qa/search").expect("stock");
-    let tasks = Domain::Qa.generate(4, 5, 2);
+    let tasks = task_domain(Domain::Qa).generate(4, 5, 2);
     let environment = Environment::for_tasks(Domain::Qa, &tasks).expect("environment");
     let recorded = rollouts(stock.source, Domain::Qa, &tasks, &environment);
     let incumbent = candidate(stock.source);
@@ -420,7 +420,7 @@ fn where_no_tool_searches_or_is_passed_an_integer_the_proposals_are_those_withou
     let limits = Limits::default();
     for name in ["math/calculator", "chess/legal-moves"] {
         let stock = STOCK_HARNESSES.iter().find(|s| s.name == name).expect("stock");
-        let tasks = stock.domain.generate(3, 5, 1);
+        let tasks = task_domain(stock.domain).generate(3, 5, 1);
         let environment = Environment::for_tasks(stock.domain, &tasks).expect("environment");
         let recorded = rollouts(stock.source, stock.domain, &tasks, &environment);
         assert!(recorded.iter().any(|t| !t.tool_calls.is_empty()), "{name} calls tools");
@@ -440,7 +440,7 @@ fn where_no_tool_searches_or_is_passed_an_integer_the_proposals_are_those_withou
 fn a_tool_argument_step_changes_how_many_passages_the_search_returns() {
     let limits = Limits::default();
     let stock = STOCK_HARNESSES.iter().find(|s| s.name == "qa/search").expect("stock");
-    let tasks = Domain::Qa.generate(4, 5, 2);
+    let tasks = task_domain(Domain::Qa).generate(4, 5, 2);
     let environment = Environment::for_tasks(Domain::Qa, &tasks).expect("environment");
     let incumbent = candidate(stock.source);
     let ctx = context(&incumbent, &[], &limits);

@@ -4,7 +4,7 @@
 //! 5xx status; nothing a client sends panics the server.
 
 use serde_json::{json, Value};
-use whale_lm::PolicyError;
+use whale_policy::PolicyError;
 
 /// An error reply.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -12,8 +12,10 @@ use std::sync::mpsc;
 use hyper::body::Bytes;
 
 use serde_json::Value;
-use whale_lm::sampling::StopMatcher;
-use whale_lm::{Completion, LocalPolicy, PolicyError, SampledToken, TextStream, Tokenizer};
+use whale_engine::sampling::StopMatcher;
+use whale_engine::{LocalPolicy, SampledToken};
+use whale_lm::{TextStream, Tokenizer};
+use whale_policy::{Completion, PolicyError};
 
 use crate::error::ApiError;
 use crate::request::{Endpoint, GenerationRequest, Prompt};

@@ -1,12 +1,12 @@
 //! `whale serve`: an OpenAI-compatible HTTP server over whale's continuous-batching engine.
 //!
 //! Why a server at all: the same rollout code then runs against the local engine, `whale serve`
-//! on another machine, vLLM or SGLang, through one client ([`whale_lm::RemotePolicy`]); and
+//! on another machine, vLLM or SGLang, through one client ([`whale_policy::RemotePolicy`]); and
 //! `whale serve` is what that client's retries, timeouts and adapter routing are tested
 //! against on loopback, fault injection included.
 //!
 //! Data flow of one chat request: hyper parses the HTTP request and reads the body (capped)
-//! → on a blocking [`server`] thread, [`request::GenerationRequest::parse`] checks it strictly → the [`registry::ModelRegistry`] picks the [`whale_lm::LocalPolicy`]
+//! → on a blocking [`server`] thread, [`request::GenerationRequest::parse`] checks it strictly → the [`registry::ModelRegistry`] picks the [`whale_engine::LocalPolicy`]
 //! named by `model` → [`generate`] renders the messages with the model's chat template and
 //! submits one engine request per choice (seed, seed + 1, ...) → the engine batches them with
 //! every other request in flight → [`response::ReplyHeader`] writes the OpenAI body, or

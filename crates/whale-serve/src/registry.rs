@@ -14,9 +14,10 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use candle_core::{DType, Device};
+use whale_engine::{EngineConfig, EngineError, LocalPolicy};
 use whale_lm::checkpoint::CONFIG_FILE;
 use whale_lm::lora::ADAPTER_CONFIG_FILE;
-use whale_lm::{AdapterError, CheckpointError, Decoder, EngineConfig, EngineError, LocalPolicy, LoraError, ModelError};
+use whale_lm::{AdapterError, CheckpointError, Decoder, LoraError, ModelError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -175,7 +176,7 @@ impl ModelRegistry {
     pub fn reload_base(&self, dir: &Path) -> Result<u64, RegistryError> {
         let model = Decoder::load(dir, self.settings.dtype, &self.settings.device)?;
         let base = self.get(&self.base).ok_or_else(|| RegistryError::Unknown(self.base.clone()))?;
-        let version = whale_lm::Policy::weights_version(base.as_ref()) + 1;
+        let version = whale_policy::Policy::weights_version(base.as_ref()) + 1;
         base.reload(model, version)?;
         if let Some(entry) = self.entries.write().unwrap_or_else(PoisonError::into_inner).get_mut(&self.base) {
             entry.info.root = dir.to_path_buf();

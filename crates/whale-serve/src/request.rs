@@ -7,7 +7,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 use whale_core::ChatMessage;
-use whale_lm::SamplingParams;
+use whale_policy::SamplingParams;
 
 use crate::error::ApiError;
 

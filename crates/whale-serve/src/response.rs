@@ -5,7 +5,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-use whale_lm::{Completion, Tokenizer};
+use whale_lm::Tokenizer;
+use whale_policy::Completion;
 
 use crate::request::Endpoint;
 

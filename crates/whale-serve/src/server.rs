@@ -37,7 +37,7 @@ use hyper::{Method, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use whale_lm::LocalPolicy;
+use whale_engine::LocalPolicy;
 
 use crate::auth::{self, ApiKey, InvalidApiKey};
 use crate::error::ApiError;

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use common::{loading_from, local, request, write_adapter, write_model};
 use serde_json::{json, Value};
-use whale_lm::{Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
+use whale_policy::{Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
 use whale_serve::{ApiKey, LoadSettings, ModelRegistry, RuntimeLoading, ServeConfig, ServeError, Server};
 
 const KEY: &str = "sk-whale-0123456789";

@@ -5,7 +5,7 @@ mod common;
 
 use common::{get, local, post, start, write_model};
 use serde_json::{json, Value};
-use whale_lm::{Policy, SamplingParams};
+use whale_policy::{Policy, SamplingParams};
 use whale_serve::ServeConfig;
 
 fn chat_body(extra: Value) -> String {

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{local, remote, request, start, write_qwen35_model};
-use whale_lm::Policy;
+use whale_policy::Policy;
 use whale_serve::ServeConfig;
 
 #[test]

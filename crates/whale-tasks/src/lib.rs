@@ -21,4 +21,4 @@ pub use domain::{Bottleneck, CorpusSource, PredictionScore, TaskDomain};
 pub use environment::{Environment, EnvironmentError, EpisodeFactory};
 pub use episode::{Episode, StepOutcome, ToolError, ToolSpec};
 pub use record::{json_kind, read_jsonl, LoadReport, RecordError};
-pub use registry::{replay_gold, task_domain, DomainTasks, GoldReplayError};
+pub use registry::{replay_gold, task_domain, GoldReplayError};

@@ -1,15 +1,12 @@
-//! The registry: the one match from a [`Domain`] to its [`TaskDomain`], and the operations
-//! callers reach through it.
+//! The registry: the one match from a [`Domain`] to its [`TaskDomain`].
 //!
 //! [`task_domain`] is the only match over all domains in this crate, so that a new domain is
-//! its folder, its impl and one line there, and the compiler names the rest. [`DomainTasks`]
-//! offers the operations as methods of the identifier [`Domain`], for callers that hold only
-//! that, and [`Environment::for_tasks`] builds a domain's environment with its defaults.
+//! its folder, its impl and one line there, and the compiler names the rest. A caller that holds
+//! only the identifier reaches every operation through it, `task_domain(domain).generate(..)`,
+//! so each operation has one name, [`TaskDomain`]'s. [`Environment::for_tasks`] builds a
+//! domain's environment with its defaults, and [`replay_gold`] plays each task's gold actions.
 
-use crate::{chess, math, qa, CorpusSource, Environment, EnvironmentError, Episode, LoadReport, PredictionScore};
-use crate::{RecordError, TaskDomain};
-use std::io::Write;
-use std::path::Path;
+use crate::{chess, math, qa, CorpusSource, Environment, EnvironmentError, Episode, TaskDomain};
 use whale_core::{Domain, Task, Verdict};
 
 /// The domain registered under `domain`: the one match over all domains.
@@ -18,52 +15,6 @@ pub fn task_domain(domain: Domain) -> &'static dyn TaskDomain {
         Domain::Math => &math::MathDomain,
         Domain::Chess => &chess::ChessDomain,
         Domain::Qa => &qa::QaDomain,
-    }
-}
-
-/// The operations of [`TaskDomain`] that callers holding a [`Domain`] use, as its methods.
-pub trait DomainTasks {
-    fn load(self, path: &Path) -> LoadReport;
-    fn parse_record(self, value: &serde_json::Value, file: &Path, line: usize) -> Result<Task, RecordError>;
-    fn generate(self, n: usize, seed: u64, difficulty: u32) -> Vec<Task>;
-    fn write_native(self, tasks: &[Task], out: &mut dyn Write) -> std::io::Result<()>;
-    fn public_view(self, task: &Task) -> serde_json::Value;
-    fn gold_actions(self, task: &Task) -> Vec<String>;
-    fn score(self, task: &Task, prediction: &str) -> PredictionScore;
-    fn native_extension(self) -> &'static str;
-}
-
-impl DomainTasks for Domain {
-    fn load(self, path: &Path) -> LoadReport {
-        task_domain(self).load(path)
-    }
-
-    fn parse_record(self, value: &serde_json::Value, file: &Path, line: usize) -> Result<Task, RecordError> {
-        task_domain(self).parse_record(value, file, line)
-    }
-
-    fn generate(self, n: usize, seed: u64, difficulty: u32) -> Vec<Task> {
-        task_domain(self).generate(n, seed, difficulty)
-    }
-
-    fn write_native(self, tasks: &[Task], out: &mut dyn Write) -> std::io::Result<()> {
-        task_domain(self).write_native(tasks, out)
-    }
-
-    fn public_view(self, task: &Task) -> serde_json::Value {
-        task_domain(self).public_view(task)
-    }
-
-    fn gold_actions(self, task: &Task) -> Vec<String> {
-        task_domain(self).gold_actions(task)
-    }
-
-    fn score(self, task: &Task, prediction: &str) -> PredictionScore {
-        task_domain(self).score(task, prediction)
-    }
-
-    fn native_extension(self) -> &'static str {
-        task_domain(self).native_extension()
     }
 }
 
@@ -82,7 +33,7 @@ pub fn replay_gold(domain: Domain, tasks: &[Task]) -> Result<Vec<Verdict>, GoldR
     Ok(tasks
         .iter()
         .map(|task| match environment.episode(task) {
-            Ok(mut episode) => play(episode.as_mut(), &domain.gold_actions(task)),
+            Ok(mut episode) => play(episode.as_mut(), &task_domain(domain).gold_actions(task)),
             Err(e) => Verdict::fail(format!("cannot start an episode: {e}")),
         })
         .collect())
@@ -112,7 +63,7 @@ mod tests {
 
     fn solve_with_gold(environment: &Environment, task: &Task) -> Verdict {
         let mut episode = environment.episode(task).expect("an episode");
-        play(episode.as_mut(), &task.domain.gold_actions(task))
+        play(episode.as_mut(), &task_domain(task.domain).gold_actions(task))
     }
 
     #[test]
@@ -129,7 +80,7 @@ mod tests {
     #[test]
     fn every_domain_makes_fresh_episodes_that_the_gold_actions_solve() {
         for domain in Domain::ALL {
-            let tasks = domain.generate(4, 3, 1);
+            let tasks = task_domain(domain).generate(4, 3, 1);
             let environment = Environment::for_tasks(domain, &tasks).expect("an environment");
             assert_eq!(environment.domain(), domain);
             assert_eq!(environment.passages().is_some(), task_domain(domain).searches_a_corpus(), "{domain}");

@@ -7,7 +7,7 @@ use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use whale_core::{Domain, Task};
-use whale_tasks::{qa, replay_gold, DomainTasks};
+use whale_tasks::{qa, replay_gold, task_domain};
 
 /// One row of the table.
 #[derive(Debug, Clone)]
@@ -46,7 +46,7 @@ fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
 
 fn load(domain: Domain, path: &Path) -> Result<Vec<Task>> {
     ensure!(path.exists(), "{} not found (pass --data DIR or set WHALE_SHARED_DATA)", path.display());
-    Ok(domain.load(path).into_tasks())
+    Ok(task_domain(domain).load(path).into_tasks())
 }
 
 /// Runs every benchmark over the shared data in `dir`.
@@ -66,8 +66,9 @@ pub fn run(dir: &Path) -> Result<Table> {
                 )
             })
             .collect();
+        let math = task_domain(Domain::Math);
         let (solved, seconds) =
-            timed(|| tasks.iter().zip(&predictions).filter(|(t, p)| Domain::Math.score(t, p).verdict.success).count());
+            timed(|| tasks.iter().zip(&predictions).filter(|(t, p)| math.score(t, p).verdict.success).count());
         ensure!(solved == tasks.len(), "{file}: only {solved} of {} gold answers verify", tasks.len());
         table.rows.push(Row { what: what.into(), items: tasks.len(), seconds, unit: "tasks/s" });
     }
@@ -86,8 +87,9 @@ pub fn run(dir: &Path) -> Result<Table> {
         .map(|f| load(Domain::Qa, &dir.join(format!("qa/hotpotqa_distractor_dev/{f}.jsonl"))))
         .collect::<Result<Vec<_>>>()?
         .concat();
+    let qa_domain = task_domain(Domain::Qa);
     let (scores, seconds) =
-        timed(|| hotpot.iter().map(|t| Domain::Qa.score(t, &qa::gold_actions(t)[0]).verdict.reward).sum::<f64>());
+        timed(|| hotpot.iter().map(|t| qa_domain.score(t, &qa::gold_actions(t)[0]).verdict.reward).sum::<f64>());
     ensure!(scores > 0.0, "the QA verifier solved no gold answer");
     table.rows.push(Row {
         what: "qa verifier (HotpotQA, EM + F1)".into(),

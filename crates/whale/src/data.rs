@@ -6,7 +6,7 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
 use whale_core::{Domain, Task};
-use whale_tasks::{read_jsonl, replay_gold, task_domain, DomainTasks, RecordError};
+use whale_tasks::{read_jsonl, replay_gold, task_domain, RecordError};
 
 /// What `whale data check` found in one file.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -21,7 +21,7 @@ pub struct CheckReport {
 /// Loads every record of `path` and replays each task's gold answer through its episode.
 /// Records that fail to load and tasks whose gold answer does not verify are both rejected.
 pub fn check(domain: Domain, path: &Path) -> CheckReport {
-    let report = domain.load(path);
+    let report = task_domain(domain).load(path);
     let mut problems = report.rejected;
     let (lines, tasks): (Vec<usize>, Vec<Task>) = report.tasks.into_iter().unzip();
     let verdicts = match replay_gold(domain, &tasks) {
@@ -46,7 +46,8 @@ pub fn check(domain: Domain, path: &Path) -> CheckReport {
 
 /// Writes `n` generated tasks in the domain's native format.
 pub fn generate(domain: Domain, n: usize, seed: u64, difficulty: u32, out: &mut dyn Write) -> std::io::Result<()> {
-    domain.write_native(&domain.generate(n, seed, difficulty), out)
+    let tasks = task_domain(domain);
+    tasks.write_native(&tasks.generate(n, seed, difficulty), out)
 }
 
 /// One scored line of `whale score`.
@@ -76,9 +77,9 @@ pub fn score(domain: Domain, path: &Path) -> Vec<ScoreLine> {
                 continue;
             }
         };
-        match domain.parse_record(&value, path, line) {
+        match task_domain(domain).parse_record(&value, path, line) {
             Ok(task) => {
-                let s = domain.score(&task, &prediction);
+                let s = task_domain(domain).score(&task, &prediction);
                 lines.push(ScoreLine {
                     line,
                     id: Some(task.id),

@@ -7,11 +7,11 @@
 
 use std::path::Path;
 use whale_core::Domain;
-use whale_loop::compare::{compare, Arm, CompareError, Comparison};
 use whale_loop::condition::Condition;
 use whale_loop::config::RunConfig;
 use whale_loop::experiment::Verbosity;
 use whale_pretrain::{ensure_base_model, PretrainError};
+use whale_study::compare::{compare, Arm, CompareError, Comparison};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {

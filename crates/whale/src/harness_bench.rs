@@ -16,8 +16,8 @@ use std::sync::Arc;
 use whale_core::{Domain, Task};
 use whale_harness::scoring::{self as evaluate, EvalSettings, EvaluateError, Evaluation};
 use whale_harness::{StockHarness, STOCK_HARNESSES};
-use whale_lm::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
-use whale_tasks::DomainTasks;
+use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError};
+use whale_tasks::task_domain;
 
 /// A benchmark fixture, not a model: a [`Policy`] that returns the same short completion to
 /// every call immediately, so that timing a run measures the harness runtime alone. It has no
@@ -148,7 +148,7 @@ fn run_once(
     threads: usize,
     seed: u64,
 ) -> Result<Evaluation, EvaluateError> {
-    let tasks: Vec<Task> = stock.domain.generate(n, seed, 1);
+    let tasks: Vec<Task> = task_domain(stock.domain).generate(n, seed, 1);
     let environment = evaluate::environment(stock.domain, &tasks, None, None)?;
     let settings = EvalSettings { k: 1, seed, threads, ..EvalSettings::default() };
     evaluate::evaluate(&stock.harness(), &environment, &tasks, policy, &settings, None)

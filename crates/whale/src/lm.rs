@@ -15,14 +15,18 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use whale_core::ChatMessage;
+use whale_engine::{EngineConfig, EngineError, LocalPolicy};
 use whale_lm::{
-    completion_logprobs, load_model, save_model, stored_dtype, AdapterError, ChatCodec, ChatCodecError, ChatRequest,
-    ChatTemplateError, CheckpointError, Completion, EngineConfig, EngineError, GenerationConfig, LocalPolicy,
-    LoraAdapter, LoraConfig, LoraError, ModelError, PgExample, PgObjective, Policy, PolicyError, Qwen3Config,
-    SamplingParams, SftExample, SftTrainer, TokenizerError, TrainError, TrainerConfig,
+    load_model, save_model, stored_dtype, AdapterError, ChatTemplateError, CheckpointError, GenerationConfig,
+    LoraAdapter, LoraConfig, LoraError, ModelError, Qwen3Config, TokenizerError,
 };
 use whale_loop::scale_out::external_weights::Sample;
+use whale_policy::{ChatRequest, Completion, Policy, PolicyError, SamplingParams};
 use whale_tasks::{read_jsonl, RecordError};
+use whale_train::{
+    completion_logprobs, ChatCodec, ChatCodecError, PgExample, PgObjective, SftExample, SftTrainer, TrainError,
+    TrainerConfig,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LmError {
@@ -245,7 +249,7 @@ pub fn train_sft(
     data: &Path,
     output: &Path,
     settings: &SftSettings,
-    on_step: &mut dyn FnMut(&whale_lm::StepStats, u64),
+    on_step: &mut dyn FnMut(&whale_train::StepStats, u64),
 ) -> Result<SftReport, LmError> {
     if settings.epochs == 0 || settings.batch_size == 0 {
         return Err(LmError::Invalid("epochs and batch size must be at least 1".to_string()));
@@ -350,7 +354,7 @@ fn supervised_epochs(
     trainer: &mut SftTrainer,
     examples: &[SftExample],
     settings: &SftSettings,
-    on_step: &mut dyn FnMut(&whale_lm::StepStats, u64),
+    on_step: &mut dyn FnMut(&whale_train::StepStats, u64),
 ) -> Result<(f64, f64), LmError> {
     let (loss_before, _) = trainer.evaluate(examples)?;
     let steps_per_epoch = examples.len().div_ceil(settings.batch_size) as u64;
@@ -373,7 +377,7 @@ fn policy_gradient_epochs(
     trainer: &mut SftTrainer,
     mut examples: Vec<PgExample>,
     settings: &SftSettings,
-    on_step: &mut dyn FnMut(&whale_lm::StepStats, u64),
+    on_step: &mut dyn FnMut(&whale_train::StepStats, u64),
 ) -> Result<(f64, f64), LmError> {
     let plain: Vec<SftExample> =
         examples.iter().map(|e| SftExample { prompt: e.prompt.clone(), completion: e.completion.clone() }).collect();
@@ -391,7 +395,7 @@ fn policy_gradient_epochs(
             let batch: Vec<PgExample> = chunk.iter().map(|&e| e.clone()).collect();
             let stats = trainer.policy_gradient_step(&batch, &objective)?;
             let step = trainer.state().step;
-            let stats = whale_lm::StepStats {
+            let stats = whale_train::StepStats {
                 loss: stats.loss,
                 tokens: stats.tokens,
                 examples: stats.examples,

@@ -1,6 +1,6 @@
 //! The `whale` command; everything it does lives in the `whale` library.
 
 fn main() -> std::process::ExitCode {
-    whale_lm::runtime::configure_cpu();
+    whale_kernels::runtime::configure_cpu();
     whale::cli::main()
 }

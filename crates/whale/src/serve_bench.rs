@@ -19,12 +19,11 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
 use whale_core::ChatMessage;
+use whale_engine::{EngineConfig, LocalPolicy};
 use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
-use whale_lm::engine::TOKENIZER_FILE;
-use whale_lm::{
-    save_model, ChatRequest, Completion, EngineConfig, GenerationConfig, LocalPolicy, Policy, PolicyError,
-    RemoteConfig, RemotePolicy, SamplingParams,
-};
+use whale_lm::tokenizer::TOKENIZER_FILE;
+use whale_lm::{save_model, GenerationConfig};
+use whale_policy::{ChatRequest, Completion, Policy, PolicyError, RemoteConfig, RemotePolicy, SamplingParams};
 
 /// The line `whale serve` prints first on stdout, followed by the API's base URL.
 pub const LISTENING: &str = "listening on ";
@@ -207,9 +206,9 @@ fn served(base_url: &str, model: &str, requests: usize) -> Result<RemotePolicy, 
 /// `whale lm bench --random` serves) and returns its description (`whale lm random` too).
 pub fn write_random_model(dir: &Path) -> Result<String, ServeBenchError> {
     let model_error = |e: &dyn std::fmt::Display| ServeBenchError::Model(e.to_string());
-    let vocab_size = whale_lm::BenchConfig::default().random_vocab_size;
+    let vocab_size = crate::lm_bench::BenchConfig::default().random_vocab_size;
     let (tokenizer, model, description) =
-        whale_lm::bench::random_model(vocab_size, &Device::Cpu).map_err(|e| model_error(&e))?;
+        whale_lm::random::random_model(vocab_size, &Device::Cpu).map_err(|e| model_error(&e))?;
     let config = model.config();
     save_model(&model, &GenerationConfig::for_model(config), dir).map_err(|e| model_error(&e))?;
     tokenizer.save(dir.join(TOKENIZER_FILE)).map_err(|e| model_error(&e))?;
@@ -220,7 +219,7 @@ pub fn write_random_model(dir: &Path) -> Result<String, ServeBenchError> {
 
 /// `count` chat requests with distinct questions and seeds from `first`.
 fn requests(count: usize, first: usize, max_tokens: usize, ignore_eos: bool) -> Vec<ChatRequest> {
-    let lines = whale_lm::bench::synthetic_corpus(first + count, 13);
+    let lines = whale_lm::random::synthetic_corpus(first + count, 13);
     lines[first..]
         .iter()
         .enumerate()

@@ -41,6 +41,7 @@ fn run_example(name: &str) {
     let root = dir.path().join("runs").join(name);
     let mut experiment = Experiment::create(config, &root, Verbosity::default()).expect("the run starts");
     let outcome = experiment.run().expect("the run finishes");
+    whale_study::report::write_run_report(&outcome.dir).expect("the run's report");
     let state = experiment.state();
     assert!(state.finished);
     assert_eq!(state.weight_steps, 4, "{name}: two weight phases of two steps");
@@ -63,4 +64,9 @@ fn the_chess_example_runs() {
 #[test]
 fn the_qa_example_runs() {
     run_example("qa");
+}
+
+#[test]
+fn the_smollm2_qa_testbed_runs() {
+    run_example("qa-smollm2");
 }

@@ -7,9 +7,10 @@
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use whale_lm::ChatCodec;
-use whale_lm::{load_model, LoraAdapter, Qwen3Model, SftExample, SftTrainer, TrainerConfig};
+use whale_lm::{load_model, LoraAdapter, Qwen3Model};
 use whale_pretrain::{self as pretrain, PretrainSummary};
+use whale_train::ChatCodec;
+use whale_train::{SftExample, SftTrainer, TrainerConfig};
 
 /// The hidden flags that make pretraining take seconds.
 const TINY: [&str; 10] =

@@ -141,7 +141,7 @@ fn whale_lm_generate_applies_a_qwen3_5_adapter_as_its_merged_model_samples() {
     let merged_dir = dir.path().join("merged");
     whale_lm::save_qwen35(&base.with_adapter(&adapter).and_then(|m| m.merged()).expect("merged"), &merged_dir)
         .expect("merged saved");
-    whale_lm::ChatCodec::copy_files(&model_dir, &merged_dir).expect("tokenizer files");
+    whale_train::ChatCodec::copy_files(&model_dir, &merged_dir).expect("tokenizer files");
     let generate = |model: &Path, extra: &[&str]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
         command.args(["lm", "generate", "--model"]).arg(model);

@@ -15,7 +15,8 @@ use candle_core::{DType, Device};
 use common::serve::Serve;
 use serde_json::Value;
 use whale_core::ChatMessage;
-use whale_lm::{ChatRequest, EngineConfig, LocalPolicy, Policy, SamplingParams};
+use whale_engine::{EngineConfig, LocalPolicy};
+use whale_policy::{ChatRequest, Policy, SamplingParams};
 
 fn has_openai(python: &Path) -> bool {
     Command::new(python).args(["-c", "import openai"]).output().is_ok_and(|output| output.status.success())

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use whale_core::{Domain, Task};
 use whale_harness::scoring::{self as evaluate, EvalSettings, Evaluation};
 use whale_harness::{stock_harness, StockHarness, STOCK_HARNESSES};
-use whale_lm::Policy;
-use whale_tasks::DomainTasks;
+use whale_policy::Policy;
+use whale_tasks::task_domain;
 
 fn run(stock: &StockHarness, tasks: &[Task], policy: Arc<dyn Policy>, k: usize, seed: u64) -> Evaluation {
     let environment = evaluate::environment(stock.domain, tasks, None, None).expect("an environment");
@@ -37,7 +37,7 @@ fn every_stock_harness_runs_end_to_end_on_generated_tasks() {
     let policy: Arc<dyn Policy> = Arc::new(tiny_policy());
     for stock in &STOCK_HARNESSES {
         let difficulty = if stock.domain == Domain::Chess { 2 } else { 1 };
-        let tasks = stock.domain.generate(3, 11, difficulty);
+        let tasks = task_domain(stock.domain).generate(3, 11, difficulty);
         let evaluation = run(stock, &tasks, policy.clone(), 2, 1);
         assert_clean(stock, &evaluation, 6);
     }
@@ -60,7 +60,7 @@ fn the_same_seed_gives_the_same_trajectories() {
     let policy: Arc<dyn Policy> = Arc::new(tiny_policy());
     for name in ["math/vote", "chess/legal-moves", "qa/two-hop"] {
         let stock = stock_harness(name).expect("a stock harness");
-        let tasks = stock.domain.generate(3, 4, 2);
+        let tasks = task_domain(stock.domain).generate(3, 4, 2);
         let first = run(stock, &tasks, policy.clone(), 3, 9);
         let again = run(stock, &tasks, policy.clone(), 3, 9);
         let other = run(stock, &tasks, policy.clone(), 3, 10);

@@ -157,7 +157,7 @@ fn whale(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn each_coupling_cell_equals_a_direct_harness_run_of_its_harness_on_its_weights() {
-    use whale_tasks::DomainTasks;
+    use whale_tasks::task_domain;
     let (_dir, root) = fixture();
     let runs = root.join("runs");
     let config = root.join("tiny.toml");
@@ -173,7 +173,7 @@ fn each_coupling_cell_equals_a_direct_harness_run_of_its_harness_on_its_weights(
     let test = whale_loop::experiment::task_splits(&resolved).expect("splits").test;
     let tasks = root.join("test.jsonl");
     let mut file = std::fs::File::create(&tasks).expect("tasks file");
-    resolved.tasks.domain.write_native(&test, &mut file).expect("write tasks");
+    task_domain(resolved.tasks.domain).write_native(&test, &mut file).expect("write tasks");
 
     let harnesses = matrix["harnesses"].as_array().expect("harnesses");
     let weights = matrix["weights"].as_array().expect("weights");

@@ -10,12 +10,14 @@ use candle_core::{Device, Var};
 use std::sync::Arc;
 use whale_core::Domain;
 use whale_harness::{stock_harness, Limits};
-use whale_lm::{LoraConfig, SamplingParams, SftTrainer};
+use whale_lm::LoraConfig;
 use whale_loop::config::{Algorithm, WeightConfig};
 use whale_loop::weight_phase::{
     apply, call_example, kept, new_trainer, resume_trainer, save_trainer, trainer_config, WeightPhase,
 };
-use whale_tasks::{DomainTasks, Environment};
+use whale_policy::SamplingParams;
+use whale_tasks::{task_domain, Environment};
+use whale_train::SftTrainer;
 
 /// Every parameter of the model, flattened, in a fixed order.
 fn weights(trainer: &SftTrainer) -> Vec<Vec<f32>> {
@@ -28,7 +30,7 @@ fn weights(trainer: &SftTrainer) -> Vec<Vec<f32>> {
 }
 
 struct Setup {
-    policy: Arc<whale_lm::LocalPolicy>,
+    policy: Arc<whale_engine::LocalPolicy>,
     trainer: SftTrainer,
     tasks: Vec<whale_core::Task>,
     environment: Environment,
@@ -39,7 +41,7 @@ fn setup() -> Setup {
     let pad = policy.tokenizer().specials().endoftext;
     let trainer = SftTrainer::new(policy.qwen3("the test").expect("a Qwen3 model"), trainer_config(&config(0.0), pad))
         .expect("trainer");
-    let tasks = Domain::Math.generate(12, 5, 1);
+    let tasks = task_domain(Domain::Math).generate(12, 5, 1);
     let environment = Environment::for_tasks(Domain::Math, &tasks).expect("environment");
     Setup { policy, trainer, tasks, environment }
 }
@@ -171,7 +173,7 @@ fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     let adapter_before = served();
     assert_eq!(adapter_before.len(), 2 * 2 * base.config().num_hidden_layers);
 
-    let tasks = Domain::Math.generate(12, 5, 1);
+    let tasks = task_domain(Domain::Math).generate(12, 5, 1);
     let environment = Environment::for_tasks(Domain::Math, &tasks).expect("environment");
     let sampling = SamplingParams { max_tokens: 12, ..SamplingParams::default() };
     let limits = Limits::default();
@@ -182,7 +184,7 @@ fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     assert_eq!(values(base.named_parameters()), base_before, "the base is bit for bit what it was");
     let trained = served();
     assert_ne!(trained, adapter_before, "the served adapter is the trained one");
-    let trainer_model = run_trainer.decoder().qwen3().cloned().expect("a Qwen3 trainer");
+    let trainer_model = run_trainer.decoder().downcast_ref::<whale_lm::Qwen3Model>().cloned().expect("a Qwen3 trainer");
     assert_eq!(trained, values(trainer_model.adapter().expect("adapter").named_parameters()));
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -228,7 +230,7 @@ fn a_grpo_step_without_reward_spread_leaves_the_weights_bit_identical() {
 /// Chess mates in one under `chess/legal-moves`: the untrained model names no legal move, so
 /// the harness plays a seeded random one and some rollouts of a puzzle mate while others do not.
 fn chess_setup() -> (Vec<whale_core::Task>, Environment) {
-    let tasks = Domain::Chess.generate(16, 5, 1);
+    let tasks = task_domain(Domain::Chess).generate(16, 5, 1);
     let environment = Environment::for_tasks(Domain::Chess, &tasks).expect("environment");
     (tasks, environment)
 }

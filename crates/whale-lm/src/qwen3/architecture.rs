@@ -1,22 +1,15 @@
 //! Qwen3 (and Llama) behind the seam: how the engine decodes with a [`Qwen3Model`]
-//! ([`Architecture`]), how the trainer trains and saves one ([`TrainableModel`]), and the
-//! registry entry that loads one for `model_type` `qwen3` or `llama`.
+//! ([`Architecture`], its parameter and FLOP counts included), and how the trainer trains and
+//! saves one and the registry loads one for `model_type` `qwen3` or `llama` ([`TrainableModel`]).
 
 use super::checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
-use super::config::{LLAMA_MODEL_TYPE, QWEN3_MODEL_TYPE};
+use super::config::{Qwen3Config, LLAMA_MODEL_TYPE, QWEN3_MODEL_TYPE};
 use super::lora::{LoraAdapter, LoraConfig};
 use super::model::{KvCache, ModelError, Qwen3Model, SeqStep};
-use crate::decoder::{AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, Registration};
-use crate::train::{TrainError, TrainableModel};
+use crate::decoder::{AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
+use crate::trainable::{TrainableError, TrainableModel};
 use candle_core::{DType, Device, Tensor, Var};
 use std::path::Path;
-
-/// Qwen3's entry in the registry: `qwen3`, and `llama` (Qwen3 without the q/k norm).
-pub const REGISTRATION: Registration = Registration { model_types: &[QWEN3_MODEL_TYPE, LLAMA_MODEL_TYPE], load };
-
-fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Decoder, CheckpointError> {
-    Ok(load_model(dir, dtype, device)?.into())
-}
 
 impl Architecture for Qwen3Model {
     fn name(&self) -> &'static str {
@@ -43,6 +36,14 @@ impl Architecture for Qwen3Model {
         &self.config().eos_token_id
     }
 
+    fn parameter_count(&self) -> usize {
+        self.config().parameter_count()
+    }
+
+    fn flop_counts(&self) -> FlopCounts {
+        flop_counts(self.config())
+    }
+
     fn new_cache(&self) -> Result<DecoderCache, ModelError> {
         Ok(DecoderCache::new(Qwen3Model::new_cache(self)))
     }
@@ -66,7 +67,26 @@ impl Architecture for Qwen3Model {
     }
 }
 
+/// Qwen3's model FLOPs: every layer's four attention projections and three MLP matrices, the
+/// LM head, and every layer's heads in attention.
+fn flop_counts(config: &Qwen3Config) -> FlopCounts {
+    let (h, d) = (config.hidden_size as f64, config.head_dim as f64);
+    let (heads, kv_heads) = (config.num_attention_heads as f64, config.num_key_value_heads as f64);
+    let layers = config.num_hidden_layers as f64;
+    let attention = h * d * (2.0 * heads + 2.0 * kv_heads);
+    let mlp = 3.0 * h * config.intermediate_size as f64;
+    FlopCounts {
+        body: layers * (attention + mlp),
+        head: config.vocab_size as f64 * h,
+        attention_per_key: 4.0 * layers * heads * d,
+        recurrence_per_token: 0.0,
+    }
+}
+
+/// `qwen3`, and `llama` (Qwen3 without the q/k norm).
 impl TrainableModel for Qwen3Model {
+    const MODEL_TYPES: &'static [&'static str] = &[QWEN3_MODEL_TYPE, LLAMA_MODEL_TYPE];
+
     fn packed_hidden(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError> {
         Qwen3Model::packed_hidden(self, sequences)
     }
@@ -86,10 +106,6 @@ impl TrainableModel for Qwen3Model {
         self.with_dropout(seed)
     }
 
-    fn of_decoder(decoder: &Decoder) -> Option<&Self> {
-        decoder.qwen3()
-    }
-
     fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self, CheckpointError> {
         load_model(dir, dtype, device)
     }
@@ -103,22 +119,40 @@ impl TrainableModel for Qwen3Model {
         self.adapter().is_some()
     }
 
-    fn with_new_adapter(&self, config: &LoraConfig, seed: u64) -> Result<Self, TrainError> {
+    fn with_new_adapter(&self, config: &LoraConfig, seed: u64) -> Result<Self, TrainableError> {
         let adapter = LoraAdapter::new(config.clone(), self.config(), seed, self.dtype(), self.device())?;
         Ok(self.with_adapter(&adapter)?)
     }
 
-    fn with_saved_adapter(&self, dir: &Path) -> Result<Self, TrainError> {
+    fn with_saved_adapter(&self, dir: &Path) -> Result<Self, TrainableError> {
         let adapter = LoraAdapter::load_peft(dir, self.config(), self.dtype(), self.device())?;
         Ok(self.with_adapter(&adapter)?)
     }
 
-    fn save_adapter(&self, dir: &Path, base_model_name_or_path: &str) -> Result<(), TrainError> {
-        let adapter = self.adapter().ok_or(TrainError::Mode("the model carries no adapter"))?;
+    fn save_adapter(&self, dir: &Path, base_model_name_or_path: &str) -> Result<(), TrainableError> {
+        let adapter = self.adapter().ok_or(TrainableError::NoAdapter)?;
         Ok(adapter.save_peft(dir, base_model_name_or_path)?)
     }
 
     fn merged(&self) -> Result<Self, ModelError> {
         Qwen3Model::merged(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flop_counts_count_every_matrix_once() {
+        let config = Qwen3Config::base(1000);
+        let flops = flop_counts(&config);
+        let (h, d, layers) = (config.hidden_size, config.head_dim, config.num_hidden_layers);
+        let norms = layers * (2 * h + 2 * d) + h;
+        // Tied embeddings: the LM head is the embedding matrix, counted once by the config.
+        assert_eq!(flops.body as usize + flops.head as usize + norms, config.parameter_count());
+        let per_key = 4.0 * (layers * config.num_attention_heads * d) as f64;
+        let expected = 2.0 * flops.body * 3.0 + 2.0 * flops.head * 2.0 + per_key * (1.0 + 2.0 + 3.0);
+        assert_eq!(flops.forward(3, 2), expected);
     }
 }

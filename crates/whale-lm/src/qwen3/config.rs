@@ -365,7 +365,7 @@ pub(crate) fn one_or_many<S: Serializer>(ids: &[u32], serializer: S) -> Result<S
     }
 }
 
-pub(crate) fn optional<T: DeserializeOwned>(object: &Map<String, Value>, key: &str) -> Result<Option<T>, ConfigIssue> {
+pub fn optional<T: DeserializeOwned>(object: &Map<String, Value>, key: &str) -> Result<Option<T>, ConfigIssue> {
     match object.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(value) => {

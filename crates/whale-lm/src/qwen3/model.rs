@@ -2,7 +2,7 @@
 //! with q/k RMSNorm and rotary embeddings, then a SwiGLU MLP), a final RMSNorm and the LM head.
 //!
 //! candle's fused softmax, RMSNorm and rotary kernels have no backward pass and would silently
-//! cut the gradient, so the training pass ([`training`]) runs whale's own ([`crate::kernels`]:
+//! cut the gradient, so the training pass ([`training`]) runs whale's own ([`whale_kernels`]:
 //! fused on the CPU with backward passes, composed from differentiable ops elsewhere) over
 //! the token rows of sequences packed end to end, `[Σ len, width]`. The cached decoding pass
 //! (this file) needs no gradient and runs candle's kernels over `[B, heads, T, d]`, the layout of
@@ -34,10 +34,9 @@ mod training;
 pub use error::ModelError;
 pub use kv_cache::KvCache;
 
-pub(crate) use packing::Packing;
+pub use packing::Packing;
 use step_kv::StepKv;
 
-use crate::kernels;
 use crate::parameters;
 use crate::qwen3::config::Qwen3Config;
 use crate::qwen3::lora::{base_weight_name, LoraAdapter, LoraTarget};
@@ -46,6 +45,7 @@ use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
+use whale_kernels as kernels;
 
 fn input_error(message: impl Into<String>) -> ModelError {
     ModelError::Input(message.into())
@@ -586,7 +586,7 @@ impl Qwen3Model {
     /// products faster and to the same bits ([`transposed_product`]), unless those copies
     /// would take more than [`DECODING_COPY_MAX_BYTES`]. The copies hold the weights of now
     /// (any older ones are dropped): after an in-place update of the parameters, make a new
-    /// one (the engine does, at [`crate::LocalPolicy::set_weights_version`]). Elsewhere, or
+    /// one (the engine does, at whale-engine's `LocalPolicy::set_weights_version`). Elsewhere, or
     /// where a copy cannot be made, a clone without copies.
     pub fn for_decoding(&self) -> Self {
         let mut model = self.clone();

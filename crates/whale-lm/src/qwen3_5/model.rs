@@ -18,7 +18,6 @@ use super::config::{LayerKind, Qwen35Config};
 use super::delta_rule::{self, DeltaInputs};
 use super::lora::Qwen35Lora;
 use super::shapes::parameter_shapes;
-use crate::kernels;
 use crate::parameters;
 use crate::qwen3::model::{linear, LoraUpdate, ModelError, Projection};
 use candle_core::{DType, Device, Tensor, Var, D};
@@ -26,6 +25,7 @@ use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
+use whale_kernels as kernels;
 
 fn input_error(message: impl Into<String>) -> ModelError {
     ModelError::Input(message.into())

@@ -1,12 +1,15 @@
-//! Shared helpers of the whale-lm integration tests: small models, decoding loops, and an
+//! Shared helpers of the whale-lm integration tests (whale-engine's and whale-train's include this
+//! file too): small models, decoding loops, and an
 //! independent, index-by-index f64 implementation of the Qwen3 forward pass.
 #![allow(dead_code)]
+
+pub mod qwen3_5;
 
 use candle_core::{DType, Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
-use whale_lm::{KvCache, Qwen3Config, Qwen3Model, SeqStep};
+use whale_lm::{KvCache, LoraAdapter, LoraConfig, Qwen3Config, Qwen3Model, SeqStep};
 
 pub const VOCAB: usize = 61;
 
@@ -34,6 +37,21 @@ pub fn tiny_model(tied: bool, seed: u64) -> Qwen3Model {
     let mut config = tiny_config(tied);
     config.initializer_range = 0.2;
     Qwen3Model::new_random(&config, seed, DType::F32, &Device::Cpu).unwrap()
+}
+
+/// A LoRA config of `rank` on `targets`, alpha twice the rank.
+pub fn lora(rank: usize, targets: &[&str]) -> LoraConfig {
+    LoraConfig {
+        rank,
+        alpha: 2.0 * rank as f64,
+        target_modules: targets.iter().map(|t| t.to_string()).collect(),
+        ..LoraConfig::default()
+    }
+}
+
+/// A fresh adapter of `config` for `model`, drawn from `seed`.
+pub fn adapter_for(model: &Qwen3Model, config: LoraConfig, seed: u64) -> LoraAdapter {
+    LoraAdapter::new(config, model.config(), seed, DType::F32, &Device::Cpu).unwrap()
 }
 
 pub fn random_tokens(rng: &mut ChaCha8Rng, len: usize) -> Vec<u32> {

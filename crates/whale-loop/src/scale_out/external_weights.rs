@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use whale_core::{ChatMessage, ModelCall, SampledTokens, Trajectory};
-use whale_lm::{Decoder, LocalPolicy};
+use whale_engine::LocalPolicy;
+use whale_lm::Decoder;
 
 /// One line of `samples.jsonl`: a model call as a chat, its completion the final assistant
 /// turn, and which turns are trained on (only that last one). Under a policy gradient

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use whale_http::{ClientConfig, HttpError, JsonClient, RetryPolicy};
 use whale_lm::checkpoint::{self, CheckpointError};
-use whale_lm::{ChatRequest, Completion, Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
+use whale_policy::{ChatRequest, Completion, Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
 
 /// How the server hot-loads new weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use candle_core::{DType, Device};
 use whale_core::ChatMessage;
+use whale_engine::{EngineConfig, LocalPolicy};
 use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
-use whale_lm::engine::TOKENIZER_FILE;
 use whale_lm::qwen3_5::Qwen35Size;
+use whale_lm::tokenizer::TOKENIZER_FILE;
 use whale_lm::{
-    save_model, save_qwen35, ChatRequest, EngineConfig, GenerationConfig, LocalPolicy, Qwen35Config, Qwen35Model,
-    Qwen3Config, Qwen3Model, RemoteConfig, RemotePolicy, SamplingParams, Tokenizer,
+    save_model, save_qwen35, GenerationConfig, Qwen35Config, Qwen35Model, Qwen3Config, Qwen3Model, Tokenizer,
 };
+use whale_policy::{ChatRequest, RemoteConfig, RemotePolicy, SamplingParams};
 use whale_serve::{LoadSettings, ModelRegistry, RuntimeLoading, ServeConfig, Server};
 
 /// The tiny models' context window.
@@ -23,7 +24,7 @@ pub const CONTEXT: usize = 256;
 /// weights are larger than the usual initialisation so that greedy outputs differ clearly
 /// between seeds.
 pub fn write_model(dir: &Path, seed: u64) {
-    let corpus = whale_lm::bench::synthetic_corpus(300, 1);
+    let corpus = whale_lm::random::synthetic_corpus(300, 1);
     let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), 400).expect("a tokenizer");
     let mut config = Qwen3Config::tiny(tokenizer.vocab_size());
     config.max_position_embeddings = CONTEXT;
@@ -37,7 +38,7 @@ pub fn write_model(dir: &Path, seed: u64) {
 /// Writes a tiny random Qwen3.5 model (weights from `seed`, spread wider than the usual
 /// initialisation) in the Hugging Face layout to `dir`.
 pub fn write_qwen35_model(dir: &Path, seed: u64) {
-    let corpus = whale_lm::bench::synthetic_corpus(300, 1);
+    let corpus = whale_lm::random::synthetic_corpus(300, 1);
     let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), 400).expect("a tokenizer");
     let mut config = Qwen35Config::text(tokenizer.vocab_size(), Qwen35Size::TINY);
     config.max_position_embeddings = CONTEXT;

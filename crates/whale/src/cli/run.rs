@@ -8,15 +8,15 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
-use whale_loop::compare::{compare, Arm, Comparison};
 use whale_loop::condition::Condition;
 use whale_loop::config::RunConfig;
-use whale_loop::coupling;
 use whale_loop::experiment::{Experiment, Verbosity};
-use whale_loop::figures;
 use whale_loop::lock::DirLock;
-use whale_loop::report::{self, comparison, table_text};
-use whale_loop::study;
+use whale_study::compare::{compare, Arm, Comparison};
+use whale_study::coupling;
+use whale_study::figures;
+use whale_study::report::{self, comparison, table_text};
+use whale_study::study;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -142,13 +142,33 @@ pub struct ReportArgs {
     out: Option<PathBuf>,
 }
 
+/// A run config with its `[model] path` made a checkpoint directory: a GGUF file or a known
+/// model's name (`path = "smollm2"`) is fetched and converted once, as `--model` is, so the
+/// run records the directory it loaded.
+fn load_config(file: &Path) -> Result<RunConfig> {
+    let mut config = RunConfig::load(file)?;
+    if let Some(path) = &config.model.path {
+        let dir = super::lm::model_dir(path).with_context(|| format!("{}: [model] path", file.display()))?;
+        config.model.path = Some(dir);
+    }
+    Ok(config)
+}
+
+/// A run config whose `[model] path` names the directory [`load_config`] would convert it
+/// into, fetching and converting nothing (for reports from result files alone).
+fn read_config(file: &Path) -> Result<RunConfig> {
+    let mut config = RunConfig::load(file)?;
+    config.model.path = config.model.path.as_deref().map(super::lm::converted_dir);
+    Ok(config)
+}
+
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let verbosity = args.common.verbosity();
     let started = Instant::now();
     let (mut experiment, dir) = match (&args.resume, &args.config) {
         (Some(dir), _) => (Experiment::resume(dir, verbosity)?, dir.clone()),
         (None, Some(file)) => {
-            let mut config = RunConfig::load(file)?;
+            let mut config = load_config(file)?;
             if let Some(condition) = args.condition {
                 config.condition = condition;
                 config.name = format!("{}-{condition}", config.name);
@@ -168,16 +188,18 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             dir.display()
         )
     })?;
+    let page = report::write_run_report(&outcome.dir)
+        .with_context(|| format!("the run finished; `whale report {}` writes its report", outcome.dir.display()))?;
     let series = report::Series::read(&outcome.dir)?;
     print!("{}", table_text(&comparison(&[series])));
     println!("run directory: {}", outcome.dir.display());
-    println!("report: {}", outcome.dir.join(whale_loop::run_dir::REPORT_FILE).display());
+    println!("report: {}", page.display());
     println!("wall time: {:.0} s", started.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn compare_command(args: CompareArgs) -> Result<ExitCode> {
-    let mut config = RunConfig::load(&args.config)?;
+    let mut config = load_config(&args.config)?;
     if let Some(name) = &args.name {
         config.name = name.clone();
     }
@@ -196,7 +218,8 @@ pub fn study_command(args: StudyArgs) -> Result<ExitCode> {
     if !args.report_only {
         print_cpu();
     }
-    let configs = args.configs.iter().map(|file| RunConfig::load(file)).collect::<Result<Vec<_>, _>>()?;
+    let load = if args.report_only { read_config } else { load_config };
+    let configs = args.configs.iter().map(|file| load(file)).collect::<Result<Vec<_>>>()?;
     let arms = if args.conditions.is_empty() {
         Condition::ALL.into_iter().map(Arm::from).collect()
     } else {

@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use whale_lm::EngineConfig;
+use whale_engine::EngineConfig;
 use whale_pretrain::{self as pretrain, PretrainConfig};
 use whale_serve::{ApiKey, LoadSettings, ModelRegistry, RuntimeLoading, ServeConfig, Server};
 

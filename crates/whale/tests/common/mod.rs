@@ -9,14 +9,15 @@ pub mod serve;
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use whale_core::{Domain, Task, Trajectory};
+use whale_engine::{EngineConfig, LocalPolicy};
 use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
-use whale_lm::engine::TOKENIZER_FILE;
 use whale_lm::qwen3_5::Qwen35Size;
+use whale_lm::tokenizer::TOKENIZER_FILE;
 use whale_lm::{
-    save_model, save_qwen35, ChatTemplate, EngineConfig, GenerationConfig, LocalPolicy, Qwen35Config, Qwen35Model,
-    Qwen3Config, Qwen3Model, Tokenizer,
+    save_model, save_qwen35, ChatTemplate, GenerationConfig, Qwen35Config, Qwen35Model, Qwen3Config, Qwen3Model,
+    Tokenizer,
 };
-use whale_tasks::{DomainTasks, Environment};
+use whale_tasks::{task_domain, Environment};
 
 /// The tiny model's context window (that of the default base model).
 pub const CONTEXT: usize = 2048;
@@ -37,7 +38,7 @@ pub fn real_sample(domain: Domain, n: usize) -> Vec<Task> {
         Domain::Chess => "chess/kagi_llm_chess_puzzles.csv",
         Domain::Qa => "qa/hotpotqa_distractor_dev/rpt_dev_300.jsonl",
     };
-    let mut tasks = domain.load(&data_dir().join(file)).into_tasks();
+    let mut tasks = task_domain(domain).load(&data_dir().join(file)).into_tasks();
     tasks.truncate(n);
     assert_eq!(tasks.len(), n, "{file}");
     tasks
@@ -48,7 +49,7 @@ pub fn real_sample(domain: Domain, n: usize) -> Vec<Task> {
 fn tokenizer() -> Tokenizer {
     let mut texts: Vec<String> = Vec::new();
     for domain in Domain::ALL {
-        let tasks = domain.generate(120, 1, 2);
+        let tasks = task_domain(domain).generate(120, 1, 2);
         let environment = Environment::for_tasks(domain, &tasks).expect("an environment");
         for task in &tasks {
             texts.push(environment.episode(task).expect("an episode").observation());

@@ -9,8 +9,8 @@
 //! attend over it under a mask; the chunk is copied into the caches after the pass.
 
 use super::kv_cache::{KvCache, LayerKv};
-use crate::kernels::{self, AttentionShape, CachedSequence};
 use candle_core::{DType, Device, Storage, Tensor};
+use whale_kernels::{self as kernels, AttentionShape, CachedSequence};
 
 /// The keys and values one step's layers attend over.
 pub(super) enum StepKv<'a> {

@@ -1,5 +1,5 @@
 //! The training pass: the decoder over sequences packed end to end, token rows
-//! `[Σ len, width]`, with whale's differentiable kernels ([`crate::kernels`]).
+//! `[Σ len, width]`, with whale's differentiable kernels ([`whale_kernels`]).
 //!
 //! Packing leaves padding out of every product: a padded batch of similar-length examples
 //! still spends a fifth of its positions on padding (16 GSM8K examples in two micro-batches of
@@ -11,8 +11,8 @@
 //! what the cached decoding pass computes, to float rounding.
 
 use super::{input_error, Attention, DecoderLayer, ModelError, Qwen3Model, RmsNorm, Rotary};
-use crate::kernels;
 use candle_core::Tensor;
+use whale_kernels as kernels;
 
 /// What every layer of one training pass reads besides its input.
 struct PackedPass {

@@ -1,0 +1,472 @@
+//! The local batching engine: greedy output against a plain forward loop, seeded samples that
+//! do not depend on the batch, stop strings, length limits, weight updates, loading a model
+//! directory, and shutdown without hangs. Models are tiny and random; the tokenizer is a BPE
+//! trained on GSM8K questions.
+
+#[path = "../../whale-lm/tests/common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier, OnceLock};
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device, Tensor};
+use common::{argmax, full_logits};
+use whale_core::ChatMessage;
+use whale_engine::{EngineConfig, EngineError, LocalPolicy};
+use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
+use whale_lm::tokenizer::TOKENIZER_FILE;
+use whale_lm::{save_model, ChatTemplate, GenerationConfig, Qwen3Config, Qwen3Model, Tokenizer};
+use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError, SamplingParams};
+
+fn shared_data() -> PathBuf {
+    let beside_repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");
+    if beside_repo.exists() {
+        return beside_repo;
+    }
+    PathBuf::from(std::env::var("WHALE_SHARED_DATA").expect("shared data: set WHALE_SHARED_DATA"))
+}
+
+/// GSM8K test questions, in file order.
+fn questions() -> &'static [String] {
+    static QUESTIONS: OnceLock<Vec<String>> = OnceLock::new();
+    QUESTIONS.get_or_init(|| {
+        let text = std::fs::read_to_string(shared_data().join("math/gsm8k/test.jsonl")).expect("gsm8k file");
+        text.lines()
+            .map(|line| {
+                let record: serde_json::Value = serde_json::from_str(line).expect("json line");
+                record["question"].as_str().expect("question").to_string()
+            })
+            .collect()
+    })
+}
+
+fn tokenizer() -> &'static Tokenizer {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| Tokenizer::train_bpe(questions().iter().map(String::as_str), 384).expect("bpe"))
+}
+
+/// A tiny untied model over the test tokenizer, with weights large enough that its
+/// distributions are far from uniform.
+fn tiny_model(seed: u64) -> Qwen3Model {
+    tiny_model_with_vocabulary(seed, tokenizer().vocab_size())
+}
+
+fn tiny_model_with_vocabulary(seed: u64, vocab_size: usize) -> Qwen3Model {
+    let mut config = Qwen3Config::tiny(vocab_size);
+    config.tie_word_embeddings = false;
+    config.initializer_range = 0.2;
+    config.rope_theta = 10_000.0;
+    Qwen3Model::new_random(&config, seed, DType::F32, &Device::Cpu).expect("model")
+}
+
+/// A tiny model whose end-of-sequence logits are always 0 while the largest of the other
+/// ~380 logits (std about 1.6) is near +5: greedy and top-20 sampling never end a completion,
+/// so length limits and in-flight events can be tested deterministically.
+fn model_without_eos(seed: u64) -> Qwen3Model {
+    let model = tiny_model(seed);
+    let mut tensors: HashMap<String, Tensor> =
+        model.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
+    let head = &tensors["lm_head.weight"];
+    let (vocab, hidden) = head.dims2().expect("matrix");
+    let mut values = head.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("values");
+    let specials = tokenizer().specials();
+    for id in [specials.endoftext, specials.im_end] {
+        values[id as usize * hidden..(id as usize + 1) * hidden].fill(0.0);
+    }
+    tensors
+        .insert("lm_head.weight".to_string(), Tensor::from_vec(values, (vocab, hidden), &Device::Cpu).expect("head"));
+    Qwen3Model::from_tensors(model.config(), tensors, DType::F32, &Device::Cpu).expect("model")
+}
+
+fn engine(model: Qwen3Model, config: EngineConfig) -> LocalPolicy {
+    LocalPolicy::new(model, tokenizer().clone(), ChatTemplate::chatml(), config).expect("engine")
+}
+
+fn ask(index: usize) -> Vec<ChatMessage> {
+    vec![ChatMessage::new("user", questions()[index].clone())]
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams { temperature: 0.0, max_tokens, ..SamplingParams::default() }
+}
+
+fn sampled(seed: u64, max_tokens: usize) -> SamplingParams {
+    SamplingParams { seed, max_tokens, ..SamplingParams::default() }
+}
+
+fn chat(policy: &LocalPolicy, messages: Vec<ChatMessage>, params: SamplingParams) -> Result<Completion, PolicyError> {
+    policy.chat(ChatRequest { messages, params })
+}
+
+/// Runs every request at once, each from its own thread, all released together.
+fn concurrently(policy: &LocalPolicy, requests: &[ChatRequest]) -> Vec<Result<Completion, PolicyError>> {
+    let start = Barrier::new(requests.len());
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|request| {
+                let start = &start;
+                scope.spawn(move || {
+                    start.wait();
+                    policy.chat(request.clone())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().expect("request thread")).collect()
+    })
+}
+
+/// The chat prompt rendered and tokenized here, independently of the engine.
+fn prompt_of(messages: &[ChatMessage]) -> Vec<u32> {
+    let text: String = messages.iter().map(|m| format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content)).collect();
+    tokenizer().encode(&(text + "<|im_start|>assistant\n")).expect("encode")
+}
+
+/// Greedy decoding that recomputes the whole sequence each token through `forward_train`;
+/// returns the tokens (up to and including an end token) and their log-probabilities.
+fn reference_greedy(model: &Qwen3Model, prompt: &[u32], max_tokens: usize, eos: &[u32]) -> (Vec<u32>, Vec<f32>) {
+    let mut tokens = prompt.to_vec();
+    let mut logprobs = Vec::new();
+    while tokens.len() - prompt.len() < max_tokens {
+        let row = full_logits(model, &tokens).pop().expect("a row");
+        let next = argmax(&row);
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let log_z = row.iter().map(|&x| f64::from(x - max).exp()).sum::<f64>().ln();
+        logprobs.push((f64::from(row[next as usize] - max) - log_z) as f32);
+        tokens.push(next);
+        if eos.contains(&next) {
+            break;
+        }
+    }
+    (tokens[prompt.len()..].to_vec(), logprobs)
+}
+
+#[test]
+fn greedy_chat_matches_a_plain_forward_loop_even_when_batched() {
+    let model = tiny_model(1);
+    let policy = engine(model.clone(), EngineConfig::default());
+    let indices = [0, 5, 17, 40];
+    let requests: Vec<ChatRequest> =
+        indices.iter().map(|&i| ChatRequest { messages: ask(i), params: greedy(24) }).collect();
+    let results = concurrently(&policy, &requests);
+    let mut longest = 0;
+    for (request, result) in requests.iter().zip(results) {
+        let completion = result.expect("completion");
+        let prompt = prompt_of(&request.messages);
+        assert_eq!(policy.prompt_ids(&request.messages).expect("prompt"), prompt);
+        let (tokens, logprobs) = reference_greedy(&model, &prompt, 24, policy.eos_token_ids());
+        assert_eq!(completion.token_ids, tokens);
+        for (got, want) in completion.logprobs.iter().zip(&logprobs) {
+            assert!((got - want).abs() < 1e-3, "logprob {got} vs {want}");
+        }
+        let ended = tokens.last().is_some_and(|t| policy.eos_token_ids().contains(t));
+        let body = if ended { &tokens[..tokens.len() - 1] } else { &tokens[..] };
+        assert_eq!(completion.text, tokenizer().decode(body, false).expect("decode"));
+        let expected_reason = if ended { FinishReason::Stop } else { FinishReason::Length };
+        assert_eq!(completion.finish_reason, expected_reason);
+        assert_eq!((completion.prompt_tokens, completion.completion_tokens), (prompt.len(), tokens.len()));
+        longest = longest.max(tokens.len());
+    }
+    assert!(longest >= 8, "the model ends every reply at once, so the comparison proves little");
+}
+
+#[test]
+fn a_seeded_sample_does_not_depend_on_what_shares_its_batch() {
+    // Padded past the tokenizer, as real checkpoints are, and large enough that the scheduler
+    // samples a full batch on several threads.
+    let model = tiny_model_with_vocabulary(2, 16_384);
+    let requests: Vec<ChatRequest> =
+        (0..16).map(|i| ChatRequest { messages: ask(3 * i + 1), params: sampled(100 + i as u64, 10 + i) }).collect();
+    let alone = engine(model.clone(), EngineConfig::default());
+    let expected: Vec<Completion> =
+        requests.iter().map(|request| alone.chat(request.clone()).expect("completion")).collect();
+    assert_eq!(alone.stats().peak_decode_batch, 1);
+    for max_batch_size in [64, 4] {
+        let policy = engine(model.clone(), EngineConfig { max_batch_size, ..EngineConfig::default() });
+        let results = concurrently(&policy, &requests);
+        for (index, (result, want)) in results.into_iter().zip(&expected).enumerate() {
+            let got = result.expect("completion");
+            assert_eq!(got.token_ids, want.token_ids, "request {index}, batches of {max_batch_size}");
+            assert_eq!(got.text, want.text);
+        }
+        let stats = policy.stats();
+        assert!(stats.peak_decode_batch > 1, "requests were not batched: {stats:?}");
+        assert!(stats.peak_decode_batch <= max_batch_size as u64, "{stats:?}");
+        assert_eq!(stats.requests_done, 16);
+    }
+}
+
+#[test]
+fn different_seeds_give_different_samples() {
+    let policy = engine(model_without_eos(3), EngineConfig::default());
+    let samples: Vec<Vec<u32>> =
+        (0..5).map(|seed| chat(&policy, ask(9), sampled(seed, 16)).expect("completion").token_ids).collect();
+    for (i, a) in samples.iter().enumerate() {
+        for b in &samples[i + 1..] {
+            assert_ne!(a, b);
+        }
+    }
+    let again = chat(&policy, ask(9), sampled(2, 16)).expect("completion");
+    assert_eq!(again.token_ids, samples[2]);
+}
+
+#[test]
+fn a_stop_string_cuts_the_text_and_ends_generation() {
+    let policy = engine(model_without_eos(4), EngineConfig::default());
+    let prompt = questions()[12].as_str();
+    let free = policy.generate_text(prompt, &sampled(5, 40)).expect("completion");
+    assert_eq!(free.finish_reason, FinishReason::Length);
+    assert_eq!(free.prompt_tokens, tokenizer().encode(prompt).expect("encode").len());
+    // Three ASCII letters or digits from the second half of the free text, as the stop string.
+    let chars: Vec<(usize, char)> = free.text.char_indices().collect();
+    let at = (chars.len() / 2..chars.len() - 2)
+        .find(|&i| chars[i..i + 3].iter().all(|(_, c)| c.is_ascii_alphanumeric()))
+        .expect("three ASCII alphanumerics in a row");
+    let stop = free.text[chars[at].0..chars[at].0 + 3].to_string();
+    let cut = free.text.find(&stop).expect("present");
+
+    let params = SamplingParams { stop: vec!["never-generated".to_string(), stop.clone()], ..sampled(5, 40) };
+    let stopped = policy.generate_text(prompt, &params).expect("completion");
+    assert_eq!(stopped.finish_reason, FinishReason::Stop);
+    assert_eq!(stopped.text, free.text[..cut]);
+    let n = stopped.token_ids.len();
+    assert!(n < free.token_ids.len(), "generation went on after the stop string");
+    assert_eq!(stopped.token_ids, free.token_ids[..n], "the same seed samples the same tokens");
+    assert_eq!((stopped.completion_tokens, stopped.logprobs.len()), (n, n));
+    // The last token completed the stop string: without it the text does not contain it yet.
+    let before_last = tokenizer().decode(&stopped.token_ids[..n - 1], false).expect("decode");
+    assert!(!before_last.contains(&stop));
+    assert!(tokenizer().decode(&stopped.token_ids, false).expect("decode").contains(&stop));
+}
+
+#[test]
+fn max_tokens_and_the_context_window_end_with_length() {
+    let policy = engine(model_without_eos(5), EngineConfig { max_context: 160, ..EngineConfig::default() });
+    let completion = chat(&policy, ask(2), sampled(1, 7)).expect("completion");
+    assert_eq!(completion.finish_reason, FinishReason::Length);
+    assert_eq!((completion.token_ids.len(), completion.logprobs.len(), completion.completion_tokens), (7, 7, 7));
+    assert_eq!(completion.text, tokenizer().decode(&completion.token_ids, false).expect("decode"));
+
+    let text = tokenizer().encode(&questions()[2]).expect("encode");
+    let prompt: Vec<u32> = text.iter().cycle().take(150).copied().collect();
+    let completion = policy.generate(prompt.clone(), &sampled(1, 1000)).expect("completion");
+    assert_eq!(completion.finish_reason, FinishReason::Length);
+    assert_eq!(completion.completion_tokens, 10, "prompt plus completion fill the window of 160");
+
+    let long: Vec<u32> = text.iter().cycle().take(160).copied().collect();
+    let error = policy.generate(long, &sampled(1, 5)).expect_err("too long");
+    assert!(matches!(error, PolicyError::PromptTooLong { prompt_tokens: 160, context_window: 160 }), "{error}");
+    let messages = vec![ChatMessage::new("user", questions()[..4].join(" "))];
+    assert!(matches!(chat(&policy, messages, sampled(1, 5)), Err(PolicyError::PromptTooLong { .. })));
+}
+
+#[test]
+fn bad_requests_fail_alone_without_stopping_the_engine() {
+    let policy = engine(tiny_model(6), EngineConfig::default());
+    let vocab = tokenizer().vocab_size() as u32;
+    assert!(matches!(policy.generate(vec![], &sampled(1, 5)), Err(PolicyError::InvalidPrompt(_))));
+    assert!(matches!(policy.generate_text("", &sampled(1, 5)), Err(PolicyError::InvalidPrompt(_))));
+    assert!(matches!(policy.generate(vec![5, vocab], &sampled(1, 5)), Err(PolicyError::InvalidPrompt(_))));
+    let negative = SamplingParams { temperature: -1.0, ..sampled(1, 5) };
+    assert!(matches!(chat(&policy, ask(0), negative), Err(PolicyError::Sampling(_))));
+    assert!(chat(&policy, ask(0), sampled(1, 5)).is_ok());
+}
+
+#[test]
+fn sixty_four_concurrent_requests_all_complete() {
+    let policy = engine(tiny_model(7), EngineConfig::default());
+    let requests: Vec<ChatRequest> =
+        (0..64).map(|i| ChatRequest { messages: ask(i), params: sampled(i as u64, 12) }).collect();
+    let results = concurrently(&policy, &requests);
+    for result in results {
+        let completion = result.expect("completion");
+        assert!((1..=12).contains(&completion.completion_tokens));
+        assert_eq!(completion.token_ids.len(), completion.completion_tokens);
+    }
+    let stats = policy.stats();
+    assert_eq!(stats.requests_done, 64);
+    assert!(stats.peak_decode_batch >= 2, "{stats:?}");
+    assert!(stats.decode_calls < stats.decode_rows, "decode steps served several sequences: {stats:?}");
+}
+
+#[test]
+fn weight_updates_in_place_and_new_models_take_effect() {
+    let model = model_without_eos(8);
+    let policy = engine(model.clone(), EngineConfig::default());
+    assert_eq!(policy.weights_version(), 0);
+    let prompt = prompt_of(&ask(20));
+    let eos = policy.eos_token_ids().to_vec();
+    let before = chat(&policy, ask(20), greedy(12)).expect("completion");
+    assert_eq!(before.token_ids, reference_greedy(&model, &prompt, 12, &eos).0);
+
+    // A trainer would do this: change the shared weights in place, then tell the engine.
+    let (_, down) =
+        model.named_parameters().into_iter().find(|(name, _)| name.ends_with("0.mlp.down_proj.weight")).expect("var");
+    down.set(&down.as_tensor().affine(-3.0, 0.0).expect("scaled")).expect("set");
+    policy.set_weights_version(1).expect("running");
+    assert_eq!(policy.weights_version(), 1);
+    let after = chat(&policy, ask(20), greedy(12)).expect("completion");
+    assert_eq!(after.token_ids, reference_greedy(&model, &prompt, 12, &eos).0);
+    assert_ne!(after.token_ids, before.token_ids);
+
+    let mut wider = Qwen3Config::tiny(tokenizer().vocab_size() + 1);
+    wider.tie_word_embeddings = false;
+    let other = Qwen3Model::new_random(&wider, 1, DType::F32, &Device::Cpu).expect("model");
+    assert!(matches!(policy.reload(other, 2), Err(EngineError::Mismatch { .. })));
+    assert_eq!(policy.weights_version(), 1);
+}
+
+#[test]
+fn a_request_in_flight_continues_under_reloaded_weights() {
+    let (first, second) = (model_without_eos(9), model_without_eos(10));
+    let policy = engine(first.clone(), EngineConfig::default());
+    let prompt = prompt_of(&ask(30));
+    let eos = policy.eos_token_ids().to_vec();
+    let completion = std::thread::scope(|scope| {
+        let request = scope.spawn(|| chat(&policy, ask(30), greedy(80)));
+        wait_for(|| policy.stats().decode_calls >= 10);
+        policy.reload(second.clone(), 7).expect("reload");
+        request.join().expect("request thread").expect("completion")
+    });
+    assert_eq!(policy.weights_version(), 7);
+    let tokens = &completion.token_ids;
+    assert_eq!(tokens.len(), 80);
+    let (under_first, _) = reference_greedy(&first, &prompt, 80, &eos);
+    let switch = tokens.iter().zip(&under_first).take_while(|(a, b)| a == b).count();
+    assert!((10..80).contains(&switch), "the new weights took effect at token {switch}");
+    let resumed = [&prompt[..], &tokens[..switch]].concat();
+    let (under_second, _) = reference_greedy(&second, &resumed, 80 - switch, &eos);
+    assert_eq!(&tokens[switch..], &under_second[..], "after the reload, tokens come from the new weights only");
+}
+
+fn wait_for(condition: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(start.elapsed() < Duration::from_secs(20), "timed out");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn shutdown_fails_pending_and_later_requests_without_hanging() {
+    let config = EngineConfig { max_batch_size: 4, max_context: 4096, ..EngineConfig::default() };
+    let policy = Arc::new(engine(model_without_eos(11), config));
+    let results = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let policy = Arc::clone(&policy);
+                scope.spawn(move || chat(&policy, ask(i), sampled(i as u64, 100_000)))
+            })
+            .collect();
+        wait_for(|| policy.stats().decode_calls >= 5);
+        let start = Instant::now();
+        policy.shutdown();
+        assert!(start.elapsed() < Duration::from_secs(5), "shutdown took {:?}", start.elapsed());
+        handles.into_iter().map(|handle| handle.join().expect("request thread")).collect::<Vec<_>>()
+    });
+    // Four requests were decoding and four were queued; none could have finished.
+    for result in results {
+        assert!(matches!(result, Err(PolicyError::EngineStopped)), "{result:?}");
+    }
+    assert!(matches!(chat(&policy, ask(0), sampled(0, 4)), Err(PolicyError::EngineStopped)));
+    assert!(matches!(policy.set_weights_version(3), Err(EngineError::Stopped)));
+    let policy = Arc::into_inner(policy).expect("sole owner");
+    drop(policy);
+
+    // Dropping an engine that is idle or has just served requests returns too.
+    let policy = engine(tiny_model(12), EngineConfig::default());
+    chat(&policy, ask(1), sampled(1, 3)).expect("completion");
+    drop(policy);
+}
+
+#[test]
+fn a_model_directory_loads_with_its_tokenizer_template_and_end_tokens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_model(13);
+    let mut generation = GenerationConfig::for_model(model.config());
+    let extra_eos = tokenizer().token_id("?").expect("a token for '?'");
+    generation.eos_token_id = vec![tokenizer().specials().im_end, extra_eos];
+    save_model(&model, &generation, dir.path()).expect("save");
+    tokenizer().save(dir.path().join(TOKENIZER_FILE)).expect("tokenizer");
+    write_tokenizer_config(dir.path(), CHATML_TEMPLATE, &tokenizer().specials(), 4096).expect("tokenizer config");
+
+    let loaded = LocalPolicy::load(dir.path(), DType::F32, &Device::Cpu, EngineConfig::default()).expect("load");
+    assert_eq!(loaded.name(), dir.path().display().to_string());
+    assert!(loaded.eos_token_ids().contains(&extra_eos));
+    let in_memory = engine(model, EngineConfig { eos_token_ids: vec![extra_eos], ..EngineConfig::default() });
+    for index in [3, 4] {
+        let want = chat(&in_memory, ask(index), greedy(30)).expect("completion");
+        let got = chat(&loaded, ask(index), greedy(30)).expect("completion");
+        assert_eq!(got, want);
+        if let Some(at) = got.token_ids.iter().position(|&id| id == extra_eos) {
+            assert_eq!((at + 1, got.finish_reason), (got.token_ids.len(), FinishReason::Stop));
+        }
+    }
+
+    std::fs::remove_file(dir.path().join(TOKENIZER_FILE)).expect("remove");
+    let error = LocalPolicy::load(dir.path(), DType::F32, &Device::Cpu, EngineConfig::default()).err().expect("error");
+    assert!(matches!(error, EngineError::Tokenizer(_)), "{error}");
+}
+
+#[test]
+fn streaming_hands_over_every_token_of_the_completion_as_it_is_sampled() {
+    let policy = engine(tiny_model(9), EngineConfig::default());
+    let prompt = prompt_of(&ask(0));
+    let mut streamed = Vec::new();
+    let completion = policy
+        .generate_streaming(prompt.clone(), &sampled(4, 24), &mut |token| {
+            streamed.push(token);
+            true
+        })
+        .expect("a completion");
+    assert_eq!(streamed.iter().map(|token| token.id).collect::<Vec<_>>(), completion.token_ids);
+    assert_eq!(streamed.iter().map(|token| token.logprob).collect::<Vec<_>>(), completion.logprobs);
+    assert_eq!(completion, policy.generate(prompt, &sampled(4, 24)).expect("the same request unstreamed"));
+}
+
+#[test]
+fn a_cancelled_stream_stops_generating_at_its_next_token() {
+    let policy = engine(model_without_eos(5), EngineConfig::default());
+    let mut received = 0;
+    let max_tokens = 4000;
+    let outcome = policy.generate_streaming(prompt_of(&ask(0)), &sampled(3, max_tokens), &mut |_| {
+        received += 1;
+        received < 3
+    });
+    assert!(matches!(outcome, Err(PolicyError::Cancelled)), "{outcome:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while policy.stats().requests_done == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let stats = policy.stats();
+    assert_eq!(stats.requests_done, 1, "the engine never retired the cancelled request");
+    // The engine samples on while the caller's thread catches up with the tokens already sent
+    // (a few, or more on a loaded machine); it must stop long before the request's limit.
+    assert!(
+        stats.tokens_generated < max_tokens as u64 / 4,
+        "generated {} tokens for a caller that left after 3",
+        stats.tokens_generated
+    );
+    let after = policy.generate(prompt_of(&ask(1)), &sampled(3, 8)).expect("the engine still serves");
+    assert_eq!(after.completion_tokens, 8);
+}
+
+#[test]
+fn ignore_eos_generates_to_max_tokens_past_the_end_of_sequence_tokens() {
+    let probe = engine(model_without_eos(5), EngineConfig::default());
+    let first = chat(&probe, ask(0), greedy(12)).expect("completion");
+    // Make the first token greedy decoding picks an end-of-sequence token: the reply stops at once.
+    let eos = first.token_ids[0];
+    let policy = engine(model_without_eos(5), EngineConfig { eos_token_ids: vec![eos], ..EngineConfig::default() });
+    let stopped = chat(&policy, ask(0), greedy(12)).expect("completion");
+    assert_eq!((stopped.token_ids.clone(), stopped.finish_reason), (vec![eos], FinishReason::Stop));
+    assert_eq!(stopped.text, "", "the end-of-sequence token is not text");
+    let params = SamplingParams { ignore_eos: true, ..greedy(12) };
+    let full = chat(&policy, ask(0), params).expect("completion");
+    assert_eq!(full.token_ids, first.token_ids, "the same tokens, the end-of-sequence ones included");
+    assert_eq!((full.completion_tokens, full.finish_reason), (12, FinishReason::Length));
+    let eos_text = tokenizer().decode(&[eos], false).expect("decode");
+    assert!(eos_text.is_empty() || !full.text.contains(&eos_text), "end-of-sequence tokens are left out of the text");
+}

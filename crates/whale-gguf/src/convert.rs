@@ -1,0 +1,272 @@
+//! A Llama GGUF as a Hugging Face `LlamaForCausalLM` directory: `config.json`,
+//! `model.safetensors` (every tensor dequantized, under Hugging Face names, the rotary rows of the
+//! query and key projections back in Hugging Face order), `tokenizer.json`,
+//! `tokenizer_config.json` (with the chat template and the special tokens) and
+//! `generation_config.json`. The weights are the ones transformers gets when it loads the GGUF
+//! itself (`bench/smollm2_convert_check.py` checks that), so transformers, vLLM and whale load the
+//! directory as the same model.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Tensor};
+use serde_json::{json, Map, Value};
+
+use crate::error::GgufError;
+use crate::llama::{LlamaHyperparameters, RopeScaling};
+use crate::names::{self, HfTensor, RowOrder};
+use crate::tokenizer::{GgufVocabulary, SpecialToken};
+use crate::GgufFile;
+use whale_lm::chat_template::TOKENIZER_CONFIG_FILE;
+use whale_lm::checkpoint::WEIGHTS_FILE;
+use whale_lm::tensor_file::{write_atomic, write_tensors};
+
+pub const CONFIG_FILE: &str = "config.json";
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
+/// What the conversion is doing, for a progress display.
+#[derive(Debug, Clone, Copy)]
+pub enum ConvertProgress<'a> {
+    /// Tensor `done` of `total` (1-based) has been dequantized.
+    Tensor {
+        done: usize,
+        total: usize,
+        name: &'a str,
+    },
+    Wrote(&'a Path),
+}
+
+/// What was written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConvertReport {
+    pub tensors: usize,
+    pub parameters: usize,
+    /// No `output.weight`: the embedding doubles as the output projection.
+    pub tied_embeddings: bool,
+    pub files: Vec<PathBuf>,
+}
+
+/// Writes the Hugging Face directory of `gguf` into `dir` (created if needed), the weights in
+/// `dtype` (F32, or BF16 rounded from the dequantized f32).
+pub fn convert_to_hf(
+    gguf: &GgufFile,
+    dir: &Path,
+    dtype: DType,
+    progress: &mut dyn FnMut(ConvertProgress),
+) -> Result<ConvertReport, GgufError> {
+    let shape = gguf.llama_hyperparameters()?;
+    let vocabulary = gguf.vocabulary()?;
+    let plan = plan_tensors(gguf, &shape)?;
+    let tensors = convert_tensors(gguf, &plan, &shape, dtype, progress)?;
+    let embedding = tensors.iter().find(|(name, _)| name == "model.embed_tokens.weight");
+    let vocab_size = embedding.map_or(0, |(_, values)| values.dims()[0]);
+    let tied_embeddings = !gguf.has_tensor(names::OUTPUT);
+    let parameters = tensors.iter().map(|(_, tensor)| tensor.elem_count()).sum();
+    let count = tensors.len();
+    std::fs::create_dir_all(dir).map_err(|e| GgufError::io(dir, e))?;
+    let config = config_json(&shape, &vocabulary, vocab_size, tied_embeddings, dtype);
+    let files = vec![
+        write_json(&dir.join(CONFIG_FILE), &config, progress)?,
+        write_weights(&dir.join(WEIGHTS_FILE), tensors, progress)?,
+        write_json(&dir.join(TOKENIZER_FILE), &vocabulary.tokenizer_json, progress)?,
+        write_json(&dir.join(TOKENIZER_CONFIG_FILE), &tokenizer_config_json(gguf, &vocabulary, &shape)?, progress)?,
+        write_json(&dir.join(GENERATION_CONFIG_FILE), &generation_config_json(&vocabulary), progress)?,
+    ];
+    Ok(ConvertReport { tensors: count, parameters, tied_embeddings, files })
+}
+
+/// Each GGUF tensor with its Hugging Face name, in file order; refuses a missing tensor of the
+/// Llama layout or one outside it.
+fn plan_tensors(gguf: &GgufFile, shape: &LlamaHyperparameters) -> Result<Vec<(String, HfTensor)>, GgufError> {
+    let file = gguf.path().to_path_buf();
+    if let Some(missing) = names::required_tensors(shape.layers).into_iter().find(|name| !gguf.has_tensor(name)) {
+        return Err(GgufError::MissingTensor { file, tensor: missing });
+    }
+    let mut plan = Vec::new();
+    for entry in gguf.tensors() {
+        let target = names::hf_tensor(&entry.name).filter(|target| layer_of(&target.name) < shape.layers);
+        let target = target.ok_or_else(|| GgufError::tensor(&file, &entry.name, "not a tensor of a Llama model"))?;
+        plan.push((entry.name, target));
+    }
+    Ok(plan)
+}
+
+/// The block index of a Hugging Face layer tensor (0 for the others).
+fn layer_of(hf_name: &str) -> usize {
+    let index = hf_name.strip_prefix("model.layers.").and_then(|rest| rest.split('.').next());
+    index.and_then(|index| index.parse().ok()).unwrap_or(0)
+}
+
+fn convert_tensors(
+    gguf: &GgufFile,
+    plan: &[(String, HfTensor)],
+    shape: &LlamaHyperparameters,
+    dtype: DType,
+    progress: &mut dyn FnMut(ConvertProgress),
+) -> Result<Vec<(String, Tensor)>, GgufError> {
+    let mut reader = gguf.reader()?;
+    let mut converted = Vec::with_capacity(plan.len());
+    for (index, (gguf_name, target)) in plan.iter().enumerate() {
+        let values = reader.dequantize(gguf_name, DType::F32)?;
+        check_shape(gguf, gguf_name, &values, shape)?;
+        let values = restore_row_order(values, target.rows, shape).and_then(|values| values.to_dtype(dtype));
+        converted.push((target.name.clone(), values.map_err(|e| GgufError::tensor(gguf.path(), gguf_name, e))?));
+        progress(ConvertProgress::Tensor { done: index + 1, total: plan.len(), name: gguf_name });
+    }
+    Ok(converted)
+}
+
+fn restore_row_order(values: Tensor, rows: RowOrder, shape: &LlamaHyperparameters) -> candle_core::Result<Tensor> {
+    match rows {
+        RowOrder::AsStored => Ok(values),
+        RowOrder::RotaryQuery => names::unpermute_rotary_rows(&values, shape.heads),
+        RowOrder::RotaryKey => names::unpermute_rotary_rows(&values, shape.kv_heads),
+    }
+}
+
+/// Refuses a layer tensor whose shape disagrees with the hyperparameters (the embedding and the
+/// output projection only need the hidden size: their rows are the vocabulary).
+fn check_shape(gguf: &GgufFile, name: &str, values: &Tensor, shape: &LlamaHyperparameters) -> Result<(), GgufError> {
+    let expected = expected_shape(name, shape);
+    let actual = values.dims();
+    let fits = match &expected {
+        Some(expected) => actual == expected.as_slice(),
+        None => actual.len() == 2 && actual[1] == shape.hidden_size,
+    };
+    if fits {
+        return Ok(());
+    }
+    let wanted = expected.map_or_else(|| format!("[vocab, {}]", shape.hidden_size), |dims| format!("{dims:?}"));
+    Err(GgufError::tensor(gguf.path(), name, format!("shape {actual:?}, the metadata implies {wanted}")))
+}
+
+fn expected_shape(name: &str, shape: &LlamaHyperparameters) -> Option<Vec<usize>> {
+    let (hidden, inner) = (shape.hidden_size, shape.intermediate_size);
+    let (query, key_value) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
+    let leaf = name.strip_suffix(".weight")?.rsplit('.').next()?;
+    let dims = match leaf {
+        "attn_norm" | "ffn_norm" | "output_norm" => vec![hidden],
+        "attn_q" => vec![query, hidden],
+        "attn_k" | "attn_v" => vec![key_value, hidden],
+        "attn_output" => vec![hidden, query],
+        "ffn_gate" | "ffn_up" => vec![inner, hidden],
+        "ffn_down" => vec![hidden, inner],
+        _ => return None,
+    };
+    Some(dims)
+}
+
+fn config_json(
+    shape: &LlamaHyperparameters,
+    vocabulary: &GgufVocabulary,
+    vocab_size: usize,
+    tied_embeddings: bool,
+    dtype: DType,
+) -> Value {
+    let id = |token: &Option<SpecialToken>| token.as_ref().map(|token| token.id);
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "bos_token_id": id(&vocabulary.bos),
+        "eos_token_id": id(&vocabulary.eos),
+        "pad_token_id": id(&vocabulary.pad),
+        "head_dim": shape.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": shape.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": shape.intermediate_size,
+        "max_position_embeddings": shape.context_length,
+        "mlp_bias": false,
+        "num_attention_heads": shape.heads,
+        "num_hidden_layers": shape.layers,
+        "num_key_value_heads": shape.kv_heads,
+        "pretraining_tp": 1,
+        "rms_norm_eps": shape.rms_norm_eps,
+        "rope_scaling": shape.rope_scaling.as_ref().map(rope_scaling_json),
+        "rope_theta": shape.rope_theta,
+        "tie_word_embeddings": tied_embeddings,
+        "torch_dtype": torch_dtype_name(dtype),
+        "use_cache": true,
+        "vocab_size": vocab_size,
+    })
+}
+
+fn rope_scaling_json(scaling: &RopeScaling) -> Value {
+    match scaling {
+        RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
+        RopeScaling::Yarn { factor, original_context } => json!({
+            "rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original_context,
+        }),
+    }
+}
+
+fn torch_dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        _ => "float32",
+    }
+}
+
+/// transformers' `tokenizer_config.json`: the special tokens by text, every added token by id,
+/// and the chat template.
+fn tokenizer_config_json(
+    gguf: &GgufFile,
+    vocabulary: &GgufVocabulary,
+    shape: &LlamaHyperparameters,
+) -> Result<Value, GgufError> {
+    let content = |token: &Option<SpecialToken>| token.as_ref().map(|token| token.content.clone());
+    let added: Map<String, Value> = vocabulary
+        .added_tokens
+        .iter()
+        .map(|token| {
+            let entry = json!({
+                "content": token.content, "lstrip": false, "normalized": false,
+                "rstrip": false, "single_word": false, "special": token.special,
+            });
+            (token.id.to_string(), entry)
+        })
+        .collect();
+    let mut config = json!({
+        "add_bos_token": vocabulary.add_bos_token,
+        "add_eos_token": vocabulary.add_eos_token,
+        "add_prefix_space": false,
+        "added_tokens_decoder": added,
+        "bos_token": content(&vocabulary.bos),
+        "clean_up_tokenization_spaces": false,
+        "eos_token": content(&vocabulary.eos),
+        "model_max_length": shape.context_length,
+        "pad_token": content(&vocabulary.pad),
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": content(&vocabulary.unk),
+    });
+    if let Some(template) = gguf.chat_template_source()? {
+        config["chat_template"] = json!(template);
+    }
+    Ok(config)
+}
+
+fn generation_config_json(vocabulary: &GgufVocabulary) -> Value {
+    let ids = [("bos_token_id", &vocabulary.bos), ("eos_token_id", &vocabulary.eos), ("pad_token_id", &vocabulary.pad)];
+    let present = ids.into_iter().filter_map(|(key, token)| Some((key.to_string(), json!(token.as_ref()?.id))));
+    Value::Object(present.collect())
+}
+
+fn write_json(file: &Path, value: &Value, progress: &mut dyn FnMut(ConvertProgress)) -> Result<PathBuf, GgufError> {
+    let text = serde_json::to_string_pretty(value).expect("a serde_json::Value always serializes") + "\n";
+    write_atomic(file, text.as_bytes())?;
+    progress(ConvertProgress::Wrote(file));
+    Ok(file.to_path_buf())
+}
+
+fn write_weights(
+    file: &Path,
+    tensors: Vec<(String, Tensor)>,
+    progress: &mut dyn FnMut(ConvertProgress),
+) -> Result<PathBuf, GgufError> {
+    write_tensors(file, tensors)?;
+    progress(ConvertProgress::Wrote(file));
+    Ok(file.to_path_buf())
+}

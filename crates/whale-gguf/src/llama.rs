@@ -1,0 +1,92 @@
+//! The Llama hyperparameters a GGUF stores under `llama.*`, read into the fields of a Hugging Face
+//! `LlamaConfig`. Defaults follow llama.cpp where a key is optional (kv heads = heads, head size =
+//! hidden / heads, rope theta 10,000); rope scaling other than none, linear or YaRN is refused.
+
+use crate::error::GgufError;
+use crate::metadata::Metadata;
+
+/// llama.cpp's default rope base when `llama.rope.freq_base` is absent.
+const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+/// llama.cpp's default RMS-norm epsilon when the key is absent.
+const DEFAULT_RMS_NORM_EPS: f64 = 1e-5;
+
+pub const ARCHITECTURE: &str = "llama";
+
+/// Rope scaling stated in the metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Positions divided by `factor`.
+    Linear { factor: f64 },
+    /// YaRN over an original context of `original_context`.
+    Yarn { factor: f64, original_context: usize },
+}
+
+/// The shape of a Llama model as its GGUF states it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaHyperparameters {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub context_length: usize,
+    pub rope_theta: f64,
+    pub rms_norm_eps: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    /// `llama.vocab_size` when present (the embedding's rows are the truth either way).
+    pub vocab_size: Option<usize>,
+}
+
+impl LlamaHyperparameters {
+    pub fn read(metadata: &Metadata) -> Result<Self, GgufError> {
+        let key = |name: &str| format!("{ARCHITECTURE}.{name}");
+        let hidden_size = metadata.usize(&key("embedding_length"))?;
+        let heads = positive(metadata, &key("attention.head_count"))?;
+        let kv_heads = metadata.optional_usize(&key("attention.head_count_kv"))?.unwrap_or(heads);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            let reason = format!("{kv_heads} key-value heads do not divide {heads} query heads");
+            return Err(metadata.invalid(&key("attention.head_count_kv"), reason));
+        }
+        let head_dim = metadata.optional_usize(&key("rope.dimension_count"))?.unwrap_or(hidden_size / heads);
+        Ok(Self {
+            hidden_size,
+            intermediate_size: metadata.usize(&key("feed_forward_length"))?,
+            layers: positive(metadata, &key("block_count"))?,
+            heads,
+            kv_heads,
+            head_dim,
+            context_length: metadata.usize(&key("context_length"))?,
+            rope_theta: metadata.optional_f64(&key("rope.freq_base"))?.unwrap_or(DEFAULT_ROPE_THETA),
+            rms_norm_eps: metadata
+                .optional_f64(&key("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(DEFAULT_RMS_NORM_EPS),
+            rope_scaling: read_rope_scaling(metadata)?,
+            vocab_size: metadata.optional_usize(&key("vocab_size"))?,
+        })
+    }
+}
+
+fn positive(metadata: &Metadata, key: &str) -> Result<usize, GgufError> {
+    match metadata.usize(key)? {
+        0 => Err(metadata.invalid(key, "must be positive")),
+        value => Ok(value),
+    }
+}
+
+fn read_rope_scaling(metadata: &Metadata) -> Result<Option<RopeScaling>, GgufError> {
+    let type_key = format!("{ARCHITECTURE}.rope.scaling.type");
+    let factor_key = format!("{ARCHITECTURE}.rope.scaling.factor");
+    let factor = || metadata.optional_f64(&factor_key)?.ok_or_else(|| metadata.missing(&factor_key));
+    match metadata.optional_string(&type_key)? {
+        None | Some("none") => Ok(None),
+        Some("linear") => Ok(Some(RopeScaling::Linear { factor: factor()? })),
+        Some("yarn") => {
+            let original_key = format!("{ARCHITECTURE}.rope.scaling.original_context_length");
+            Ok(Some(RopeScaling::Yarn { factor: factor()?, original_context: metadata.usize(&original_key)? }))
+        }
+        Some(other) => {
+            Err(metadata.invalid(&type_key, format!("rope scaling {other:?} is not read (none, linear, yarn)")))
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! GGUF reading on files the tests write with candle's own GGUF writer: every read tensor type
+//! dequantizes within its tolerance (and exactly as candle dequantizes in memory), unsupported
+//! architectures and types are refused naming the key or tensor, the tokenizer rebuilt from
+//! `tokenizer.ggml.*` gives the ids of the same tokenizer loaded from its `tokenizer.json`, and
+//! `convert_to_hf` undoes llama.cpp's rotary row order. The last tests read the real
+//! SmolLM2-135M-Instruct GGUF and are opt-in (`WHALE_SMOLLM2_GGUF=FILE cargo test --release -p
+//! whale-gguf --test gguf -- --ignored`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use whale_core::ChatMessage;
+use whale_gguf::{convert_to_hf, tensors, GgufError, GgufFile};
+use whale_lm::chat_template::{ChatTemplate, RenderOptions};
+use whale_lm::tokenizer::{Tokenizer, ENDOFTEXT, IM_END, IM_START, MIN_VOCAB_SIZE};
+
+/// Each read type with the largest relative RMS error its round trip may have on Gaussian
+/// values (about twice what candle's quantizers give).
+const TOLERANCES: [(GgmlDType, f64); 13] = [
+    (GgmlDType::F32, 0.0),
+    (GgmlDType::F16, 1e-3),
+    (GgmlDType::BF16, 8e-3),
+    (GgmlDType::Q8_0, 1e-2),
+    (GgmlDType::Q5_0, 0.08),
+    (GgmlDType::Q5_1, 0.08),
+    (GgmlDType::Q4_0, 0.15),
+    (GgmlDType::Q4_1, 0.15),
+    (GgmlDType::Q6K, 0.03),
+    (GgmlDType::Q5K, 0.08),
+    (GgmlDType::Q4K, 0.15),
+    (GgmlDType::Q3K, 0.3),
+    (GgmlDType::Q2K, 0.6),
+];
+
+fn gaussian(rows: usize, columns: usize, seed: u64) -> Tensor {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let values: Vec<f32> = (0..rows * columns)
+        .map(|_| {
+            let (u, v): (f32, f32) = (rng.gen_range(1e-7..1.0), rng.gen());
+            (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+        })
+        .collect();
+    Tensor::from_vec(values, (rows, columns), &Device::Cpu).unwrap()
+}
+
+fn string(text: &str) -> Value {
+    Value::String(text.to_string())
+}
+
+fn strings<'a>(items: impl IntoIterator<Item = &'a str>) -> Value {
+    Value::Array(items.into_iter().map(string).collect())
+}
+
+fn write_gguf(path: &Path, metadata: &[(&str, Value)], tensors: &[(&str, &QTensor)]) {
+    let mut file = std::fs::File::create(path).unwrap();
+    let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(key, value)| (*key, value)).collect();
+    gguf_file::write(&mut file, &metadata, tensors).unwrap();
+}
+
+fn llama_architecture() -> (&'static str, Value) {
+    ("general.architecture", string("llama"))
+}
+
+fn relative_rms_error(actual: &Tensor, expected: &Tensor) -> f64 {
+    let squared = |t: Tensor| t.sqr().unwrap().mean_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+    (squared(actual.sub(expected).unwrap()) / squared(expected.clone())).sqrt()
+}
+
+fn type_label(dtype: GgmlDType) -> String {
+    format!("t.{}", tensors::type_name(dtype))
+}
+
+#[test]
+fn gguf_tensors_of_every_read_type_dequantize_within_their_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("types.gguf");
+    let original = gaussian(4, 512, 1);
+    let quantized: Vec<(GgmlDType, QTensor)> =
+        TOLERANCES.iter().map(|(dtype, _)| (*dtype, QTensor::quantize(&original, *dtype).unwrap())).collect();
+    let labels: Vec<String> = quantized.iter().map(|(dtype, _)| type_label(*dtype)).collect();
+    let named: Vec<(&str, &QTensor)> =
+        labels.iter().zip(&quantized).map(|(label, (_, tensor))| (label.as_str(), tensor)).collect();
+    write_gguf(&path, &[llama_architecture()], &named);
+    let gguf = GgufFile::open(&path).unwrap();
+    assert_eq!(gguf.tensors().len(), TOLERANCES.len());
+    for ((dtype, tolerance), (_, in_memory)) in TOLERANCES.iter().zip(&quantized) {
+        let name = type_label(*dtype);
+        let entry = gguf.tensors().into_iter().find(|entry| entry.name == name).unwrap();
+        assert_eq!((entry.dtype, entry.shape.as_slice()), (*dtype, [4, 512].as_slice()), "{name}");
+        let read = gguf.dequantize(&name, DType::F32).unwrap();
+        let expected = in_memory.dequantize(&Device::Cpu).unwrap();
+        let error = relative_rms_error(&read, &original);
+        eprintln!("{name}: relative RMS error {error:.2e} (tolerance {tolerance:.0e})");
+        assert!(error <= *tolerance, "{name}: relative RMS error {error} above {tolerance}");
+        assert_eq!(relative_rms_error(&read, &expected), 0.0, "{name}: the file's values differ from candle's");
+        let bf16 = gguf.dequantize(&name, DType::BF16).unwrap();
+        assert_eq!(bf16.dtype(), DType::BF16);
+        let widened = bf16.to_dtype(DType::F32).unwrap();
+        assert!(relative_rms_error(&widened, &read) < 4e-3, "{name}: bf16 is not the f32 values rounded");
+    }
+}
+
+#[test]
+fn a_gguf_of_another_architecture_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen2.gguf");
+    write_gguf(&path, &[("general.architecture", string("qwen2"))], &[]);
+    let error = GgufFile::open(&path).unwrap_err();
+    assert!(matches!(error, GgufError::Architecture { .. }), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("general.architecture") && message.contains("qwen2"), "{message}");
+}
+
+/// Writes one Q8_0 tensor named `name` and rewrites its type id to `type_id`.
+fn gguf_with_type_id(path: &Path, name: &str, type_id: u32) {
+    let tensor = QTensor::quantize(&gaussian(2, 64, 2), GgmlDType::Q8_0).unwrap();
+    write_gguf(path, &[llama_architecture()], &[(name, &tensor)]);
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = bytes.windows(name.len()).position(|window| window == name.as_bytes()).unwrap() + name.len();
+    let dimensions = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let type_at = at + 4 + 8 * dimensions;
+    bytes[type_at..type_at + 4].copy_from_slice(&type_id.to_le_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_gguf_tensor_of_an_unread_type_is_refused_naming_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    // Q8_1: candle parses the type but cannot load it; IQ4_NL (20): candle's reader stops at it.
+    for (type_id, type_name) in [(9, "Q8_1"), (20, "IQ4_NL"), (77, "type 77")] {
+        let path = dir.path().join(format!("type{type_id}.gguf"));
+        gguf_with_type_id(&path, "blk.3.ffn_up.weight", type_id);
+        let error = GgufFile::open(&path).unwrap_err();
+        assert!(matches!(error, GgufError::TensorType { .. }), "{error}");
+        let message = error.to_string();
+        assert!(message.contains("blk.3.ffn_up.weight") && message.contains(type_name), "{message}");
+    }
+}
+
+/// A byte-level BPE trained by whale, as `tokenizer.json` and as the GGUF metadata llama.cpp's
+/// converter would write for it.
+struct TrainedTokenizer {
+    json_file: PathBuf,
+    tokens: Vec<String>,
+    merges: Vec<String>,
+}
+
+const TRAINING_TEXTS: [&str; 6] = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "How many clips did Natalia sell altogether in April and May? 48 + 24 = 72 clips in 2024.",
+    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.",
+    "Le café était très bon ; naïve façade, 東京 and 🐳 whales in the sea, 1234567890.",
+    "def solve(x):\n    return x * 2  # doubling\n\n\tprint(solve(21))",
+    "The answer is 42. #### 42",
+];
+
+fn train_tokenizer(dir: &Path) -> TrainedTokenizer {
+    let corpus: Vec<&str> = TRAINING_TEXTS.iter().cycle().take(60).copied().collect();
+    let tokenizer = Tokenizer::train_bpe(corpus, MIN_VOCAB_SIZE + 300).unwrap();
+    let json_file = dir.join("tokenizer.json");
+    tokenizer.save(&json_file).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_file).unwrap()).unwrap();
+    let vocab = json["model"]["vocab"].as_object().unwrap();
+    let mut tokens = vec![String::new(); vocab.len()];
+    for (token, id) in vocab {
+        tokens[id.as_u64().unwrap() as usize] = token.clone();
+    }
+    let merges = json["model"]["merges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|merge| match merge {
+            serde_json::Value::String(pair) => pair.clone(),
+            pair => format!("{} {}", pair[0].as_str().unwrap(), pair[1].as_str().unwrap()),
+        })
+        .collect();
+    TrainedTokenizer { json_file, tokens, merges }
+}
+
+fn tokenizer_metadata(trained: &TrainedTokenizer, pre: &str) -> Vec<(&'static str, Value)> {
+    let id = |token: &str| Value::U32(trained.tokens.iter().position(|t| t == token).unwrap() as u32);
+    let specials = [ENDOFTEXT, IM_START, IM_END];
+    let types = trained.tokens.iter().map(|t| Value::I32(if specials.contains(&t.as_str()) { 3 } else { 1 }));
+    vec![
+        llama_architecture(),
+        ("tokenizer.ggml.model", string("gpt2")),
+        ("tokenizer.ggml.pre", string(pre)),
+        ("tokenizer.ggml.tokens", strings(trained.tokens.iter().map(String::as_str))),
+        ("tokenizer.ggml.merges", strings(trained.merges.iter().map(String::as_str))),
+        ("tokenizer.ggml.token_type", Value::Array(types.collect())),
+        ("tokenizer.ggml.bos_token_id", id(IM_START)),
+        ("tokenizer.ggml.eos_token_id", id(IM_END)),
+        ("tokenizer.ggml.padding_token_id", id(IM_END)),
+        ("tokenizer.ggml.unknown_token_id", id(ENDOFTEXT)),
+        ("tokenizer.ggml.add_bos_token", Value::Bool(false)),
+        ("tokenizer.chat_template", string(whale_lm::chat_template::CHATML_TEMPLATE)),
+    ]
+}
+
+const PROBES: [&str; 7] = [
+    "Natalia sold 48 clips in April and 24 in May: 72 altogether.",
+    "naïve café — 東京タワー 🐳🐋 ∫x dx",
+    "<|im_start|>user\nWhat is 12 * 12?<|im_end|>\n<|im_start|>assistant\n",
+    "  leading spaces,\ttabs\n\nand   runs   of spaces  ",
+    "unseen words: zyzzyva quixotic Ærøskøbing",
+    "1234567890 123 4 56",
+    "",
+];
+
+#[test]
+fn a_gguf_tokenizer_gives_the_ids_of_the_same_tokenizer_from_its_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let trained = train_tokenizer(dir.path());
+    let path = dir.path().join("vocab.gguf");
+    write_gguf(&path, &tokenizer_metadata(&trained, "gpt-2"), &[]);
+    let gguf = GgufFile::open(&path).unwrap();
+    let from_gguf = gguf.tokenizer().unwrap();
+    let from_json = Tokenizer::from_file(&trained.json_file).unwrap();
+    assert_eq!(from_gguf.vocab_size(), from_json.vocab_size());
+    assert_eq!(from_gguf.specials(), from_json.specials());
+    for probe in PROBES {
+        let ids = from_gguf.encode(probe).unwrap();
+        assert_eq!(ids, from_json.encode(probe).unwrap(), "{probe:?}");
+        assert_eq!(from_gguf.decode(&ids, false).unwrap(), probe);
+    }
+    let vocabulary = gguf.vocabulary().unwrap();
+    assert_eq!(vocabulary.eos.map(|t| t.content).as_deref(), Some(IM_END));
+    assert_eq!(vocabulary.added_tokens.iter().filter(|t| t.special).count(), 3);
+}
+
+#[test]
+fn a_smollm_gguf_tokenizer_splits_every_digit_and_a_gpt2_one_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let trained = train_tokenizer(dir.path());
+    assert!(trained.merges.iter().any(|merge| merge.chars().all(|c| c.is_ascii_digit() || c == ' ')), "no digit merge");
+    let tokenizer = |pre: &str| {
+        let path = dir.path().join(format!("{pre}.gguf"));
+        write_gguf(&path, &tokenizer_metadata(&trained, pre), &[]);
+        GgufFile::open(&path).unwrap().tokenizer().unwrap()
+    };
+    let (smollm, gpt2) = (tokenizer("smollm"), tokenizer("gpt-2"));
+    let digits = "1234567890";
+    assert_eq!(smollm.encode(digits).unwrap().len(), digits.len());
+    assert!(gpt2.encode(digits).unwrap().len() < digits.len());
+    assert_eq!(smollm.encode("Natalia sold clips").unwrap(), gpt2.encode("Natalia sold clips").unwrap());
+}
+
+#[test]
+fn a_gguf_tokenizer_with_an_unknown_pre_tokenizer_or_model_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let trained = train_tokenizer(dir.path());
+    let mut metadata = tokenizer_metadata(&trained, "mystery-pre");
+    let path = dir.path().join("pre.gguf");
+    write_gguf(&path, &metadata, &[]);
+    let message = GgufFile::open(&path).unwrap().tokenizer().unwrap_err().to_string();
+    assert!(message.contains("tokenizer.ggml.pre") && message.contains("mystery-pre"), "{message}");
+    metadata[1].1 = string("llama");
+    write_gguf(&path, &metadata, &[]);
+    let message = GgufFile::open(&path).unwrap().tokenizer().unwrap_err().to_string();
+    assert!(message.contains("tokenizer.ggml.model"), "{message}");
+}
+
+#[test]
+fn a_gguf_chat_template_renders_with_the_file_s_special_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let trained = train_tokenizer(dir.path());
+    let path = dir.path().join("template.gguf");
+    let mut metadata = tokenizer_metadata(&trained, "gpt-2");
+    metadata.pop();
+    metadata.push(("tokenizer.chat_template", string("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}")));
+    write_gguf(&path, &metadata, &[]);
+    let template = GgufFile::open(&path).unwrap().chat_template().unwrap();
+    let rendered = template.render(&[ChatMessage::new("user", "hi")], &RenderOptions::default()).unwrap();
+    assert_eq!(rendered, format!("{IM_START}hi{IM_END}"));
+}
+
+/// A tiny Llama: hidden 64 (one Q8_0 block is 32 wide), 4 query heads and 2 key-value heads of 16.
+const HIDDEN: usize = 64;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 16;
+const INNER: usize = 96;
+const LAYERS: usize = 2;
+
+/// llama.cpp's converter (`LlamaModel.permute`): each head's two halves interleaved row by row.
+fn llama_cpp_permute(weight: &Tensor, heads: usize) -> Tensor {
+    let (rows, columns) = weight.dims2().unwrap();
+    let half = rows / heads / 2;
+    weight
+        .reshape((heads, 2, half, columns))
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .reshape((rows, columns))
+        .unwrap()
+}
+
+/// Hugging Face tensors of a tiny Llama and the GGUF names and F32 tensors llama.cpp writes for them.
+fn tiny_llama(vocab: usize, tied: bool) -> (HashMap<String, Tensor>, Vec<(String, QTensor)>) {
+    let mut hf = HashMap::new();
+    let mut gguf = Vec::new();
+    let mut seed = 10;
+    let mut add = |hf_name: String, gguf_name: String, shape: (usize, usize), permute_heads: Option<usize>| {
+        seed += 1;
+        let values = gaussian(shape.0, shape.1, seed);
+        let values = if shape.0 == 1 { values.flatten_all().unwrap() } else { values };
+        let stored = permute_heads.map_or_else(|| values.clone(), |heads| llama_cpp_permute(&values, heads));
+        gguf.push((gguf_name, QTensor::quantize(&stored, GgmlDType::F32).unwrap()));
+        hf.insert(hf_name, values);
+    };
+    add("model.embed_tokens.weight".into(), "token_embd.weight".into(), (vocab, HIDDEN), None);
+    add("model.norm.weight".into(), "output_norm.weight".into(), (1, HIDDEN), None);
+    if !tied {
+        add("lm_head.weight".into(), "output.weight".into(), (vocab, HIDDEN), None);
+    }
+    for layer in 0..LAYERS {
+        let layer_tensors = [
+            ("input_layernorm", "attn_norm", (1, HIDDEN), None),
+            ("post_attention_layernorm", "ffn_norm", (1, HIDDEN), None),
+            ("self_attn.q_proj", "attn_q", (HEADS * HEAD_DIM, HIDDEN), Some(HEADS)),
+            ("self_attn.k_proj", "attn_k", (KV_HEADS * HEAD_DIM, HIDDEN), Some(KV_HEADS)),
+            ("self_attn.v_proj", "attn_v", (KV_HEADS * HEAD_DIM, HIDDEN), None),
+            ("self_attn.o_proj", "attn_output", (HIDDEN, HEADS * HEAD_DIM), None),
+            ("mlp.gate_proj", "ffn_gate", (INNER, HIDDEN), None),
+            ("mlp.up_proj", "ffn_up", (INNER, HIDDEN), None),
+            ("mlp.down_proj", "ffn_down", (HIDDEN, INNER), None),
+        ];
+        for (hf_leaf, gguf_leaf, shape, heads) in layer_tensors {
+            add(
+                format!("model.layers.{layer}.{hf_leaf}.weight"),
+                format!("blk.{layer}.{gguf_leaf}.weight"),
+                shape,
+                heads,
+            );
+        }
+    }
+    (hf, gguf)
+}
+
+fn llama_metadata() -> Vec<(&'static str, Value)> {
+    vec![
+        ("llama.block_count", Value::U32(LAYERS as u32)),
+        ("llama.context_length", Value::U32(2048)),
+        ("llama.embedding_length", Value::U32(HIDDEN as u32)),
+        ("llama.feed_forward_length", Value::U32(INNER as u32)),
+        ("llama.attention.head_count", Value::U32(HEADS as u32)),
+        ("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
+        ("llama.rope.freq_base", Value::F32(100_000.0)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("llama.rope.dimension_count", Value::U32(HEAD_DIM as u32)),
+    ]
+}
+
+fn write_tiny_llama(dir: &Path, tied: bool) -> (PathBuf, HashMap<String, Tensor>) {
+    let trained = train_tokenizer(dir);
+    let (hf, gguf_tensors) = tiny_llama(trained.tokens.len(), tied);
+    let mut metadata = tokenizer_metadata(&trained, "gpt-2");
+    metadata.extend(llama_metadata());
+    let path = dir.join("tiny-llama.gguf");
+    let named: Vec<(&str, &QTensor)> = gguf_tensors.iter().map(|(name, tensor)| (name.as_str(), tensor)).collect();
+    write_gguf(&path, &metadata, &named);
+    (path, hf)
+}
+
+fn read_json(file: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+}
+
+#[test]
+fn a_converted_gguf_is_the_hugging_face_llama_it_was_made_from() {
+    for tied in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, hf) = write_tiny_llama(dir.path(), tied);
+        let gguf = GgufFile::open(&path).unwrap();
+        let out = dir.path().join("hf");
+        let mut steps = 0;
+        let report = convert_to_hf(&gguf, &out, DType::F32, &mut |_| steps += 1).unwrap();
+        assert_eq!((report.tensors, report.tied_embeddings), (hf.len(), tied));
+        assert_eq!(steps, hf.len() + 5);
+        let written = candle_core::safetensors::load(out.join("model.safetensors"), &Device::Cpu).unwrap();
+        let mut names: Vec<_> = written.keys().cloned().collect();
+        names.sort();
+        let mut expected_names: Vec<_> = hf.keys().cloned().collect();
+        expected_names.sort();
+        assert_eq!(names, expected_names);
+        for (name, values) in &hf {
+            let diff = written[name].sub(values).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert_eq!(diff, 0.0, "{name} differs from the Hugging Face tensor");
+        }
+        let config = read_json(&out.join("config.json"));
+        assert_eq!(config["architectures"][0], "LlamaForCausalLM");
+        assert_eq!(config["tie_word_embeddings"], tied);
+        assert_eq!(config["num_key_value_heads"], KV_HEADS);
+        assert_eq!(config["head_dim"], HEAD_DIM);
+        assert_eq!(config["rms_norm_eps"], 1e-5);
+        assert_eq!(config["rope_theta"], 100_000.0);
+        assert_eq!(config["vocab_size"], hf["model.embed_tokens.weight"].dims()[0]);
+        let from_dir = Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+        let from_gguf = gguf.tokenizer().unwrap();
+        for probe in PROBES {
+            assert_eq!(from_dir.encode(probe).unwrap(), from_gguf.encode(probe).unwrap(), "{probe:?}");
+        }
+        let messages = [ChatMessage::new("user", "What is 6 * 7?")];
+        let options = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
+        let rendered = ChatTemplate::from_model_dir(&out).unwrap().render(&messages, &options).unwrap();
+        assert_eq!(rendered, gguf.chat_template().unwrap().render(&messages, &options).unwrap());
+        let tokenizer_config = read_json(&out.join("tokenizer_config.json"));
+        assert_eq!(
+            (tokenizer_config["eos_token"].as_str(), tokenizer_config["add_bos_token"].as_bool()),
+            (Some(IM_END), Some(false))
+        );
+        assert_eq!(read_json(&out.join("generation_config.json"))["eos_token_id"], from_gguf.specials().im_end);
+    }
+}
+
+#[test]
+fn a_converted_gguf_in_bf16_holds_the_f32_values_rounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, hf) = write_tiny_llama(dir.path(), true);
+    let out = dir.path().join("hf");
+    convert_to_hf(&GgufFile::open(&path).unwrap(), &out, DType::BF16, &mut |_| {}).unwrap();
+    let written = candle_core::safetensors::load(out.join("model.safetensors"), &Device::Cpu).unwrap();
+    let q_proj = &written["model.layers.1.self_attn.q_proj.weight"];
+    assert_eq!(q_proj.dtype(), DType::BF16);
+    let rounded = hf["model.layers.1.self_attn.q_proj.weight"].to_dtype(DType::BF16).unwrap();
+    assert_eq!(
+        q_proj.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
+        rounded.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap()
+    );
+    assert_eq!(read_json(&out.join("config.json"))["torch_dtype"], "bfloat16");
+}
+
+#[test]
+fn a_gguf_missing_a_layer_tensor_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let trained = train_tokenizer(dir.path());
+    let (_, gguf_tensors) = tiny_llama(trained.tokens.len(), true);
+    let mut metadata = tokenizer_metadata(&trained, "gpt-2");
+    metadata.extend(llama_metadata());
+    let kept: Vec<(&str, &QTensor)> = gguf_tensors
+        .iter()
+        .filter(|(name, _)| name != "blk.1.attn_k.weight")
+        .map(|(name, tensor)| (name.as_str(), tensor))
+        .collect();
+    let path = dir.path().join("missing.gguf");
+    write_gguf(&path, &metadata, &kept);
+    let error =
+        convert_to_hf(&GgufFile::open(&path).unwrap(), &dir.path().join("hf"), DType::F32, &mut |_| {}).unwrap_err();
+    assert!(error.to_string().contains("blk.1.attn_k.weight"), "{error}");
+}
+
+/// The real SmolLM2-135M-Instruct GGUF (`whale lm fetch smollm2` puts it in $WHALE_HOME/models).
+fn smollm2() -> GgufFile {
+    let path =
+        std::env::var_os("WHALE_SMOLLM2_GGUF").expect("set WHALE_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf");
+    GgufFile::open(path).unwrap()
+}
+
+#[test]
+#[ignore = "needs WHALE_SMOLLM2_GGUF"]
+fn the_smollm2_gguf_reads_as_its_model_card_says() {
+    let gguf = smollm2();
+    let shape = gguf.llama_hyperparameters().unwrap();
+    assert_eq!((shape.layers, shape.hidden_size, shape.heads, shape.kv_heads), (30, 576, 9, 3));
+    assert_eq!((shape.head_dim, shape.intermediate_size, shape.context_length), (64, 1536, 8192));
+    assert_eq!((shape.rope_theta, shape.rms_norm_eps), (100_000.0, 1e-5));
+    let entries = gguf.tensors();
+    let count = |dtype| entries.iter().filter(|entry| entry.dtype == dtype).count();
+    assert_eq!((count(GgmlDType::Q4_1), count(GgmlDType::Q8_0), count(GgmlDType::F32)), (210, 1, 61));
+    assert!(!gguf.has_tensor("output.weight"), "SmolLM2 ties its embeddings");
+    let shape_of = |name: &str| entries.iter().find(|entry| entry.name == name).unwrap().shape.clone();
+    assert_eq!(shape_of("token_embd.weight"), [49_152, 576]);
+    assert_eq!(shape_of("blk.0.attn_q.weight"), [576, 576]);
+    assert_eq!(shape_of("blk.29.attn_k.weight"), [192, 576]);
+    assert_eq!(shape_of("blk.7.ffn_down.weight"), [576, 1536]);
+    assert_eq!(shape_of("output_norm.weight"), [576]);
+    let embedding = gguf.dequantize("token_embd.weight", DType::F32).unwrap();
+    assert_eq!(embedding.dims(), [49_152, 576]);
+    let rms = embedding.sqr().unwrap().mean_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
+    assert!(rms > 0.01 && rms < 1.0, "embedding RMS {rms}");
+}
+
+#[test]
+#[ignore = "needs WHALE_SMOLLM2_GGUF"]
+fn the_smollm2_gguf_tokenizer_and_chat_template_are_smollm2_s() {
+    let gguf = smollm2();
+    let tokenizer = gguf.tokenizer().unwrap();
+    assert_eq!(tokenizer.vocab_size(), 49_152);
+    let specials = tokenizer.specials();
+    assert_eq!((specials.endoftext, specials.im_start, specials.im_end), (0, 1, 2));
+    // SmolLM2's own tokenizer.json splits every digit before GPT-2's split (as llama.cpp's
+    // "smollm" pre-tokenizer does): "x   1" is x, two spaces, 1. transformers' GGUF loader
+    // leaves out the digit split and gives x, one space, one space, 1 ([104, 256, 216, 33]).
+    assert_eq!(tokenizer.encode("Hello, world! 2024 was a good year.").unwrap(), SMOLLM2_HELLO_IDS);
+    assert_eq!(tokenizer.encode("x   1").unwrap(), [104, 333, 33]);
+    let text = "naïve café — 東京 🐳, 12 + 30 = 42";
+    assert_eq!(tokenizer.decode(&tokenizer.encode(text).unwrap(), false).unwrap(), text);
+    let vocabulary = gguf.vocabulary().unwrap();
+    assert_eq!(vocabulary.eos.unwrap().content, IM_END);
+    assert_eq!(vocabulary.pad.unwrap().content, IM_END);
+    assert!(!vocabulary.add_bos_token);
+    let options = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
+    let rendered = gguf.chat_template().unwrap().render(&[ChatMessage::new("user", "Hi")], &options).unwrap();
+    let system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n";
+    assert_eq!(rendered, format!("{system}<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
+}
+
+/// "Hello, world! 2024 was a good year." in SmolLM2's vocabulary (the same ids from
+/// transformers' tokenizer of the GGUF and from a tokenizer of SmolLM2's own pre-tokenizer).
+const SMOLLM2_HELLO_IDS: [u32; 14] = [19556, 28, 905, 17, 216, 34, 32, 34, 36, 436, 253, 1123, 713, 30];
+
+#[test]
+#[ignore = "needs WHALE_SMOLLM2_GGUF"]
+fn the_smollm2_gguf_converts_to_a_tied_llama_directory_whale_reads_back() {
+    let gguf = smollm2();
+    let dir = tempfile::tempdir().unwrap();
+    let report = convert_to_hf(&gguf, dir.path(), DType::F32, &mut |_| {}).unwrap();
+    assert_eq!((report.tensors, report.parameters, report.tied_embeddings), (272, 134_515_008, true));
+    let config = read_json(&dir.path().join("config.json"));
+    assert_eq!((config["num_hidden_layers"].as_u64(), config["vocab_size"].as_u64()), (Some(30), Some(49_152)));
+    assert_eq!((config["eos_token_id"].as_u64(), config["pad_token_id"].as_u64()), (Some(2), Some(2)));
+    let written = candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu).unwrap();
+    assert!(!written.contains_key("lm_head.weight"));
+    let stored = gguf.dequantize("blk.0.attn_k.weight", DType::F32).unwrap();
+    let k_proj = &written["model.layers.0.self_attn.k_proj.weight"];
+    assert_eq!(llama_cpp_permute(k_proj, 3).to_vec2::<f32>().unwrap(), stored.to_vec2::<f32>().unwrap());
+    let from_dir = Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
+    let from_gguf = gguf.tokenizer().unwrap();
+    for probe in PROBES {
+        assert_eq!(from_dir.encode(probe).unwrap(), from_gguf.encode(probe).unwrap(), "{probe:?}");
+    }
+    let options = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
+    let messages = [ChatMessage::new("user", "Hi")];
+    let rendered = ChatTemplate::from_model_dir(dir.path()).unwrap().render(&messages, &options).unwrap();
+    assert_eq!(rendered, gguf.chat_template().unwrap().render(&messages, &options).unwrap());
+}
+
+#[test]
+fn a_converted_gguf_runs_in_whale_as_the_llama_it_was_made_from() {
+    use whale_lm::decoder::{Decoder, DecoderStep};
+    use whale_lm::tokenizer::TOKENIZER_FILE;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, hf) = write_tiny_llama(dir.path(), true);
+    let out = dir.path().join("hf");
+    convert_to_hf(&GgufFile::open(&path).unwrap(), &out, DType::F32, &mut |_| {}).unwrap();
+    let model = whale_lm::load_model(&out, DType::F32, &Device::Cpu).unwrap();
+    assert!(!model.config().has_qk_norm(), "Llama has no per-head query and key norms");
+    let loaded = model.named_parameters();
+    assert_eq!(loaded.len(), hf.len());
+    for (name, var) in loaded {
+        let diff = var.as_tensor().sub(&hf[&name]).unwrap().abs().unwrap().max_all().unwrap();
+        assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0, "{name}");
+    }
+    // What the engine reads of the directory (whale-engine's `LocalPolicy::load`): the model
+    // through the registry, the tokenizer and the chat template; then one decoding step.
+    let decoder = Decoder::load(&out, DType::F32, &Device::Cpu).unwrap();
+    let tokenizer = Tokenizer::from_file(out.join(TOKENIZER_FILE)).unwrap();
+    let options = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
+    let prompt = ChatTemplate::from_model_dir(&out).unwrap().render(&[ChatMessage::new("user", "6 * 7?")], &options);
+    let ids = tokenizer.encode(&prompt.unwrap()).unwrap();
+    let mut cache = decoder.new_cache().unwrap();
+    let logits = decoder.forward_step(&mut [DecoderStep { tokens: &ids, cache: &mut cache }]).unwrap();
+    assert_eq!(logits.dims(), [1, decoder.vocab_size()]);
+    assert!(logits.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_finite()));
+}

@@ -1,0 +1,35 @@
+//! Why a study stopped: a comparison or coupling matrix that failed, a file it could not read
+//! or write, or a result file that is not this study's.
+
+use crate::compare::CompareError;
+use crate::coupling::CouplingError;
+use crate::figures::FigureError;
+use crate::report::ReportError;
+use std::path::PathBuf;
+use whale_loop::lock::LockError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StudyError {
+    #[error("{config}, seed {seed}: {source}")]
+    Compare { config: String, seed: u64, source: Box<CompareError> },
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    #[error("{config}, seed {seed}, the coupling matrix: {source}")]
+    Coupling { config: String, seed: u64, source: Box<CouplingError> },
+    #[error(transparent)]
+    Figure(#[from] FigureError),
+    #[error("writing {}: {reason}", path.display())]
+    Write { path: PathBuf, reason: String },
+    #[error("reading {}: {reason}", path.display())]
+    Read { path: PathBuf, reason: String },
+    #[error(
+        "{} is not this study's: {reason}; move it out of the results directory, or run the study it \
+         came from",
+        path.display()
+    )]
+    Refused { path: PathBuf, reason: String },
+    #[error("two configs are both named `{0}`: a study keeps one directory per config name")]
+    DuplicateName(String),
+    #[error(transparent)]
+    Lock(#[from] LockError),
+}

@@ -1,0 +1,107 @@
+//! What a study found, per config: the pooled statistics and the verdicts, and where each seed
+//! ran, computed from the seeds' result files alone.
+
+use super::result::{ArmResult, SeedResult, WhaleBuild};
+use super::statistics::{self, Difference, Metric, Movement, PeakRollouts, SeedCoupling};
+use super::verdicts::{alternating_beats_sequential, bottleneck, whale_beats_the_baselines, Verdict};
+use crate::compare::Arm;
+use crate::figures::BandCurve;
+use serde::Serialize;
+use whale_core::{CpuInfo, Domain};
+use whale_loop::condition::Condition;
+
+/// Where one seed ran, from its result file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeedProvenance {
+    pub seed: u64,
+    pub cpu: CpuInfo,
+    pub whale: WhaleBuild,
+    pub wall_s: f64,
+}
+
+impl SeedProvenance {
+    fn of(result: &SeedResult) -> SeedProvenance {
+        SeedProvenance {
+            seed: result.seed,
+            cpu: result.cpu.clone(),
+            whale: result.whale.clone(),
+            wall_s: result.wall_s,
+        }
+    }
+}
+
+/// One config's results over all seeds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DomainStudy {
+    pub name: String,
+    pub domain: Domain,
+    /// The seeds with a result file.
+    pub seeds: Vec<u64>,
+    /// The study's seeds without one.
+    pub missing_seeds: Vec<u64>,
+    /// Per seed with a result file, in seed order.
+    pub provenance: Vec<SeedProvenance>,
+    /// Test mean@k of the first arm's evaluations (for the axis label).
+    pub k: usize,
+    pub differences: Vec<Difference>,
+    /// Each arm's final test mean@k minus its start.
+    pub movements: Vec<Movement>,
+    pub peak_rollouts: Vec<PeakRollouts>,
+    /// Each arm's curve: the mean over seeds with the range as a band.
+    pub curves: Vec<BandCurve>,
+    /// The coupling matrix of the WHALE run of each seed that has one, in seed order.
+    pub couplings: Vec<SeedCoupling>,
+    pub verdicts: Vec<Verdict>,
+}
+
+/// `study.json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Study {
+    pub seeds: Vec<u64>,
+    pub arms: Vec<String>,
+    pub quick: bool,
+    pub domains: Vec<DomainStudy>,
+}
+
+/// The statistics of one config from the result files of its seeds (in seed order), and the
+/// seeds that have none.
+pub fn domain_study(name: &str, domain: Domain, results: Vec<SeedResult>, missing_seeds: Vec<u64>) -> DomainStudy {
+    let seeds: Vec<u64> = results.iter().map(|r| r.seed).collect();
+    let provenance = results.iter().map(SeedProvenance::of).collect();
+    let mut couplings = Vec::new();
+    let mut per_seed = Vec::new();
+    for result in results {
+        if let Some(matrix) = result.coupling {
+            couplings.push(SeedCoupling { seed: result.seed, matrix });
+        }
+        per_seed.push(result.arms);
+    }
+    let arms: Vec<Arm> =
+        per_seed.first().map_or(Vec::new(), |runs: &Vec<ArmResult>| runs.iter().map(ArmResult::arm).collect());
+    let mut differences = Vec::new();
+    for &arm in arms.iter().filter(|&&arm| arm != Arm::from(Condition::Whale)) {
+        for metric in Metric::BOTH {
+            differences.extend(statistics::difference(&per_seed, arm, metric));
+        }
+    }
+    let verdicts = vec![
+        whale_beats_the_baselines(&differences),
+        bottleneck(domain, &per_seed, &couplings),
+        alternating_beats_sequential(&per_seed, &differences),
+    ];
+    let k = per_seed.iter().flatten().find_map(|run| run.evaluations.first().map(|e| e.k)).unwrap_or(8);
+    DomainStudy {
+        name: name.to_string(),
+        domain,
+        seeds,
+        missing_seeds,
+        provenance,
+        k,
+        movements: arms.iter().filter_map(|&arm| statistics::movement(&per_seed, arm)).collect(),
+        peak_rollouts: arms.iter().map(|&arm| statistics::peak_rollouts(&per_seed, arm)).collect(),
+        curves: arms.iter().map(|&arm| statistics::band(&per_seed, arm)).collect(),
+        differences,
+        couplings,
+        verdicts,
+    }
+}

@@ -1,0 +1,179 @@
+//! whale's half of `bench/hf_compare.py`: runs one workload file on a checkpoint and writes
+//! what whale computed, so the script can set it beside transformers on the same inputs.
+//!
+//! `cargo run --release -p whale-train --example hf_peer -- MODEL_DIR WORKLOAD.json OUT.json`
+//!
+//! The workload (written by the script) holds chat conversations to render and tokenize, one
+//! token sequence to compute logits for (also through a LoRA adapter, when it names one), the
+//! prompts of a concurrent generation run and the examples of a training step. The output holds
+//! the rendered token ids, the logits, the generated token count and time, and the training time
+//! per step.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+use whale_core::ChatMessage;
+use whale_engine::{EngineConfig, LocalPolicy};
+use whale_lm::{LoraAdapter, Qwen3Model};
+use whale_policy::SamplingParams;
+use whale_train::{SftExample, SftTrainer, TrainerConfig};
+
+#[derive(Deserialize)]
+struct Workload {
+    conversations: Vec<Vec<ChatMessage>>,
+    logits_input: Vec<u32>,
+    /// A PEFT adapter directory to compute the same logits through.
+    adapter: Option<PathBuf>,
+    generate: GenerateWorkload,
+    train: TrainWorkload,
+}
+
+#[derive(Deserialize)]
+struct GenerateWorkload {
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    /// Timed repetitions; the median counts.
+    repeats: usize,
+}
+
+#[derive(Deserialize)]
+struct TrainWorkload {
+    examples: Vec<TrainExample>,
+    /// Examples per forward/backward pass (gradients accumulate over the step).
+    micro_batch: usize,
+    steps: usize,
+    learning_rate: f64,
+}
+
+#[derive(Deserialize)]
+struct TrainExample {
+    prompt: Vec<u32>,
+    completion: Vec<u32>,
+}
+
+#[derive(Serialize)]
+struct Results {
+    chat_ids: Vec<Vec<u32>>,
+    logits: Vec<Vec<f32>>,
+    adapter_logits: Option<Vec<Vec<f32>>>,
+    generate_tokens: usize,
+    generate_seconds: f64,
+    train_positions: usize,
+    train_seconds_per_step: f64,
+    train_loss: f64,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> Result<(), BoxError> {
+    whale_kernels::runtime::configure_cpu();
+    let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
+    let [model_dir, workload_path, out_path] = args.as_slice() else {
+        return Err("usage: hf_peer MODEL_DIR WORKLOAD.json OUT.json".into());
+    };
+    let workload: Workload = serde_json::from_slice(&std::fs::read(workload_path)?)?;
+    let max_batch_size = workload.generate.prompts.len().max(1);
+    let engine = EngineConfig { max_batch_size, ..EngineConfig::default() };
+    let policy = LocalPolicy::load(model_dir, DType::F32, &Device::Cpu, engine)?;
+    let chat_ids =
+        workload.conversations.iter().map(|messages| policy.prompt_ids(messages)).collect::<Result<_, _>>()?;
+    let model = policy.qwen3("hf_peer")?;
+    let logits = sequence_logits(&model, &workload.logits_input)?;
+    let adapter_logits = match &workload.adapter {
+        Some(dir) => {
+            let adapter = LoraAdapter::load_peft(dir, model.config(), DType::F32, &Device::Cpu)?;
+            Some(sequence_logits(&model.with_adapter(&adapter)?, &workload.logits_input)?)
+        }
+        None => None,
+    };
+    let (generate_tokens, generate_seconds) = time_generation(&policy, &workload.generate)?;
+    let (train_positions, train_seconds_per_step, train_loss) = time_training(&policy, &workload.train)?;
+    let results = Results {
+        chat_ids,
+        logits,
+        adapter_logits,
+        generate_tokens,
+        generate_seconds,
+        train_positions,
+        train_seconds_per_step,
+        train_loss,
+    };
+    std::fs::write(out_path, serde_json::to_vec(&results)?)?;
+    Ok(())
+}
+
+/// Logits `[T, vocab]` of one unpadded sequence, from the training forward pass.
+fn sequence_logits(model: &Qwen3Model, ids: &[u32]) -> Result<Vec<Vec<f32>>, BoxError> {
+    let input = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
+    let mask = Tensor::ones((1, ids.len()), DType::U32, &Device::Cpu)?;
+    Ok(model.forward_train(&input, &mask)?.squeeze(0)?.to_vec2()?)
+}
+
+/// All prompts generated at once by concurrent callers, after a short warm-up request; the
+/// median time of `repeats` runs (each samples the same tokens, the seeds being the same).
+fn time_generation(policy: &LocalPolicy, work: &GenerateWorkload) -> Result<(usize, f64), BoxError> {
+    let params = |seed: u64| SamplingParams {
+        temperature: work.temperature,
+        top_k: work.top_k,
+        top_p: work.top_p,
+        max_tokens: work.max_tokens,
+        seed,
+        ..SamplingParams::default()
+    };
+    if let Some(first) = work.prompts.first() {
+        policy.generate(first.clone(), &SamplingParams { max_tokens: 4, ..params(0) })?;
+    }
+    let mut times = Vec::with_capacity(work.repeats);
+    let mut tokens = 0;
+    for _ in 0..work.repeats.max(1) {
+        let start = Instant::now();
+        let completions = std::thread::scope(|scope| {
+            let handles: Vec<_> = work
+                .prompts
+                .iter()
+                .enumerate()
+                .map(|(seed, prompt)| scope.spawn(move || policy.generate(prompt.clone(), &params(seed as u64))))
+                .collect();
+            handles.into_iter().map(|handle| handle.join()).collect::<Vec<_>>()
+        });
+        times.push(start.elapsed().as_secs_f64());
+        tokens = 0;
+        for completion in completions {
+            tokens += completion.map_err(|_| "a generation thread panicked")??.completion_tokens;
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((tokens, times[times.len() / 2]))
+}
+
+/// Seconds per SFT step over the whole batch, after one warm-up step.
+fn time_training(policy: &LocalPolicy, work: &TrainWorkload) -> Result<(usize, f64, f64), BoxError> {
+    let examples: Vec<SftExample> = work
+        .examples
+        .iter()
+        .map(|example| SftExample { prompt: example.prompt.clone(), completion: example.completion.clone() })
+        .collect();
+    let longest = examples.iter().map(|e| e.prompt.len() + e.completion.len()).max().unwrap_or(2);
+    let config = TrainerConfig {
+        learning_rate: work.learning_rate,
+        warmup_steps: 0,
+        micro_batch_size: work.micro_batch,
+        max_seq_len: longest,
+        ..TrainerConfig::default()
+    };
+    let mut trainer = SftTrainer::new(policy.qwen3("hf_peer")?, config)?;
+    trainer.step(&examples)?;
+    let start = Instant::now();
+    let mut loss = f64::NAN;
+    for _ in 0..work.steps {
+        loss = trainer.step(&examples)?.loss;
+    }
+    let seconds_per_step = start.elapsed().as_secs_f64() / work.steps.max(1) as f64;
+    let positions = examples.iter().map(|e| e.prompt.len() + e.completion.len() - 1).sum();
+    Ok((positions, seconds_per_step, loss))
+}

@@ -1,0 +1,415 @@
+//! How fast the local policy runs on this machine, measured in one run so the numbers compare:
+//! generation through the engine at several numbers of concurrent requests, SFT training
+//! steps, and the machine's own f32 matmul ceiling, which turns each throughput into a
+//! model-FLOPs utilisation (MFU).
+//!
+//! Model FLOPs count the useful arithmetic of the model, not what the implementation happens
+//! to spend: each architecture gives its own counts ([`FlopCounts`], from whale-lm's
+//! `Architecture::flop_counts`: `B` parameters in the layers' matrices, `H` in the LM head, and
+//! the cost of a forward pass over `n` tokens that computes `m` logit rows), so nothing here
+//! names an architecture.
+//! - Generation of `c` tokens after a prompt of `P`: the prompt and `c - 1` sampled tokens are
+//!   fed and `c` logit rows computed, so `n = P + c - 1`, `m = c` — about `2·(B + H)` per
+//!   token plus attention. Tokens/s counts generated tokens; the time includes the prefill.
+//! - Training: backward costs twice the forward, so a step costs `3×` the forward FLOPs of
+//!   its examples, about `6·B` per position; an example of `T` tokens feeds `T - 1` positions
+//!   and scores its completion tokens (`m`). Tokens/s counts positions fed.
+//!
+//! Without a model directory the bench serves a fresh random model, built in memory
+//! (whale-lm's [`whale_lm::random`]): [`ModelSize::BASE`](whale_lm::ModelSize::BASE), or a
+//! Qwen3.5 of a [`Qwen35Size`] such as Qwen3.5-0.8B's layers, with a byte-level BPE trained on
+//! generated text, so it runs anywhere without downloads.
+//!
+//! It lives in the `whale` crate because it measures the engine (whale-engine) and the trainer
+//! (whale-train) side by side, and neither of those crates depends on the other.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use whale_engine::{EngineConfig, EngineError, LocalPolicy};
+use whale_lm::qwen3_5::Qwen35Size;
+use whale_lm::random::{random_model, random_qwen35, RandomModelError, SyntheticText};
+use whale_lm::tokenizer::{Tokenizer, TokenizerError};
+use whale_lm::{ChatTemplate, Decoder, FlopCounts, ModelError, TrainableModel, WithTrainable};
+use whale_policy::{PolicyError, SamplingParams};
+use whale_train::{SftExample, SftTrainer, TrainError, TrainerConfig};
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchConfig {
+    /// A Hugging Face model directory (Qwen3 or Qwen3.5); `None` uses a random model.
+    pub model_dir: Option<PathBuf>,
+    /// The random model's shape: a Qwen3.5 of this size ([`random_qwen35`]), or `None` for the
+    /// [`ModelSize::BASE`](whale_lm::ModelSize::BASE) Qwen3 ([`random_model`]).
+    pub random_qwen35: Option<Qwen35Size>,
+    /// The numbers of concurrent requests to time generation at.
+    pub batch_sizes: Vec<usize>,
+    /// Prompt length of each generation request.
+    pub prompt_tokens: usize,
+    /// Tokens each generation request asks for (fewer when it samples an end token).
+    pub new_tokens: usize,
+    /// Examples of each timed SFT step, all of the same prompt and completion lengths.
+    pub train_examples: usize,
+    pub train_prompt_tokens: usize,
+    pub train_completion_tokens: usize,
+    /// Timed SFT steps, after one untimed warm-up step; 0 leaves the training row out.
+    pub train_steps: usize,
+    /// Side of the square f32 matrices multiplied to find the ceiling, and how many products
+    /// to time (the fastest counts).
+    pub matmul_size: usize,
+    pub matmul_repeats: usize,
+    /// Vocabulary size of the tokenizer trained for the random model.
+    pub random_vocab_size: usize,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        Self {
+            model_dir: None,
+            random_qwen35: None,
+            batch_sizes: vec![1, 8, 64],
+            prompt_tokens: 32,
+            new_tokens: 64,
+            train_examples: 16,
+            train_prompt_tokens: 32,
+            train_completion_tokens: 96,
+            train_steps: 2,
+            matmul_size: 1024,
+            matmul_repeats: 20,
+            random_vocab_size: 8192,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("bench config `{key}`: {reason}")]
+    Config { key: &'static str, reason: String },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Random(#[from] RandomModelError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error("a generation thread panicked")]
+    ThreadPanicked,
+}
+
+/// One measured workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchRow {
+    pub workload: String,
+    /// Generated tokens (generation) or positions fed (training).
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+    /// Model FLOPs (see the module documentation) per second.
+    pub flops_per_second: f64,
+    /// `flops_per_second` over the measured matmul ceiling.
+    pub mfu: f64,
+    /// What else explains the number (requests, decode batch sizes, loss).
+    pub detail: String,
+}
+
+/// The results of one [`run_bench`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchTable {
+    /// Which model ran, in words.
+    pub model: String,
+    pub device: String,
+    /// All parameters, embeddings included.
+    pub parameters: usize,
+    /// The fastest f32 matmul, timed before and after the workloads, in FLOP/s.
+    pub matmul_flops_per_second: f64,
+    pub matmul_size: usize,
+    pub rows: Vec<BenchRow>,
+}
+
+impl fmt::Display for BenchTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "model: {} ({:.2}M parameters) on {}", self.model, self.parameters as f64 / 1e6, self.device)?;
+        let n = self.matmul_size;
+        writeln!(f, "f32 matmul ceiling ({n}x{n}, best): {:.1} GFLOP/s", self.matmul_flops_per_second / 1e9)?;
+        writeln!(f, "| workload | tokens | seconds | tokens/s | GFLOP/s | MFU | detail |")?;
+        writeln!(f, "|---|---:|---:|---:|---:|---:|---|")?;
+        for row in &self.rows {
+            writeln!(
+                f,
+                "| {} | {} | {:.2} | {:.1} | {:.2} | {:.1}% | {} |",
+                row.workload,
+                row.tokens,
+                row.seconds,
+                row.tokens_per_second,
+                row.flops_per_second / 1e9,
+                100.0 * row.mfu,
+                row.detail
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs every measurement on `device` in f32 and returns the table (print it with `{}`). The
+/// matmul ceiling is timed before and after the workloads and the best counts, so a moment of
+/// contention on a shared machine does not lower it.
+///
+/// The SFT steps (of either architecture, through [`SftTrainer`]) update the served model's
+/// weights in memory (nothing is written to disk), so they run after the generation
+/// measurements.
+pub fn run_bench(config: &BenchConfig, device: &Device) -> Result<BenchTable, BenchError> {
+    validate(config)?;
+    let ceiling_before = matmul_ceiling(config.matmul_size, config.matmul_repeats, device)?;
+    let (policy, model_name) = bench_policy(config, device)?;
+    let decoder = policy.decoder();
+    let flops = FlopModel(decoder.flop_counts());
+    let text_ids = corpus_ids(policy.tokenizer(), config.prompt_tokens.max(config.train_prompt_tokens) * 64)?;
+    let mut rows = Vec::new();
+    for &batch in &config.batch_sizes {
+        rows.push(generation_row(&policy, &flops, &text_ids, batch, config)?);
+    }
+    if config.train_steps > 0 {
+        rows.push(decoder.with_trainable(TrainingRow { flops: &flops, text_ids: &text_ids, config })?);
+    }
+    let ceiling_after = matmul_ceiling(config.matmul_size, config.matmul_repeats, device)?;
+    let matmul_flops_per_second = ceiling_before.max(ceiling_after);
+    for row in &mut rows {
+        row.mfu = row.flops_per_second / matmul_flops_per_second;
+    }
+    Ok(BenchTable {
+        model: model_name,
+        device: format!("{device:?}"),
+        parameters: decoder.parameter_count(),
+        matmul_flops_per_second,
+        matmul_size: config.matmul_size,
+        rows,
+    })
+}
+
+fn validate(config: &BenchConfig) -> Result<(), BenchError> {
+    let positive = [
+        ("prompt_tokens", config.prompt_tokens),
+        ("new_tokens", config.new_tokens),
+        ("train_examples", config.train_examples),
+        ("train_prompt_tokens", config.train_prompt_tokens),
+        ("train_completion_tokens", config.train_completion_tokens),
+        ("matmul_size", config.matmul_size),
+        ("matmul_repeats", config.matmul_repeats),
+    ];
+    if let Some((key, _)) = positive.iter().find(|(_, value)| *value == 0) {
+        return Err(BenchError::Config { key, reason: "must be positive".to_string() });
+    }
+    if config.batch_sizes.is_empty() || config.batch_sizes.contains(&0) {
+        return Err(BenchError::Config { key: "batch_sizes", reason: "must be positive numbers".to_string() });
+    }
+    Ok(())
+}
+
+/// The fastest of `repeats` products of two random `size x size` f32 matrices, in FLOP/s.
+fn matmul_ceiling(size: usize, repeats: usize, device: &Device) -> Result<f64, BenchError> {
+    let a = Tensor::randn(0f32, 1.0, (size, size), device)?;
+    let b = Tensor::randn(0f32, 1.0, (size, size), device)?;
+    a.matmul(&b)?;
+    device.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..repeats {
+        let start = Instant::now();
+        let product = a.matmul(&b)?;
+        device.synchronize()?;
+        best = best.min(start.elapsed().as_secs_f64());
+        drop(product);
+    }
+    Ok(2.0 * (size as f64).powi(3) / best)
+}
+
+/// The engine to measure and its description.
+fn bench_policy(config: &BenchConfig, device: &Device) -> Result<(LocalPolicy, String), BenchError> {
+    let max_batch_size = config.batch_sizes.iter().copied().max().unwrap_or(1);
+    let engine = EngineConfig { max_batch_size, ..EngineConfig::default() };
+    if let Some(dir) = &config.model_dir {
+        let policy = LocalPolicy::load(dir, DType::F32, device, engine)?;
+        return Ok((policy, dir.display().to_string()));
+    }
+    let (model, tokenizer, name): (Decoder, _, _) = match config.random_qwen35 {
+        Some(size) => {
+            let (tokenizer, model, name) = random_qwen35(config.random_vocab_size, size, DType::F32, device)?;
+            (model.into(), tokenizer, name)
+        }
+        None => {
+            let (tokenizer, model, name) = random_model(config.random_vocab_size, device)?;
+            (model.into(), tokenizer, name)
+        }
+    };
+    Ok((LocalPolicy::new(model, tokenizer, ChatTemplate::chatml(), engine)?, name))
+}
+
+/// At least `len` token ids of generated text, for prompts and training examples.
+fn corpus_ids(tokenizer: &Tokenizer, len: usize) -> Result<Vec<u32>, BenchError> {
+    let mut ids = Vec::with_capacity(len);
+    for line in SyntheticText::new(11) {
+        if ids.len() >= len {
+            break;
+        }
+        ids.extend(tokenizer.encode(&line)?);
+    }
+    Ok(ids)
+}
+
+/// `batch` concurrent requests, each continuing its own window of `text_ids`.
+fn generation_row(
+    policy: &LocalPolicy,
+    flops: &FlopModel,
+    text_ids: &[u32],
+    batch: usize,
+    config: &BenchConfig,
+) -> Result<BenchRow, BenchError> {
+    let prompt = |index: usize| {
+        let start = (index * 7) % (text_ids.len() - config.prompt_tokens);
+        text_ids[start..start + config.prompt_tokens].to_vec()
+    };
+    let params = |seed: u64| SamplingParams { max_tokens: config.new_tokens, seed, ..SamplingParams::default() };
+    policy.generate(prompt(0), &SamplingParams { max_tokens: 4, ..params(0) })?;
+    let before = policy.stats();
+    let start = Instant::now();
+    let completions = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..batch)
+            .map(|index| scope.spawn(move || policy.generate(prompt(index), &params(index as u64))))
+            .collect();
+        handles.into_iter().map(|handle| handle.join().map_err(|_| BenchError::ThreadPanicked)).collect::<Vec<_>>()
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    let after = policy.stats();
+    let (mut tokens, mut model_flops) = (0, 0.0);
+    for completion in completions {
+        let completion = completion??;
+        tokens += completion.completion_tokens;
+        model_flops += flops.generation(completion.prompt_tokens, completion.completion_tokens);
+    }
+    let decode_calls = (after.decode_calls - before.decode_calls).max(1);
+    let mean_batch = (after.decode_rows - before.decode_rows) as f64 / decode_calls as f64;
+    Ok(BenchRow {
+        workload: format!("generate, {batch} concurrent"),
+        tokens,
+        seconds,
+        tokens_per_second: tokens as f64 / seconds,
+        flops_per_second: model_flops / seconds,
+        mfu: 0.0,
+        detail: format!(
+            "{batch} x ({} prompt + {} asked) tokens; {decode_calls} decode steps of {mean_batch:.1} rows on average",
+            config.prompt_tokens, config.new_tokens
+        ),
+    })
+}
+
+/// `train_steps` timed [`SftTrainer::step`]s on one mini-batch, after a warm-up step, of
+/// whichever architecture the engine serves ([`Decoder::with_trainable`]).
+struct TrainingRow<'a> {
+    flops: &'a FlopModel,
+    text_ids: &'a [u32],
+    config: &'a BenchConfig,
+}
+
+impl WithTrainable for TrainingRow<'_> {
+    type Output = Result<BenchRow, BenchError>;
+
+    fn run<M: TrainableModel>(self, model: M) -> Self::Output {
+        training_row(model, self.flops, self.text_ids, self.config)
+    }
+}
+
+fn training_row<M: TrainableModel>(
+    model: M,
+    flops: &FlopModel,
+    text_ids: &[u32],
+    config: &BenchConfig,
+) -> Result<BenchRow, BenchError> {
+    let (prompt, completion) = (config.train_prompt_tokens, config.train_completion_tokens);
+    let total = prompt + completion;
+    let examples: Vec<SftExample> = (0..config.train_examples)
+        .map(|index| {
+            let start = (index * 13) % text_ids.len().saturating_sub(total).max(1);
+            let window: Vec<u32> = text_ids.iter().cycle().skip(start).take(total).copied().collect();
+            SftExample { prompt: window[..prompt].to_vec(), completion: window[prompt..].to_vec() }
+        })
+        .collect();
+    let trainer_config = TrainerConfig {
+        micro_batch_size: config.train_examples,
+        max_seq_len: total,
+        learning_rate: 1e-5,
+        ..TrainerConfig::default()
+    };
+    let mut trainer = SftTrainer::new(model, trainer_config)?;
+    trainer.step(&examples)?;
+    let start = Instant::now();
+    let mut last = None;
+    for _ in 0..config.train_steps {
+        last = Some(trainer.step(&examples)?);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let positions = config.train_steps * config.train_examples * (total - 1);
+    let model_flops = (config.train_steps * config.train_examples) as f64 * flops.training(total, completion);
+    let loss = last.map(|stats| stats.loss).unwrap_or(f64::NAN);
+    Ok(BenchRow {
+        workload: format!("SFT step, {} examples", config.train_examples),
+        tokens: positions,
+        seconds,
+        tokens_per_second: positions as f64 / seconds,
+        flops_per_second: model_flops / seconds,
+        mfu: 0.0,
+        detail: format!(
+            "{} steps of {} x ({prompt} prompt + {completion} completion) tokens, one micro-batch; loss {loss:.3}",
+            config.train_steps, config.train_examples
+        ),
+    })
+}
+
+/// The architecture's per-token counts, applied to the bench's workloads.
+struct FlopModel(FlopCounts);
+
+impl FlopModel {
+    /// A forward pass over positions `0..fed` computing `scored` logit rows.
+    fn forward(&self, fed: usize, scored: usize) -> f64 {
+        self.0.forward(fed, scored)
+    }
+
+    fn generation(&self, prompt: usize, generated: usize) -> f64 {
+        self.forward(prompt + generated.saturating_sub(1), generated)
+    }
+
+    fn training(&self, example_len: usize, completion: usize) -> f64 {
+        3.0 * self.forward(example_len - 1, completion)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_and_training_cost_the_forward_passes_of_the_module_documentation() {
+        let counts = FlopCounts { body: 5.0, head: 3.0, attention_per_key: 2.0, recurrence_per_token: 7.0 };
+        let flops = FlopModel(counts);
+        // Three positions fed, two logit rows: (2·5 + 7)·3 + 2·3·2 + 2·(1 + 2 + 3).
+        let expected = 17.0 * 3.0 + 12.0 + 12.0;
+        assert_eq!(flops.forward(3, 2), expected);
+        assert_eq!(flops.generation(2, 2), expected);
+        assert_eq!(flops.training(4, 2), 3.0 * expected);
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_before_any_work() {
+        let no_batches = BenchConfig { batch_sizes: vec![], ..BenchConfig::default() };
+        assert!(matches!(run_bench(&no_batches, &Device::Cpu), Err(BenchError::Config { key: "batch_sizes", .. })));
+        let no_tokens = BenchConfig { new_tokens: 0, ..BenchConfig::default() };
+        assert!(matches!(run_bench(&no_tokens, &Device::Cpu), Err(BenchError::Config { key: "new_tokens", .. })));
+    }
+}
