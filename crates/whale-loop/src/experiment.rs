@@ -17,7 +17,7 @@ use crate::condition::Condition;
 use crate::config::RunConfig;
 use crate::lock::{DirLock, LockError};
 use crate::metrics_row::{MetricsRow, RowKind};
-use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE, METRICS_FILE, STATE_FILE};
+use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE, STATE_FILE};
 use crate::scale_out::external_weights::{
     policy_gradient_samples, ExternalTrainer, ExternalWeightsError, RolloutRecord, Sample, StepFiles, Update,
     WeightsTarget,
@@ -490,17 +490,7 @@ impl Experiment {
     }
 
     fn outcome(&self) -> Result<RunOutcome, ExperimentError> {
-        let evals = MetricsRow::read_all(&self.dir)?
-            .into_iter()
-            .enumerate()
-            .filter(|(_, row)| row.kind == RowKind::Evaluation)
-            .map(|(index, row)| {
-                serde_json::from_value(row.fields).map_err(|e| RunDirError::Corrupt {
-                    path: self.dir.path(METRICS_FILE),
-                    reason: format!("row {}: an evaluation row: {e}", index + 1),
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let evals = MetricsRow::read_evaluations(&self.dir)?;
         Ok(RunOutcome {
             dir: self.dir.root().to_path_buf(),
             condition: self.state.condition,

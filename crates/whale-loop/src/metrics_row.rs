@@ -4,6 +4,7 @@
 //! row silently left out of a curve.
 
 use crate::run_dir::{RunDir, RunDirError, METRICS_FILE};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -42,6 +43,27 @@ impl MetricsRow {
                     reason: format!("row {}: field `kind`: {e}", index + 1),
                 })?;
                 Ok(MetricsRow { kind, fields })
+            })
+            .collect()
+    }
+
+    /// The run's evaluation rows, each read as `T` (the fields its reader needs).
+    pub fn read_evaluations<T: DeserializeOwned>(run: &RunDir) -> Result<Vec<T>, RunDirError> {
+        Self::evaluations(&Self::read_all(run)?, run)
+    }
+
+    /// The evaluation rows among `rows` (the run's, as [`Self::read_all`] read them) as `T`. A
+    /// row that does not read is a corrupt run directory naming the file and the row, never an
+    /// evaluation silently left out of a curve or a study.
+    pub fn evaluations<T: DeserializeOwned>(rows: &[MetricsRow], run: &RunDir) -> Result<Vec<T>, RunDirError> {
+        rows.iter()
+            .enumerate()
+            .filter(|(_, row)| row.kind == RowKind::Evaluation)
+            .map(|(index, row)| {
+                T::deserialize(&row.fields).map_err(|e| RunDirError::Corrupt {
+                    path: run.path(METRICS_FILE),
+                    reason: format!("row {}: an evaluation row: {e}", index + 1),
+                })
             })
             .collect()
     }

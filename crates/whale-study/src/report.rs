@@ -10,15 +10,12 @@
 use crate::palette::PALETTE;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use whale_core::{Estimate, Ledger, Purpose, Scores};
 use whale_loop::condition::Condition;
 use whale_loop::metrics_row::{MetricsRow, RowKind};
-use whale_loop::run_dir::{
-    read_json, RunDir, RunDirError, CONFIG_FILE, LEDGER_FILE, METRICS_FILE, REPORT_FILE, STATE_FILE,
-};
+use whale_loop::run_dir::{read_json, RunDir, RunDirError, CONFIG_FILE, LEDGER_FILE, REPORT_FILE, STATE_FILE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -77,12 +74,7 @@ impl Series {
         let state = run.read_state()?;
         let rows = MetricsRow::read_all(&run)?;
         let of_kind = |kind| rows.iter().filter(move |row| row.kind == kind).map(|row| &row.fields);
-        let points = rows
-            .iter()
-            .enumerate()
-            .filter(|(_, row)| row.kind == RowKind::Evaluation)
-            .map(|(index, row)| curve_point(&row.fields, &run, index))
-            .collect::<Result<_, _>>()?;
+        let points = MetricsRow::evaluations::<EvaluationRow>(&rows, &run)?.into_iter().map(CurvePoint::from).collect();
         let boundaries = of_kind(RowKind::Phase)
             .map(|row| Boundary {
                 training_rollouts: row["cumulative"]["training_rollouts"].as_u64().unwrap_or(0),
@@ -134,22 +126,17 @@ struct Cumulative {
     training_rollouts: u64,
 }
 
-/// The point of the evaluation row `index` (from 0) of the run's `metrics.jsonl`; a row that
-/// does not read as one is a corrupt run directory, named with the file and the row, never a
-/// point silently left out of the curve.
-fn curve_point(row: &Value, run: &RunDir, index: usize) -> Result<CurvePoint, RunDirError> {
-    let row = EvaluationRow::deserialize(row).map_err(|e| RunDirError::Corrupt {
-        path: run.path(METRICS_FILE),
-        reason: format!("row {}: an evaluation row: {e}", index + 1),
-    })?;
-    Ok(CurvePoint {
-        training_rollouts: row.cumulative.training_rollouts,
-        mean: row.scores.mean,
-        pass: row.scores.pass.value,
-        maj: row.scores.maj.value,
-        k: row.scores.k,
-        task_means: row.task_means,
-    })
+impl From<EvaluationRow> for CurvePoint {
+    fn from(row: EvaluationRow) -> Self {
+        CurvePoint {
+            training_rollouts: row.cumulative.training_rollouts,
+            mean: row.scores.mean,
+            pass: row.scores.pass.value,
+            maj: row.scores.maj.value,
+            k: row.scores.k,
+            task_means: row.task_means,
+        }
+    }
 }
 
 /// The mean of `after - before` over the same test tasks with its 95% bootstrap interval
@@ -448,6 +435,8 @@ pub fn write_run_report(dir: &Path) -> Result<PathBuf, ReportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+    use whale_loop::run_dir::METRICS_FILE;
 
     fn point(rollouts: u64, mean: f64) -> CurvePoint {
         CurvePoint {
