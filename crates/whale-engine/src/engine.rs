@@ -28,7 +28,7 @@
 //! tokens already sampled stay). Do not step the trainer while requests are in flight: a
 //! forward pass running during the update reads a mix of old and new weights.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
@@ -121,6 +121,8 @@ pub struct EngineStats {
     /// `forward_step` calls that fed prompts, and the sequences they fed.
     pub prefill_calls: u64,
     pub prefill_rows: u64,
+    /// Prompts that took a copy of another sequence's prefill instead of a row of their own.
+    pub prefill_shared: u64,
     /// `forward_step` calls that fed one sampled token per sequence, and the sequences they fed.
     pub decode_calls: u64,
     pub decode_rows: u64,
@@ -462,6 +464,9 @@ struct Sequence {
     /// Most tokens to sample: `max_tokens`, or fewer where the context window ends first.
     limit: usize,
     cache: DecoderCache,
+    /// Whether nothing has been fed into `cache` yet (since the sequence started or the weights
+    /// changed): such a sequence may copy the cache of another with the same tokens to feed.
+    fresh: bool,
     /// Tokens to feed next: the prompt (or, after a weight change, prompt plus completion so
     /// far), then the last sampled token.
     feed: Vec<u32>,
@@ -484,6 +489,7 @@ impl Sequence {
             sampler,
             stops,
             cache,
+            fresh: true,
             generated: Vec::new(),
             logprobs: Vec::new(),
             text: TextStream::default(),
@@ -561,6 +567,26 @@ fn accept_rows(mut rows: Vec<(&mut Sequence, &Vec<f32>)>, tokenizer: &Tokenizer,
     rows.par_iter_mut().with_min_len(per_thread).for_each(|(sequence, row)| sequence.accept(row, tokenizer, eos));
 }
 
+/// Which row of a step's logits each live sequence samples from: the fed members have a row
+/// each, in order, and a sharing member reads the row of the member it copies (0 for a
+/// sequence not in the step, which is never read).
+fn logits_rows(fed: &[bool], shared: &[Option<usize>]) -> Vec<usize> {
+    let mut rows = vec![0; fed.len()];
+    let mut next = 0;
+    for (index, &fed) in fed.iter().enumerate() {
+        if fed {
+            rows[index] = next;
+            next += 1;
+        }
+    }
+    for (index, source) in shared.iter().enumerate() {
+        if let Some(source) = *source {
+            rows[index] = rows[source];
+        }
+    }
+    rows
+}
+
 #[derive(Clone, Copy)]
 enum Phase {
     Prefill,
@@ -622,7 +648,10 @@ impl Scheduler {
                 self.model = model.map_or_else(|| self.model.for_decoding(), |model| model.for_decoding());
                 for sequence in &mut self.live {
                     match self.model.new_cache() {
-                        Ok(cache) => sequence.cache = cache,
+                        Ok(cache) => {
+                            sequence.cache = cache;
+                            sequence.fresh = true;
+                        }
                         Err(error) => sequence.outcome = Some(Err(PolicyError::Model(error.to_string()))),
                     }
                     sequence.feed = [&sequence.prompt[..], &sequence.generated[..]].concat();
@@ -665,30 +694,64 @@ impl Scheduler {
     /// `max_prefill_tokens` (the first always goes, however long). Taking similar lengths
     /// together keeps padding low: a padded prefill pays for `rows x longest` tokens in the
     /// projections and `rows x longest²` cells in attention. Every prompt still gets its turn
-    /// within a few steps, since no new sequence is admitted while the batch is full.
+    /// within a few steps, since no new sequence is admitted while the batch is full. Fresh
+    /// sequences with equal prompts (the k samples of one task) take one row between them
+    /// ([`Self::shared_prefills`]).
     fn prefill_members(&self) -> Vec<bool> {
-        let mut waiting: Vec<(usize, usize)> = (self.live.iter().enumerate())
-            .map(|(index, sequence)| (sequence.feed.len(), index))
-            .filter(|&(len, _)| len >= 2)
+        let mut waiting: Vec<(usize, &[u32], usize)> = (self.live.iter().enumerate())
+            .map(|(index, sequence)| (sequence.feed.len(), &sequence.feed[..], index))
+            .filter(|&(len, _, _)| len >= 2)
             .collect();
         waiting.sort_unstable();
         let mut members = vec![false; self.live.len()];
-        for (rows, &(len, index)) in waiting.iter().enumerate() {
-            if rows > 0 && (rows + 1) * len > self.max_prefill_tokens {
-                break;
+        let mut rows = 0;
+        let mut last_fresh: Option<&[u32]> = None;
+        for &(len, feed, index) in &waiting {
+            let fresh = self.live[index].fresh;
+            if !(fresh && last_fresh == Some(feed)) {
+                if rows > 0 && (rows + 1) * len > self.max_prefill_tokens {
+                    break;
+                }
+                rows += 1;
+            }
+            if fresh {
+                last_fresh = Some(feed);
             }
             members[index] = true;
         }
         members
     }
 
-    /// Feeds the members' chunks in one batched step and samples a token for each.
+    /// For each member of a prefill, the live index of the member whose prefill it copies: the
+    /// first fresh member with the same tokens to feed, whose cache after the step holds exactly
+    /// what this one's would. None for a member fed itself.
+    fn shared_prefills(&self, members: &[bool]) -> Vec<Option<usize>> {
+        let mut first_with: HashMap<&[u32], usize> = HashMap::new();
+        (self.live.iter().enumerate())
+            .map(|(index, sequence)| {
+                if !members[index] || !sequence.fresh {
+                    return None;
+                }
+                let first = *first_with.entry(&sequence.feed[..]).or_insert(index);
+                (first != index).then_some(first)
+            })
+            .collect()
+    }
+
+    /// Feeds the members' chunks in one batched step and samples a token for each. A member that
+    /// shares another's prefill is not fed: it copies that member's cache after the step and
+    /// samples, with its own sampler, from the same logits row.
     fn forward(&mut self, members: &[bool], phase: Phase) {
+        let shared = match phase {
+            Phase::Prefill => self.shared_prefills(members),
+            Phase::Decode => vec![None; self.live.len()],
+        };
+        let fed: Vec<bool> = members.iter().zip(&shared).map(|(&member, copy)| member && copy.is_none()).collect();
         let mut steps: Vec<DecoderStep<'_>> = self
             .live
             .iter_mut()
-            .zip(members)
-            .filter(|(_, &member)| member)
+            .zip(&fed)
+            .filter(|(_, &fed)| fed)
             .map(|(sequence, _)| {
                 let Sequence { feed, cache, .. } = sequence;
                 DecoderStep { tokens: feed, cache }
@@ -698,24 +761,49 @@ impl Scheduler {
         let logits =
             self.model.forward_step(&mut steps).and_then(|logits| logits.to_vec2::<f32>().map_err(ModelError::from));
         drop(steps);
-        let batch = self.live.iter_mut().zip(members).filter(|(_, &member)| member).map(|(sequence, _)| sequence);
+        let row_of = logits_rows(&fed, &shared);
+        self.copy_shared_caches(&shared);
+        let batch = (self.live.iter_mut().zip(members).zip(row_of))
+            .filter(|((_, &member), _)| member)
+            .map(|((sequence, _), row)| (sequence, row));
         match logits {
-            Ok(logits) => accept_rows(batch.zip(&logits).collect(), &self.tokenizer, &self.eos),
+            Ok(logits) => {
+                let rows = batch
+                    .filter(|(sequence, _)| sequence.outcome.is_none())
+                    .map(|(sequence, row)| {
+                        sequence.fresh = false;
+                        (sequence, &logits[row])
+                    })
+                    .collect();
+                accept_rows(rows, &self.tokenizer, &self.eos);
+            }
             Err(error) => {
-                for sequence in batch {
+                for (sequence, _) in batch {
                     sequence.outcome = Some(Err(PolicyError::Model(error.to_string())));
                 }
             }
         }
-        self.record(phase, rows as u64);
+        self.record(phase, rows as u64, shared.iter().flatten().count() as u64);
     }
 
-    fn record(&self, phase: Phase, rows: u64) {
+    /// Gives each sharing member a copy of the cache its prefill came from.
+    fn copy_shared_caches(&mut self, shared: &[Option<usize>]) {
+        for (index, source) in shared.iter().enumerate() {
+            let Some(source) = *source else { continue };
+            match self.model.fork_cache(&self.live[source].cache) {
+                Ok(cache) => self.live[index].cache = cache,
+                Err(error) => self.live[index].outcome = Some(Err(PolicyError::Model(error.to_string()))),
+            }
+        }
+    }
+
+    fn record(&self, phase: Phase, rows: u64, shared: u64) {
         let mut stats = self.stats();
         match phase {
             Phase::Prefill => {
                 stats.prefill_calls += 1;
                 stats.prefill_rows += rows;
+                stats.prefill_shared += shared;
             }
             Phase::Decode => {
                 stats.decode_calls += 1;

@@ -173,6 +173,29 @@ fn greedy_chat_matches_a_plain_forward_loop_even_when_batched() {
 }
 
 #[test]
+fn samples_of_one_prompt_share_its_prefill_and_get_what_each_gets_alone() {
+    // Two prompts, eight samples each, as a rollout group sends them: the engine feeds each
+    // prompt once and every sample continues from a copy of that cache with its own seed.
+    let model = tiny_model(4);
+    let requests: Vec<ChatRequest> =
+        (0..16).map(|i| ChatRequest { messages: ask(5 + i % 2), params: sampled(300 + i as u64, 12) }).collect();
+    let alone = engine(model.clone(), EngineConfig::default());
+    let expected: Vec<Completion> =
+        requests.iter().map(|request| alone.chat(request.clone()).expect("completion")).collect();
+    assert_eq!(alone.stats().prefill_shared, 0, "one request at a time has nothing to share");
+    let distinct: std::collections::HashSet<&Vec<u32>> = expected.iter().map(|c| &c.token_ids).collect();
+    assert!(distinct.len() > 2, "the seeds gave the same samples, so the comparison proves little");
+    let policy = engine(model, EngineConfig::default());
+    for (index, (result, want)) in concurrently(&policy, &requests).into_iter().zip(&expected).enumerate() {
+        let got = result.expect("completion");
+        assert_eq!(got.token_ids, want.token_ids, "request {index}");
+    }
+    let stats = policy.stats();
+    assert!(stats.prefill_shared > 0, "no prefill was shared: {stats:?}");
+    assert_eq!(stats.prefill_rows + stats.prefill_shared, 16, "{stats:?}");
+}
+
+#[test]
 fn a_seeded_sample_does_not_depend_on_what_shares_its_batch() {
     // Padded past the tokenizer, as real checkpoints are, and large enough that the scheduler
     // samples a full batch on several threads.

@@ -31,6 +31,9 @@ pub trait Architecture: ArchitectureObject {
     fn flop_counts(&self) -> FlopCounts;
     /// An empty cache for one sequence.
     fn new_cache(&self) -> Result<DecoderCache, ModelError>;
+    /// An independent copy of a cache this architecture made: sequences that share a prompt
+    /// continue from one prefill, each with its own copy.
+    fn fork_cache(&self, cache: &DecoderCache) -> Result<DecoderCache, ModelError>;
     /// One batched incremental step: the logits of each chunk's last token, `[steps.len(),
     /// vocab]` f32. Each step's cache was made by this architecture's [`Self::new_cache`].
     fn forward_step(&self, steps: &mut [DecoderStep<'_>]) -> Result<Tensor, ModelError>;
@@ -100,6 +103,11 @@ pub struct DecoderCache(Box<dyn Any + Send>);
 impl DecoderCache {
     pub fn new<C: Any + Send>(cache: C) -> Self {
         Self(Box::new(cache))
+    }
+
+    /// The architecture's own cache; an error when another architecture made this one.
+    pub fn downcast_ref<C: Any>(&self) -> Result<&C, ModelError> {
+        self.0.downcast_ref().ok_or_else(|| ModelError::Input("a cache was made for another architecture".to_string()))
     }
 
     /// The architecture's own cache; an error when another architecture made this one.
@@ -201,6 +209,11 @@ impl Decoder {
     /// An empty cache for one sequence.
     pub fn new_cache(&self) -> Result<DecoderCache, ModelError> {
         self.model().new_cache()
+    }
+
+    /// An independent copy of a sequence's cache ([`Architecture::fork_cache`]).
+    pub fn fork_cache(&self, cache: &DecoderCache) -> Result<DecoderCache, ModelError> {
+        self.model().fork_cache(cache)
     }
 
     /// One batched incremental step ([`Architecture::forward_step`]).

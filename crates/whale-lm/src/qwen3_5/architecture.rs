@@ -51,6 +51,10 @@ impl Architecture for Qwen35Model {
         Ok(DecoderCache::new(Qwen35Model::new_cache(self)?))
     }
 
+    fn fork_cache(&self, cache: &DecoderCache) -> Result<DecoderCache, ModelError> {
+        Ok(DecoderCache::new(cache.downcast_ref::<Qwen35Cache>()?.clone()))
+    }
+
     fn forward_step(&self, steps: &mut [DecoderStep<'_>]) -> Result<Tensor, ModelError> {
         let mut own = Vec::with_capacity(steps.len());
         for step in steps.iter_mut() {

@@ -54,7 +54,9 @@ fn l2_normalise(x: &Tensor) -> candle_core::Result<Tensor> {
     x.broadcast_mul(&(x.sqr()?.sum_keepdim(D::Minus1)? + 1e-6)?.sqrt()?.recip()?)
 }
 
-/// What one sequence carries from one pass to the next, per layer.
+/// What one sequence carries from one pass to the next, per layer. A pass replaces these
+/// tensors rather than writing into them, so a clone is an independent copy.
+#[derive(Clone)]
 enum LayerCache {
     /// The last `kernel - 1` inputs of the convolution `[kernel - 1, conv_dim]` and the
     /// delta-rule state `[value_heads, key_head_dim, value_head_dim]`.
@@ -64,7 +66,9 @@ enum LayerCache {
     Full { keys: Option<Tensor>, values: Option<Tensor> },
 }
 
-/// The recurrent state and key/value cache of one sequence of a [`Qwen35Model`].
+/// The recurrent state and key/value cache of one sequence of a [`Qwen35Model`]; a clone is
+/// an independent copy (a pass replaces the tensors it updates).
+#[derive(Clone)]
 pub struct Qwen35Cache {
     layers: Vec<LayerCache>,
     len: usize,
