@@ -15,10 +15,9 @@ use candle_core::{DType, Device, Tensor};
 use common::{argmax, full_logits};
 use whale_core::ChatMessage;
 use whale_engine::{EngineConfig, EngineError, LocalPolicy};
-use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
-use whale_lm::tokenizer::TOKENIZER_FILE;
-use whale_lm::{save_model, ChatTemplate, GenerationConfig, Qwen3Config, Qwen3Model, Tokenizer};
+use whale_lm::{save_model, GenerationConfig, Qwen3Config, Qwen3Model};
 use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError, SamplingParams};
+use whale_text::{write_tokenizer_config, ChatTemplate, Tokenizer, CHATML_TEMPLATE, TOKENIZER_FILE};
 
 fn shared_data() -> PathBuf {
     let beside_repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");

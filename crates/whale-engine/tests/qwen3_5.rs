@@ -8,8 +8,9 @@ use common::qwen3_5::{model, tokens};
 use whale_engine::{EngineConfig, LocalPolicy};
 use whale_lm::qwen3_5::Qwen35Size;
 use whale_lm::random::synthetic_corpus;
-use whale_lm::{ChatTemplate, Qwen35Config, Qwen35Model, Qwen35Step, Tokenizer};
+use whale_lm::{Qwen35Config, Qwen35Model, Qwen35Step, Qwen3Model};
 use whale_policy::SamplingParams;
+use whale_text::{ChatTemplate, Tokenizer};
 
 /// Greedy tokens from the model's own decoding step, one sequence alone.
 fn greedy_alone(model: &Qwen35Model, prompt: &[u32], count: usize) -> Vec<u32> {
@@ -46,6 +47,7 @@ fn the_batching_engine_serves_qwen3_5_as_each_sequence_alone() {
         assert_eq!(handle.join().unwrap(), greedy_alone(&model, prompt, 12), "prompt of {}", prompt.len());
     }
     assert!(policy.stats().peak_decode_batch > 1, "the engine never batched: {:?}", policy.stats());
-    let error = policy.qwen3("the trainer").err().expect("not a Qwen3 model").to_string();
+    let error = policy.served_model::<Qwen3Model>("the trainer").err().expect("not a Qwen3 model").to_string();
     assert!(error.contains("Qwen3.5") && error.contains("the trainer"), "{error}");
+    assert!(policy.served_model::<Qwen35Model>("the trainer").is_ok(), "the served Qwen3.5 model");
 }

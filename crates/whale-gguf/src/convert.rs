@@ -16,12 +16,11 @@ use crate::llama::{LlamaHyperparameters, RopeScaling};
 use crate::names::{self, HfTensor, RowOrder};
 use crate::tokenizer::{GgufVocabulary, SpecialToken};
 use crate::GgufFile;
-use whale_lm::chat_template::TOKENIZER_CONFIG_FILE;
 use whale_lm::checkpoint::WEIGHTS_FILE;
 use whale_lm::tensor_file::{write_atomic, write_tensors};
+use whale_text::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
 
 pub const CONFIG_FILE: &str = "config.json";
-pub const TOKENIZER_FILE: &str = "tokenizer.json";
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 
 /// What the conversion is doing, for a progress display.

@@ -3,9 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use whale_lm::chat_template::ChatTemplateError;
 use whale_lm::tensor_file::CheckpointError;
-use whale_lm::tokenizer::TokenizerError;
+use whale_text::{ChatTemplateError, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {

@@ -42,8 +42,7 @@ use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use whale_lm::chat_template::ChatTemplate;
-use whale_lm::tokenizer::Tokenizer;
+use whale_text::{ChatTemplate, Tokenizer};
 
 pub use convert::{convert_to_hf, ConvertProgress, ConvertReport};
 pub use error::GgufError;

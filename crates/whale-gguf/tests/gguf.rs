@@ -16,8 +16,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use whale_core::ChatMessage;
 use whale_gguf::{convert_to_hf, tensors, GgufError, GgufFile};
-use whale_lm::chat_template::{ChatTemplate, RenderOptions};
-use whale_lm::tokenizer::{Tokenizer, ENDOFTEXT, IM_END, IM_START, MIN_VOCAB_SIZE};
+use whale_lm::decoder::Decoder;
+use whale_text::{ChatTemplate, RenderOptions, Tokenizer, ENDOFTEXT, IM_END, IM_START, MIN_VOCAB_SIZE};
 
 /// Each read type with the largest relative RMS error its round trip may have on Gaussian
 /// values (about twice what candle's quantizers give).
@@ -198,7 +198,7 @@ fn tokenizer_metadata(trained: &TrainedTokenizer, pre: &str) -> Vec<(&'static st
         ("tokenizer.ggml.padding_token_id", id(IM_END)),
         ("tokenizer.ggml.unknown_token_id", id(ENDOFTEXT)),
         ("tokenizer.ggml.add_bos_token", Value::Bool(false)),
-        ("tokenizer.chat_template", string(whale_lm::chat_template::CHATML_TEMPLATE)),
+        ("tokenizer.chat_template", string(whale_text::CHATML_TEMPLATE)),
     ]
 }
 
@@ -359,10 +359,20 @@ fn llama_metadata() -> Vec<(&'static str, Value)> {
 }
 
 fn write_tiny_llama(dir: &Path, tied: bool) -> (PathBuf, HashMap<String, Tensor>) {
+    write_tiny_llama_with(dir, tied, Vec::new())
+}
+
+/// [`write_tiny_llama`] with more `llama.*` metadata.
+fn write_tiny_llama_with(
+    dir: &Path,
+    tied: bool,
+    extra: Vec<(&'static str, Value)>,
+) -> (PathBuf, HashMap<String, Tensor>) {
     let trained = train_tokenizer(dir);
     let (hf, gguf_tensors) = tiny_llama(trained.tokens.len(), tied);
     let mut metadata = tokenizer_metadata(&trained, "gpt-2");
     metadata.extend(llama_metadata());
+    metadata.extend(extra);
     let path = dir.join("tiny-llama.gguf");
     let named: Vec<(&str, &QTensor)> = gguf_tensors.iter().map(|(name, tensor)| (name.as_str(), tensor)).collect();
     write_gguf(&path, &metadata, &named);
@@ -544,14 +554,16 @@ fn the_smollm2_gguf_converts_to_a_tied_llama_directory_whale_reads_back() {
 
 #[test]
 fn a_converted_gguf_runs_in_whale_as_the_llama_it_was_made_from() {
-    use whale_lm::decoder::{Decoder, DecoderStep};
-    use whale_lm::tokenizer::TOKENIZER_FILE;
+    use whale_lm::decoder::DecoderStep;
+    use whale_text::TOKENIZER_FILE;
     let dir = tempfile::tempdir().unwrap();
     let (path, hf) = write_tiny_llama(dir.path(), true);
     let out = dir.path().join("hf");
     convert_to_hf(&GgufFile::open(&path).unwrap(), &out, DType::F32, &mut |_| {}).unwrap();
-    let model = whale_lm::load_model(&out, DType::F32, &Device::Cpu).unwrap();
-    assert!(!model.config().has_qk_norm(), "Llama has no per-head query and key norms");
+    let decoder = Decoder::load(&out, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(decoder.architecture(), "Llama");
+    let model = whale_lm::load_dense::<whale_lm::LlamaConfig>(&out, DType::F32, &Device::Cpu).unwrap();
+    assert!(!model.settings().qk_norm, "Llama has no per-head query and key norms");
     let loaded = model.named_parameters();
     assert_eq!(loaded.len(), hf.len());
     for (name, var) in loaded {
@@ -560,7 +572,6 @@ fn a_converted_gguf_runs_in_whale_as_the_llama_it_was_made_from() {
     }
     // What the engine reads of the directory (whale-engine's `LocalPolicy::load`): the model
     // through the registry, the tokenizer and the chat template; then one decoding step.
-    let decoder = Decoder::load(&out, DType::F32, &Device::Cpu).unwrap();
     let tokenizer = Tokenizer::from_file(out.join(TOKENIZER_FILE)).unwrap();
     let options = RenderOptions { add_generation_prompt: true, ..RenderOptions::default() };
     let prompt = ChatTemplate::from_model_dir(&out).unwrap().render(&[ChatMessage::new("user", "6 * 7?")], &options);
@@ -569,4 +580,36 @@ fn a_converted_gguf_runs_in_whale_as_the_llama_it_was_made_from() {
     let logits = decoder.forward_step(&mut [DecoderStep { tokens: &ids, cache: &mut cache }]).unwrap();
     assert_eq!(logits.dims(), [1, decoder.vocab_size()]);
     assert!(logits.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_finite()));
+}
+
+/// A GGUF's rope scaling is written into `config.json` as whale-lm's Llama config reads it:
+/// linear scaling loads with its factor; YaRN, which whale does not compute, is written for the
+/// tools that do and refused at load, naming the field and the value.
+#[test]
+fn a_gguf_s_rope_scaling_reaches_the_config_as_whale_reads_it() {
+    let scaled = |kind: &str, extra: Vec<(&'static str, Value)>| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut metadata =
+            vec![("llama.rope.scaling.type", string(kind)), ("llama.rope.scaling.factor", Value::F32(4.0))];
+        metadata.extend(extra);
+        let (path, _) = write_tiny_llama_with(dir.path(), true, metadata);
+        let out = dir.path().join("hf");
+        convert_to_hf(&GgufFile::open(&path).unwrap(), &out, DType::F32, &mut |_| {}).unwrap();
+        (dir, out)
+    };
+    let (_linear_dir, linear) = scaled("linear", Vec::new());
+    assert_eq!(
+        read_json(&linear.join("config.json"))["rope_scaling"],
+        serde_json::json!({"rope_type": "linear", "factor": 4.0})
+    );
+    let config = whale_lm::LlamaConfig::from_file(&linear.join("config.json")).unwrap();
+    assert_eq!(config.rope_scaling, Some(whale_lm::RopeScaling::Linear { factor: 4.0 }));
+    assert_eq!(Decoder::load(&linear, DType::F32, &Device::Cpu).unwrap().architecture(), "Llama");
+
+    let (_yarn_dir, yarn) = scaled("yarn", vec![("llama.rope.scaling.original_context_length", Value::U32(512))]);
+    assert_eq!(read_json(&yarn.join("config.json"))["rope_scaling"]["rope_type"], "yarn");
+    let error = Decoder::load(&yarn, DType::F32, &Device::Cpu).err().expect("YaRN is refused").to_string();
+    for part in ["config.json", "`rope_scaling.rope_type`", "\"yarn\""] {
+        assert!(error.contains(part), "{error:?} does not name {part}");
+    }
 }

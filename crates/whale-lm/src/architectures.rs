@@ -71,6 +71,7 @@ macro_rules! registry {
 
 registry! {
     crate::qwen3::model::Qwen3Model,
+    crate::llama::LlamaModel,
     crate::qwen3_5::model::Qwen35Model,
 }
 
@@ -133,10 +134,14 @@ mod tests {
     #[test]
     fn every_registered_architecture_reaches_generic_code_as_its_own_type() {
         let qwen3 = crate::Qwen3Model::new_random(&crate::Qwen3Config::tiny(61), 1, DType::F32, &Device::Cpu).unwrap();
+        let llama_config = crate::LlamaConfig::with_size(61, crate::ModelSize::TINY);
+        let llama = crate::LlamaModel::new_random(&llama_config, 1, DType::F32, &Device::Cpu).unwrap();
         let config = crate::Qwen35Config::text(61, crate::qwen3_5::Qwen35Size::TINY);
         let qwen35 = crate::Qwen35Model::new_random(&config, 1, DType::F32, &Device::Cpu).unwrap();
+        assert_ne!(qwen3.named_parameters().len(), llama.named_parameters().len(), "Llama has no q/k norms");
         for (decoder, parameters) in [
             (Decoder::from(qwen3.clone()), qwen3.named_parameters().len()),
+            (Decoder::from(llama.clone()), llama.named_parameters().len()),
             (Decoder::from(qwen35.clone()), qwen35.named_parameters().len()),
         ] {
             assert_eq!(decoder.with_trainable(CountTrained), parameters, "{}", decoder.architecture());

@@ -1,8 +1,8 @@
-//! whale's models: the Qwen3 and Qwen3.5 decoders in candle, their Hugging Face checkpoints and
-//! PEFT adapters, the tokenizer and the chat template, behind one seam that the engine,
-//! the trainer, `whale serve`, `whale lm` and the loop use without naming an architecture.
+//! whale's models: the Qwen3, Llama and Qwen3.5 decoders in candle, their Hugging Face checkpoints and
+//! PEFT adapters, behind one seam that the engine, the trainer, `whale serve`, `whale lm` and the
+//! loop use without naming an architecture.
 //!
-//! Why a crate of its own: what a model is (its layers, files and vocabulary) changes with each
+//! Why a crate of its own: what a model is (its layers and files) changes with each
 //! architecture, while how it is served (whale-engine), trained (whale-train) or reached over
 //! HTTP (whale-policy's `RemotePolicy`) does not; the numeric kernels its passes are built from
 //! are whale-kernels', and GGUF files are imported into its checkpoint layout by whale-gguf.
@@ -10,40 +10,39 @@
 //! Data flow:
 //! - [`Decoder::load`] reads a checkpoint directory's `config.json`, picks the architecture
 //!   registered for its `model_type` ([`architectures::ARCHITECTURES`]) and loads the weights:
-//!   [`checkpoint::load_model`] into a [`model::Qwen3Model`] (parameters in a candle `VarMap`
-//!   under their Hugging Face names), or [`load_qwen35`] into a [`Qwen35Model`]. The
-//!   [`Decoder`] holds it as a boxed [`Architecture`].
+//!   [`checkpoint::load_dense`] into a [`Qwen3Model`] or a [`LlamaModel`] (the one dense decoder,
+//!   [`DenseModel`], built from either config; parameters in a candle `VarMap` under their
+//!   Hugging Face names), or [`load_qwen35`] into a [`Qwen35Model`]. The [`Decoder`] holds it as
+//!   a boxed [`Architecture`].
 //! - Decoding: the engine asks the [`Decoder`] for a per-sequence [`DecoderCache`] and calls
 //!   [`Decoder::forward_step`] with a chunk of new tokens per sequence; it gets the next-token
-//!   logits back, one row per sequence. [`tokenizer::Tokenizer`] and
-//!   [`chat_template::ChatTemplate`] turn messages into prompt ids and ids back into text; their
-//!   errors become whale-policy's `PolicyError`s by the conversions in `policy.rs`.
+//!   logits back, one row per sequence. Messages become prompt ids, and ids text, by
+//!   whale-text's tokenizer and chat template, which know nothing of the model.
 //! - Training: a trainer runs any [`TrainableModel`] (its differentiable pass
 //!   [`TrainableModel::packed_hidden`], its trained parameters, its checkpoints and adapters);
 //!   [`Decoder::with_trainable`] hands the model a [`Decoder`] holds to such generic code.
 //! - LoRA: a [`lora::LoraAdapter`] holds low-rank matrices under PEFT's tensor names in its own
-//!   `VarMap`; [`model::Qwen3Model::with_adapter`] gives a model that shares the base weights and
+//!   `VarMap`; [`model::DenseModel::with_adapter`] gives a model that shares the base weights and
 //!   the adapter's variables and adds `scale * B A` to the targeted projections
 //!   ([`lora::LoraAdapter::save_peft`] / [`lora::LoraAdapter::load_peft`] read and write the
-//!   PEFT directory that `peft`, vLLM and SGLang load); [`model::Qwen3Model::merged`] folds the
+//!   PEFT directory that `peft`, vLLM and SGLang load); [`model::DenseModel::merged`] folds the
 //!   adapter into a plain model for a full checkpoint. [`Qwen35Lora`] is Qwen3.5's.
-//! - Architectures: each is a folder ([`qwen3`], [`qwen3_5`]) whose model implements
+//! - Architectures: each is a folder ([`qwen3`], [`llama`], [`qwen3_5`]) whose model implements
 //!   [`Architecture`] (what a loaded model is asked, parameter and FLOP counts included) and
 //!   [`TrainableModel`] (the model as a type: its `model_type`s, checkpoints, training pass and
-//!   adapters), and whose type is one line of the registry ([`architectures`]).
+//!   adapters), and whose type is one line of the registry ([`architectures`]). Llama's model is
+//!   Qwen3's dense decoder built from its own config ([`DenseConfig`]).
 //! - [`random`]: seeded random models over a BPE trained on generated text, for benches and
 //!   tests that need no download.
 
 pub mod architectures;
-pub mod chat_template;
 pub mod decoder;
+pub mod llama;
 mod parameters;
-mod policy;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod random;
 pub mod tensor_file;
-pub mod tokenizer;
 pub mod trainable;
 
 /// Qwen3's modules also answer at the root, where the Hugging Face layout they hold (`config.json`,
@@ -51,12 +50,12 @@ pub mod trainable;
 pub use qwen3::{checkpoint, config, lora, model};
 
 pub use architectures::{Registration, WithTrainable, ARCHITECTURES};
-pub use chat_template::{ChatTemplate, ChatTemplateError, RenderOptions};
 pub use decoder::{AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
-pub use qwen3::checkpoint::{load_model, save_model, stored_dtype, CheckpointError, GenerationConfig};
+pub use llama::{LlamaConfig, LlamaModel, RopeScaling};
+pub use qwen3::checkpoint::{load_dense, load_model, save_model, stored_dtype, CheckpointError, GenerationConfig};
 pub use qwen3::config::{ConfigError, ConfigIssue, ModelSize, Qwen3Config};
+pub use qwen3::dense::{DenseConfig, DenseSettings};
 pub use qwen3::lora::{LoraAdapter, LoraConfig, LoraError, LoraTarget};
-pub use qwen3::model::{KvCache, ModelError, Qwen3Model, SeqStep};
+pub use qwen3::model::{DenseModel, KvCache, ModelError, Qwen3Model, SeqStep};
 pub use qwen3_5::{load_qwen35, save_qwen35, Qwen35Cache, Qwen35Config, Qwen35Lora, Qwen35Model, Qwen35Step};
-pub use tokenizer::{SpecialTokens, TextStream, Tokenizer, TokenizerError};
 pub use trainable::{TrainableError, TrainableModel};

@@ -12,8 +12,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::qwen3::config::{ModelSize, Qwen3Config};
 use crate::qwen3::model::{ModelError, Qwen3Model};
 use crate::qwen3_5::{Qwen35Config, Qwen35Model, Qwen35Size};
-use crate::tokenizer::{Tokenizer, TokenizerError};
 use candle_core::{DType, Device};
+use whale_text::{Tokenizer, TokenizerError};
 
 /// Why a random model could not be made.
 #[derive(Debug, thiserror::Error)]

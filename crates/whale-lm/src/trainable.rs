@@ -38,7 +38,11 @@ pub trait TrainableModel: Architecture + Clone + Into<Decoder> + 'static {
     fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self, CheckpointError>;
     /// Writes the checkpoint: `config.json`, the weights and the architecture's other files.
     fn save(&self, dir: &Path) -> Result<(), CheckpointError>;
-    fn has_adapter(&self) -> bool;
+    /// The settings of the adapter the model carries, `None` without one.
+    fn adapter_config(&self) -> Option<&LoraConfig>;
+    fn has_adapter(&self) -> bool {
+        self.adapter_config().is_some()
+    }
     /// This model with a fresh adapter (its matrices drawn from `seed`), sharing the base weights.
     fn with_new_adapter(&self, config: &LoraConfig, seed: u64) -> Result<Self, TrainableError>;
     /// This model with the PEFT adapter saved in `dir`, sharing the base weights.

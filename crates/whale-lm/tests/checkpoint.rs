@@ -10,7 +10,10 @@ use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
 use std::path::Path;
 use whale_lm::checkpoint::{CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
-use whale_lm::{load_model, save_model, CheckpointError, GenerationConfig, Qwen3Config};
+use whale_lm::{
+    load_model, save_model, CheckpointError, Decoder, GenerationConfig, LlamaModel, Qwen3Config, RopeScaling,
+    TrainableModel,
+};
 
 #[test]
 fn save_then_load_gives_bit_identical_logits() {
@@ -34,6 +37,36 @@ fn save_then_load_gives_bit_identical_logits() {
         assert_eq!(names.contains(&"lm_head.weight".to_string()), !tied);
         assert!(names.contains(&"model.layers.1.self_attn.k_norm.weight".to_string()));
     }
+}
+
+/// A Llama checkpoint is written as Llama (`model_type`, `architectures`, no query and key
+/// norms, its rope scaling), and the registry loads it back as Llama with the same logits.
+#[test]
+fn a_llama_checkpoint_is_written_as_llama_and_loads_back_through_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = tiny_llama(true, 31).config().clone();
+    config.rope_scaling = Some(RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 16,
+    });
+    let model = LlamaModel::new_random(&config, 31, DType::F32, &Device::Cpu).unwrap();
+    model.save(dir.path()).unwrap();
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join(CONFIG_FILE)).unwrap()).unwrap();
+    assert_eq!(written["model_type"], "llama");
+    assert_eq!(written["architectures"], serde_json::json!(["LlamaForCausalLM"]));
+    assert_eq!(written["rope_scaling"]["rope_type"], "llama3");
+    let names = tensor_names(&dir.path().join(WEIGHTS_FILE));
+    assert!(!names.iter().any(|name| name.contains("q_norm") || name.contains("k_norm")), "{names:?}");
+
+    let decoder = Decoder::load(dir.path(), DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(decoder.architecture(), "Llama");
+    let loaded = LlamaModel::of_decoder(&decoder).expect("a Llama model");
+    assert_eq!(loaded.config().rope_scaling, config.rope_scaling);
+    let tokens = random_tokens(&mut rng(8), 20);
+    assert_eq!(full_logits(&model, &tokens), full_logits(loaded, &tokens));
 }
 
 fn tensor_names(file: &Path) -> Vec<String> {
@@ -161,7 +194,7 @@ fn a_sharded_bf16_hugging_face_checkpoint_loads_and_matches_the_reference() {
     assert_eq!(weights_of(&model), values);
     let tokens = random_tokens(&mut rng(9), 7);
     let ours = full_logits(&model, &tokens);
-    let reference = reference_logits(model.config(), &values, &tokens);
+    let reference = reference_logits(model.settings(), &values, &tokens);
     for (row, expected) in ours.iter().zip(&reference) {
         let expected: Vec<f32> = expected.iter().map(|&x| x as f32).collect();
         assert!(max_abs_diff(row, &expected) < 1e-4);

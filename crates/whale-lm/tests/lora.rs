@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use common::*;
 use std::collections::HashMap;
 use std::path::Path;
-use whale_lm::{KvCache, LoraAdapter, LoraConfig, Qwen3Model, SeqStep};
+use whale_lm::{Decoder, KvCache, LoraAdapter, LoraConfig, Qwen3Model, SeqStep, TrainableModel};
 
 /// Gives every B random values, as training would, so that the adapter changes the outputs.
 fn randomize_b(adapter: &LoraAdapter, seed: u64) {
@@ -163,6 +163,31 @@ fn save_peft_writes_peft_names_and_config_and_load_peft_reads_them_back() {
     let tokens = random_tokens(&mut rng(79), 6);
     let from_saved = full_logits(&base.with_adapter(&loaded).unwrap(), &tokens);
     assert_eq!(from_saved, full_logits(&base.with_adapter(&adapter).unwrap(), &tokens));
+}
+
+/// A Llama's adapter is PEFT's, with the module names of `LlamaForCausalLM` (the same seven as
+/// Qwen3's), and applies again through the registry's seam with the same logits.
+#[test]
+fn a_llama_adapter_is_saved_with_peft_names_and_applies_through_the_seam() {
+    let base = tiny_llama(true, 89);
+    let adapted = base.with_new_adapter(&lora(2, &ALL), 97).unwrap();
+    randomize_b(adapted.adapter().unwrap(), 101);
+    let dir = tempfile::tempdir().unwrap();
+    adapted.save_adapter(dir.path(), "HuggingFaceTB/SmolLM2-135M-Instruct").unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(json["target_modules"], serde_json::json!(ALL));
+    assert_eq!(json["base_model_name_or_path"], "HuggingFaceTB/SmolLM2-135M-Instruct");
+    let names = read_names(&dir.path().join("adapter_model.safetensors"));
+    assert_eq!(names.len(), 2 * ALL.len() * base.settings().num_hidden_layers);
+    assert!(names.contains(&"base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight".to_string()));
+
+    let decoder = Decoder::from(base.clone()).with_peft_adapter(dir.path()).unwrap();
+    assert_eq!(decoder.architecture(), "Llama");
+    let tokens = random_tokens(&mut rng(103), 7);
+    let through_seam = full_logits(decoder.downcast_ref::<whale_lm::LlamaModel>().unwrap(), &tokens);
+    assert_eq!(through_seam, full_logits(&adapted, &tokens));
+    assert_ne!(through_seam, full_logits(&base, &tokens), "the adapter changes the logits");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The Qwen3 model: numbers against an independent reference, padding, and cached / batched
+//! The dense decoder (Qwen3, Llama): numbers against an independent reference, padding, and cached / batched
 //! decoding agreeing with the plain forward pass. (Gradients reaching every parameter through
 //! the trainer's loss: whale-train's `tests/train.rs`.)
 
@@ -6,43 +6,65 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use whale_lm::{ModelError, Qwen3Config, Qwen3Model, SeqStep};
+use whale_lm::{DenseConfig, DenseModel, LlamaModel, ModelError, Qwen3Config, Qwen3Model, RopeScaling, SeqStep};
 
-/// Both decoders this model runs: Qwen3, and Llama (no per-head norms of queries and keys).
-fn both_architectures(tied: bool, seed: u64) -> [Qwen3Model; 2] {
-    [tiny_model(tied, seed), tiny_llama(tied, seed)]
+/// The logits of 9 random tokens through the training pass agree with the reference to 1e-4,
+/// and are far from uniform (so that the comparison means something).
+fn check_against_the_reference<C: DenseConfig>(model: &DenseModel<C>, what: &str) {
+    let tokens = random_tokens(&mut rng(1), 9);
+    let ours = full_logits(model, &tokens);
+    let reference = reference_logits(model.settings(), &weights_of(model), &tokens);
+    for (row, expected) in ours.iter().zip(&reference) {
+        let expected: Vec<f32> = expected.iter().map(|&x| x as f32).collect();
+        let diff = max_abs_diff(row, &expected);
+        assert!(diff < 1e-4, "{what}: max difference {diff}");
+    }
+    let spread = ours[8].iter().cloned().fold(f32::MIN, f32::max) - ours[8].iter().cloned().fold(f32::MAX, f32::min);
+    assert!(spread > 1.0, "{what}: spread {spread}");
 }
 
 #[test]
 fn matches_an_independent_reference_implementation() {
-    for (tied, model) in [true, false].into_iter().flat_map(|tied| both_architectures(tied, 11).map(|m| (tied, m))) {
-        let tokens = random_tokens(&mut rng(1), 9);
-        let ours = full_logits(&model, &tokens);
-        let reference = reference_logits(model.config(), &weights_of(&model), &tokens);
-        for (row, expected) in ours.iter().zip(&reference) {
-            let expected: Vec<f32> = expected.iter().map(|&x| x as f32).collect();
-            let diff = max_abs_diff(row, &expected);
-            assert!(diff < 1e-4, "tied={tied}: max difference {diff}");
-        }
-        // The logits are far from uniform, so the comparison above is meaningful.
-        let spread =
-            ours[8].iter().cloned().fold(f32::MIN, f32::max) - ours[8].iter().cloned().fold(f32::MAX, f32::min);
-        assert!(spread > 1.0, "spread {spread}");
+    for tied in [true, false] {
+        check_against_the_reference(&tiny_model(tied, 11), &format!("Qwen3, tied={tied}"));
+        check_against_the_reference(&tiny_llama(tied, 11), &format!("Llama, tied={tied}"));
     }
+}
+
+/// A Llama whose config scales the rotary frequencies runs with the scaled ones: it matches
+/// the reference rotating by them, and differs from the same weights unscaled.
+#[test]
+fn a_llama_with_scaled_rotary_frequencies_rotates_by_them() {
+    let unscaled = tiny_llama(false, 13);
+    let mut config = unscaled.config().clone();
+    config.rope_scaling = Some(RopeScaling::Linear { factor: 4.0 });
+    let weights = unscaled.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor()));
+    let scaled = LlamaModel::from_tensors(&config, weights.collect(), DType::F32, &Device::Cpu).unwrap();
+    check_against_the_reference(&scaled, "Llama with linear scaling");
+    let tokens = random_tokens(&mut rng(2), 9);
+    let (plain, stretched) = (full_logits(&unscaled, &tokens), full_logits(&scaled, &tokens));
+    assert!(max_abs_diff(&plain[8], &stretched[8]) > 1e-3, "the scaling changes the logits");
+    assert!(max_abs_diff(&plain[0], &stretched[0]) < 1e-5, "position 0 is not rotated");
+}
+
+fn check_parameters<C: DenseConfig>(model: &DenseModel<C>, tied: bool) {
+    let params = model.named_parameters();
+    let count: usize = params.iter().map(|(_, var)| var.elem_count()).sum();
+    assert_eq!(count, model.settings().parameter_count());
+    let has_head = params.iter().any(|(name, _)| name == "lm_head.weight");
+    assert_eq!(has_head, !tied);
+    assert_eq!(params.len(), model.varmap().all_vars().len());
+    let norms = params.iter().filter(|(name, _)| name.ends_with("q_norm.weight")).count();
+    assert_eq!(norms, if model.settings().qk_norm { model.settings().num_hidden_layers } else { 0 });
 }
 
 #[test]
 fn parameters_match_the_configuration() {
-    for (tied, model) in [true, false].into_iter().flat_map(|tied| both_architectures(tied, 3).map(|m| (tied, m))) {
-        let params = model.named_parameters();
-        let count: usize = params.iter().map(|(_, var)| var.elem_count()).sum();
-        assert_eq!(count, model.config().parameter_count());
-        let has_head = params.iter().any(|(name, _)| name == "lm_head.weight");
-        assert_eq!(has_head, !tied);
-        assert_eq!(params.len(), model.varmap().all_vars().len());
-        let norms = params.iter().filter(|(name, _)| name.ends_with("q_norm.weight")).count();
-        assert_eq!(norms, if model.config().has_qk_norm() { model.config().num_hidden_layers } else { 0 });
+    for tied in [true, false] {
+        check_parameters(&tiny_model(tied, 3), tied);
+        check_parameters(&tiny_llama(tied, 3), tied);
     }
+    assert!(tiny_model(true, 3).settings().qk_norm && !tiny_llama(true, 3).settings().qk_norm);
 }
 
 #[test]

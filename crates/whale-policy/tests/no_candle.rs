@@ -1,6 +1,6 @@
 //! The reason this crate exists: a harness author compiles no tensor library. The normal
-//! dependency graphs of the policy vocabulary, the harness runtime and the search must not reach
-//! candle; whale-lm's must, so the check is seen to find it where it is.
+//! dependency graphs of the policy vocabulary, the tokenizer and chat template (whale-text), the
+//! harness runtime and the search must not reach candle; whale-lm's must, so the check is seen to find it where it is.
 
 use std::process::Command;
 
@@ -21,8 +21,8 @@ fn normal_dependencies(package: &str) -> Vec<String> {
 }
 
 #[test]
-fn the_policy_the_harness_and_the_search_compile_without_candle() {
-    for package in ["whale-policy", "whale-harness", "whale-search"] {
+fn the_policy_the_text_the_harness_and_the_search_compile_without_candle() {
+    for package in ["whale-policy", "whale-text", "whale-harness", "whale-search"] {
         let dependencies = normal_dependencies(package);
         assert!(dependencies.iter().any(|name| name == "whale-core"), "{package}: {dependencies:?}");
         let candle: Vec<_> = dependencies.iter().filter(|name| name.starts_with("candle")).collect();

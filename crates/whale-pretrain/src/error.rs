@@ -8,9 +8,9 @@ pub enum PretrainError {
     #[error(transparent)]
     Codec(#[from] whale_train::ChatCodecError),
     #[error(transparent)]
-    Tokenizer(#[from] whale_lm::TokenizerError),
+    Tokenizer(#[from] whale_text::TokenizerError),
     #[error(transparent)]
-    Template(#[from] whale_lm::ChatTemplateError),
+    Template(#[from] whale_text::ChatTemplateError),
     #[error(transparent)]
     Train(#[from] whale_train::TrainError),
     #[error(transparent)]

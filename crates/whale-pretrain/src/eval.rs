@@ -19,6 +19,7 @@ use whale_core::metrics::{self, Scores, TaskSamples};
 use whale_core::{ChatMessage, Domain, Task};
 use whale_engine::{EngineConfig, LocalPolicy};
 use whale_harness::scoring::{self, EvalSettings};
+use whale_math_answer::{extract_answer, DEFAULT_ORDER};
 use whale_policy::{ChatRequest, Policy, PolicyError, SamplingParams};
 use whale_tasks::{math, task_domain};
 
@@ -184,7 +185,7 @@ pub fn evaluate(policy: &dyn Policy, spec: &EvalSpec, tasks: &[Task]) -> Result<
         completion_tokens += tokens;
         let verdict = math::score(&tasks[task], &text);
         per_task[task].rewards.push(verdict.reward);
-        per_task[task].answers.push(math::extract_answer(&text, &math::DEFAULT_ORDER));
+        per_task[task].answers.push(extract_answer(&text, &DEFAULT_ORDER));
     }
     let samples: Vec<TaskSamples> =
         per_task.iter().map(|t| TaskSamples { rewards: t.rewards.clone(), answers: t.answers.clone() }).collect();

@@ -37,9 +37,8 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use whale_core::Domain;
-use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
-use whale_lm::tokenizer::TOKENIZER_FILE;
 use whale_lm::{save_model, GenerationConfig, ModelSize, Qwen3Config, Qwen3Model};
+use whale_text::{write_tokenizer_config, CHATML_TEMPLATE, TOKENIZER_FILE};
 use whale_train::trainer::TRAINER_STATE_FILE;
 use whale_train::{ChatCodec, LrSchedule, SftExample, SftTrainer, StepStats, TrainerConfig};
 
@@ -450,7 +449,7 @@ fn publish(
     let summary = PretrainSummary {
         version: base_model_version(config.domain).to_string(),
         config: config.clone(),
-        parameters: run.trainer.model().config().parameter_count(),
+        parameters: run.trainer.model().settings().parameter_count(),
         examples: prepared.examples.len(),
         steps: run.trainer.state().step,
         resumed_from: run.resumed_from,
@@ -486,10 +485,10 @@ fn prepare_tokenizer(corpus: &[Conversation], config: &PretrainConfig, dir: &Pat
     let partial = dir.with_extension("partial");
     remove_dir_if_exists(&partial)?;
     std::fs::create_dir_all(&partial).map_err(|e| io_error(&partial, e))?;
-    let template = whale_lm::ChatTemplate::chatml();
-    let options = whale_lm::RenderOptions::default();
+    let template = whale_text::ChatTemplate::chatml();
+    let options = whale_text::RenderOptions::default();
     let texts: Vec<String> = corpus.iter().map(|c| template.render(&c.messages, &options)).collect::<Result<_, _>>()?;
-    let tokenizer = whale_lm::Tokenizer::train_bpe(texts.iter().map(String::as_str), config.vocab_size)?;
+    let tokenizer = whale_text::Tokenizer::train_bpe(texts.iter().map(String::as_str), config.vocab_size)?;
     tokenizer.save(partial.join(TOKENIZER_FILE))?;
     write_tokenizer_config(&partial, CHATML_TEMPLATE, &tokenizer.specials(), config.context_window)?;
     std::fs::rename(&partial, dir).map_err(|e| io_error(dir, e))?;
@@ -530,7 +529,7 @@ enum TrainEnd {
 
 /// A finished training run.
 struct TrainedRun {
-    trainer: SftTrainer,
+    trainer: SftTrainer<Qwen3Model>,
     resumed_from: u64,
     final_loss: f64,
     seconds: f64,
@@ -592,7 +591,11 @@ fn train(
 }
 
 /// The trainer at the latest checkpoint, or a fresh model seeded by `config.seed`.
-fn start_trainer(config: &PretrainConfig, checkpoints: &Path, codec: &ChatCodec) -> Result<SftTrainer, PretrainError> {
+fn start_trainer(
+    config: &PretrainConfig,
+    checkpoints: &Path,
+    codec: &ChatCodec,
+) -> Result<SftTrainer<Qwen3Model>, PretrainError> {
     let trainer_config = trainer_config(config, codec);
     Ok(match latest_checkpoint(checkpoints)? {
         Some(dir) => SftTrainer::resume(&dir, trainer_config, DType::F32, &Device::Cpu)?,
@@ -712,7 +715,7 @@ fn latest_checkpoint(checkpoints: &Path) -> Result<Option<PathBuf>, PretrainErro
 /// Saves into a fresh `step-NNNNNN` directory (written under a temporary name, then renamed)
 /// and removes the older checkpoints.
 fn save_checkpoint(
-    trainer: &SftTrainer,
+    trainer: &SftTrainer<Qwen3Model>,
     generation: &GenerationConfig,
     checkpoints: &Path,
 ) -> Result<(), PretrainError> {
@@ -733,7 +736,7 @@ fn save_checkpoint(
 }
 
 /// The final model in the Hugging Face layout: weights, configs and tokenizer files.
-fn write_model(trainer: &SftTrainer, tokenizer_dir: &Path, dir: &Path) -> Result<(), PretrainError> {
+fn write_model(trainer: &SftTrainer<Qwen3Model>, tokenizer_dir: &Path, dir: &Path) -> Result<(), PretrainError> {
     let generation = GenerationConfig::for_model(trainer.model().config());
     save_model(trainer.model(), &generation, dir)?;
     ChatCodec::copy_files(tokenizer_dir, dir)?;

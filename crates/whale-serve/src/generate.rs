@@ -14,12 +14,12 @@ use hyper::body::Bytes;
 use serde_json::Value;
 use whale_engine::sampling::StopMatcher;
 use whale_engine::{LocalPolicy, SampledToken};
-use whale_lm::{TextStream, Tokenizer};
 use whale_policy::{Completion, PolicyError};
 
 use crate::error::ApiError;
 use crate::request::{Endpoint, GenerationRequest, Prompt};
 use crate::response::{ChunkUpdate, ReplyHeader};
+use whale_text::{TextStream, Tokenizer};
 
 /// The prompt's token ids: messages through the model's chat template, text through its
 /// tokenizer, ids as given.
@@ -221,7 +221,7 @@ impl EventSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use whale_lm::tokenizer::MIN_VOCAB_SIZE;
+    use whale_text::MIN_VOCAB_SIZE;
 
     #[test]
     fn streamed_pieces_hold_back_what_may_start_a_stop_string() {

@@ -5,8 +5,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-use whale_lm::Tokenizer;
 use whale_policy::Completion;
+use whale_text::Tokenizer;
 
 use crate::request::Endpoint;
 

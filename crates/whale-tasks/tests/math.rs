@@ -1,15 +1,17 @@
-//! The math domain end to end: the real GSM8K and MATH-500 files, answer equivalence,
-//! the calculator, bad input, native round trips and the generator.
+//! The math domain end to end: the real GSM8K and MATH-500 files, their answers' equivalences,
+//! the calculator, bad input, native round trips and the generator. Answer spellings and
+//! extraction on their own are whale-math-answer's tests.
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
-use num_traits::{Signed, Zero};
+use num_traits::Zero;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use whale_core::{Domain, Split, Task};
-use whale_tasks::math::{self, CalcError, Extractor};
+use whale_math_answer::{equivalent, extract_answer, DEFAULT_ORDER};
+use whale_tasks::math::{self, CalcError};
 use whale_tasks::{Episode, RecordError};
 
 fn data_path(relative: &str) -> PathBuf {
@@ -125,7 +127,7 @@ mod math_real_data {
             assert_eq!(task.payload["source"], "math500");
 
             let g = gold(task);
-            assert!(math::equivalent(g, g), "{g}");
+            assert!(equivalent(g, g), "{g}");
             for variant in [
                 g.to_string(),
                 format!(r"\boxed{{{g}}}"),
@@ -149,8 +151,8 @@ mod math_real_data {
         let mut merged = Vec::new();
         for (i, a) in distinct.iter().enumerate() {
             for b in &distinct[i + 1..] {
-                if math::equivalent(a, b) {
-                    assert!(math::equivalent(b, a), "symmetric: {a} {b}");
+                if equivalent(a, b) {
+                    assert!(equivalent(b, a), "symmetric: {a} {b}");
                     merged.push((*a, *b));
                 }
             }
@@ -218,7 +220,7 @@ mod math_real_data {
             for record in &with_text {
                 let given = record["answer"].as_str().expect("an answer");
                 let respelled = given.replace(r"\text{", spelling).replace(r"\mbox{", spelling);
-                assert!(math::equivalent(&respelled, given), "{respelled} == {given}");
+                assert!(equivalent(&respelled, given), "{respelled} == {given}");
                 let mut record = (*record).clone();
                 record["answer"] = json!(respelled);
                 lines.push(record.to_string());
@@ -249,7 +251,7 @@ mod math_real_data {
         assert_eq!(tasks.len(), 2);
         for task in &tasks {
             assert_eq!(gold(task), boxed);
-            assert_eq!(math::extract_answer(gold(task), &math::DEFAULT_ORDER).as_deref(), Some(boxed));
+            assert_eq!(extract_answer(gold(task), &DEFAULT_ORDER).as_deref(), Some(boxed));
             assert_eq!(math::score(task, gold(task)).detail, format!("correct: {boxed}"));
             for same in [r"8\sqrt{3}", r"8\sqrt3", r"8 \sqrt 3", r"\sqrt{192}", r"\boxed{8\sqrt{3}}"] {
                 assert!(submit(task, same), "{same}");
@@ -293,192 +295,12 @@ mod math_units {
     #[test]
     fn made_up_unit_spellings_verify_as_their_plain_answer() {
         for (spelled, plain, wrong) in SPELLINGS {
-            assert!(math::equivalent(spelled, plain) && math::equivalent(plain, spelled), "{spelled} == {plain}");
-            assert!(!math::equivalent(spelled, wrong), "{spelled} != {wrong}");
+            assert!(equivalent(spelled, plain) && equivalent(plain, spelled), "{spelled} == {plain}");
+            assert!(!equivalent(spelled, wrong), "{spelled} != {wrong}");
             let task = plain_task(spelled);
             assert!(submit(&task, spelled), "{spelled} verifies as itself");
             assert!(submit(&task, plain) && submit(&task, &format!(r"So it is $\boxed{{{plain}}}$.")), "{spelled}");
             assert!(!submit(&task, wrong), "{spelled} is not {wrong}");
-        }
-    }
-}
-
-/// Answer spellings and extraction; rationals in many spellings (property tests).
-mod math_equivalence {
-    use super::*;
-
-    #[test]
-    fn issue_spellings_are_equivalent() {
-        let same = [
-            ("42", "42.0"),
-            ("42", "42.000"),
-            ("1234", "1,234"),
-            ("1234567", r"1{,}234{,}567"),
-            ("0.5", r"\frac{1}{2}"),
-            ("0.5", "1/2"),
-            (r"\frac12", r"\dfrac{1}{2}"),
-            (r"\frac12", r"\tfrac12"),
-            (r"\frac{3}{4}", "0.75"),
-            (r"\frac{6}{8}", r"\frac34"),
-            ("3", "3.0"),
-            ("-3", r"-\frac{6}{2}"),
-            ("-0.25", r"\frac{-1}{4}"),
-            (r"\left( 1, 2 \right)", "(1,2)"),
-            ("( 1 , 2 )", "(1,2)"),
-            (r"10\text{ cm}", "10"),
-            (r"10 \text{cm}^2", "10"),
-            (r"90^\circ", "90"),
-            (r"90^{\circ}", "90"),
-            (r"25\%", "25"),
-            (r"\$ 5", "5"),
-            ("x = 7", "7"),
-            (r"x \in [1, 2)", "[1,2)"),
-            (r"\sqrt2", r"\sqrt{2}"),
-            ("√2", r"\sqrt{2}"),
-            (r"2\sqrt{3}", r"2\sqrt3"),
-            (r"2\sqrt{3}", r"\sqrt{12}"),
-            (r"1,\!000", "1000"),
-            (r"1\,000", "1000"),
-            (r"\displaystyle\frac{1}{3}", r"\frac13"),
-            ("7.", "7"),
-            (r"5\mbox{ inches}", "5"),
-            (r"\frac{\sqrt{3}}{2}", r"\frac{\sqrt3}{2}"),
-            (r"\frac{\sqrt{3}}{2}", r"\sqrt{3}/2"),
-            (r"\frac{\sqrt{3}}{2}", r"\frac{1}{2}\sqrt{3}"),
-            (r"\text{(C)}", "C"),
-            (r"\text{(C)}", "(C)"),
-            (r"\text{(C)}", r"\textbf{(C)}"),
-            (r"\boxed{12}", "12"),
-        ];
-        for (a, b) in same {
-            assert!(math::equivalent(a, b), "{a} == {b}");
-            assert!(math::equivalent(b, a), "{b} == {a}");
-        }
-        let different = [
-            ("(1,2)", "(2,1)"),
-            ("[1,2)", "(1,2]"),
-            ("[1,2]", "(1,2)"),
-            ("3", "-3"),
-            ("0.5", "0.05"),
-            (r"\frac{\sqrt{3}}{2}", r"\frac{\sqrt{2}}{2}"),
-            (r"\frac{\sqrt{3}}{2}", "0.866025403784"),
-            (r"\text{(C)}", r"\text{(D)}"),
-            ("1000", "100"),
-            ("1,000", "1,00"),
-            ("12", "120"),
-            (r"2\sqrt{3}", r"3\sqrt{2}"),
-            ("x", "y"),
-        ];
-        for (a, b) in different {
-            assert!(!math::equivalent(a, b), "{a} != {b}");
-        }
-    }
-
-    #[test]
-    fn extraction_order_is_configurable() {
-        let text = "I first thought \\boxed{3}. The answer is 4. #### 5 apples\nthen 6";
-        let extract = |order: &[Extractor]| math::extract_answer(text, order);
-        assert_eq!(extract(&math::DEFAULT_ORDER).as_deref(), Some("3"));
-        assert_eq!(extract(&[Extractor::AnswerIs, Extractor::Boxed]).as_deref(), Some("4"));
-        assert_eq!(extract(&[Extractor::Hashes]).as_deref(), Some("5"));
-        assert_eq!(extract(&[Extractor::LastNumber]).as_deref(), Some("6"));
-        assert_eq!(extract(&[]), None);
-        let order: Vec<Extractor> = serde_json::from_value(json!(["last_number", "boxed"])).expect("names");
-        assert_eq!(order, vec![Extractor::LastNumber, Extractor::Boxed]);
-    }
-
-    /// `p/q` (q > 0, reduced) as a terminating decimal, when it has one.
-    fn terminating_decimal(p: &BigInt, q: &BigInt) -> Option<String> {
-        let mut rest = q.clone();
-        let (mut twos, mut fives) = (0u32, 0u32);
-        while (&rest % 2u32).is_zero() {
-            rest /= 2u32;
-            twos += 1;
-        }
-        while (&rest % 5u32).is_zero() {
-            rest /= 5u32;
-            fives += 1;
-        }
-        if rest != BigInt::from(1) {
-            return None;
-        }
-        let places = twos.max(fives) as usize;
-        let scaled = (p.abs() * BigInt::from(10u32).pow(places as u32) / q).to_string();
-        let padded = format!("{scaled:0>width$}", width = places + 1);
-        let (whole, fraction) = padded.split_at(padded.len() - places);
-        let sign = if p.is_negative() { "-" } else { "" };
-        Some(if places == 0 { format!("{sign}{whole}") } else { format!("{sign}{whole}.{fraction}") })
-    }
-
-    fn spellings(p: i64, q: i64, k: i64) -> Vec<String> {
-        let sign = if p < 0 { "-" } else { "" };
-        let a = p.abs();
-        let mut out = vec![
-            format!(r"{sign}\frac{{{a}}}{{{q}}}"),
-            format!(r"{sign}\dfrac{{{a}}}{{{q}}}"),
-            format!(r"\frac{{{p}}}{{{q}}}"),
-            format!("{p}/{q}"),
-            format!(r"{sign}\tfrac{{ {} }}{{ {} }}", a * k, q * k),
-            format!(r"\displaystyle \left( {sign}\frac{{{a}}}{{{q}}} \right)"),
-            format!(r"\boxed{{{p}/{q}}}"),
-        ];
-        if a <= 9 && q <= 9 {
-            out.push(format!(r"{sign}\frac{a}{q}"));
-        }
-        let value = BigRational::new(p.into(), q.into());
-        if let Some(decimal) = terminating_decimal(value.numer(), value.denom()) {
-            if decimal.contains('.') {
-                out.push(format!("{decimal}0"));
-            }
-            out.push(format!(r"{decimal}\text{{ m}}"));
-            out.push(decimal);
-        }
-        if value.is_integer() {
-            let n: i64 = p / q;
-            out.push(with_thousands_separators(n));
-            out.push(format!("{n}.0"));
-            out.push(format!("x = {n}"));
-        }
-        out
-    }
-
-    fn rational_value(spelling: &str) -> BigRational {
-        let (p, q) = spelling.split_once('/').expect("a p/q spelling");
-        BigRational::new(p.parse::<BigInt>().expect("p"), q.parse::<BigInt>().expect("q"))
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(300))]
-
-        #[test]
-        fn every_spelling_of_a_rational_is_equivalent(p in -20_000i64..20_000, q in 1i64..500, k in 2i64..9) {
-            let all = spellings(p, q, k);
-            for a in &all {
-                for b in &all {
-                    prop_assert!(math::equivalent(a, b), "{} vs {}", a, b);
-                }
-            }
-        }
-
-        #[test]
-        fn distinct_rationals_are_never_equivalent(
-            (p1, q1) in (-2_000i64..2_000, 1i64..60),
-            (p2, q2) in (-2_000i64..2_000, 1i64..60),
-            i in 0usize..20,
-            j in 0usize..20,
-        ) {
-            let (a, b) = (spellings(p1, q1, 2), spellings(p2, q2, 3));
-            let (a, b) = (&a[i % a.len()], &b[j % b.len()]);
-            let same = rational_value(&format!("{p1}/{q1}")) == rational_value(&format!("{p2}/{q2}"));
-            prop_assert_eq!(math::equivalent(a, b), same, "{} vs {}", a, b);
-        }
-
-        #[test]
-        fn grading_never_panics(a in "\\PC{0,60}", b in r"[\\{}()\[\],.0-9a-z^_$ +\-*/=]{0,40}") {
-            let _ = math::equivalent(&a, &b);
-            let _ = math::equivalent(&b, &b);
-            let _ = math::extract_answer(&a, &math::DEFAULT_ORDER);
-            let _ = math::extract_answer(&b, &math::DEFAULT_ORDER);
         }
     }
 }

@@ -82,7 +82,7 @@ fn main() -> Result<(), BoxError> {
     let policy = LocalPolicy::load(model_dir, DType::F32, &Device::Cpu, engine)?;
     let chat_ids =
         workload.conversations.iter().map(|messages| policy.prompt_ids(messages)).collect::<Result<_, _>>()?;
-    let model = policy.qwen3("hf_peer")?;
+    let model = policy.served_model::<Qwen3Model>("hf_peer")?;
     let logits = sequence_logits(&model, &workload.logits_input)?;
     let adapter_logits = match &workload.adapter {
         Some(dir) => {
@@ -166,7 +166,7 @@ fn time_training(policy: &LocalPolicy, work: &TrainWorkload) -> Result<(usize, f
         max_seq_len: longest,
         ..TrainerConfig::default()
     };
-    let mut trainer = SftTrainer::new(policy.qwen3("hf_peer")?, config)?;
+    let mut trainer = SftTrainer::new(policy.served_model::<Qwen3Model>("hf_peer")?, config)?;
     trainer.step(&examples)?;
     let start = Instant::now();
     let mut loss = f64::NAN;

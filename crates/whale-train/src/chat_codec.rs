@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 
 use whale_core::ChatMessage;
 
-use whale_lm::chat_template::{ChatTemplate, ChatTemplateError, RenderOptions, TOKENIZER_CONFIG_FILE};
-use whale_lm::tokenizer::{Tokenizer, TokenizerError, TOKENIZER_FILE};
+use whale_text::{
+    ChatTemplate, ChatTemplateError, RenderOptions, Tokenizer, TokenizerError, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+};
 
 use crate::trainer::SftExample;
 

@@ -18,9 +18,9 @@
 //!   log-probabilities recorded at sampling ([`PgExample`]); [`SftTrainer::policy_gradient_step`]
 //!   takes one update on PPO's clipped surrogate, with the same micro-batching, clipping and
 //!   AdamW as the supervised step.
-//! - [`SftTrainer::save_checkpoint`] (or, for Qwen3, [`SftTrainer::save`] with a generation
-//!   config) writes the architecture's checkpoint plus the optimizer state;
-//!   [`SftTrainer::resumed`] continues from it exactly. A trainer of an adapter saves a PEFT
+//! - [`SftTrainer::save_checkpoint`] (or [`SftTrainer::save`] with a generation config) writes
+//!   the architecture's checkpoint plus the optimizer state; [`SftTrainer::resumed`] (or
+//!   [`SftTrainer::resume`], which loads the checkpoint too) continues from it exactly. A trainer of an adapter saves a PEFT
 //!   directory with [`SftTrainer::save_adapter`] and continues with
 //!   [`SftTrainer::resume_adapter`].
 //!

@@ -8,7 +8,7 @@
 //! constant or cosine schedule, and clipping by global gradient norm. Its moments and step count
 //! are saved beside the checkpoint so that a resumed run continues exactly.
 //!
-//! A model carrying a LoRA adapter ([`Qwen3Model::with_adapter`]) is trained the same way, but
+//! A model carrying a LoRA adapter ([`TrainableModel::with_new_adapter`]) is trained the same way, but
 //! only the adapter's matrices are optimized: the base weights are constants of the pass and
 //! stay bit-for-bit what they were. Such a trainer saves a PEFT adapter directory instead of a
 //! checkpoint, with the optimizer state beside it.
@@ -20,10 +20,10 @@ use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
-use whale_lm::checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
+use whale_lm::checkpoint::{CheckpointError, GenerationConfig};
 use whale_lm::config::optional;
 use whale_lm::lora::LoraError;
-use whale_lm::model::{ModelError, Packing, Qwen3Model};
+use whale_lm::model::{ModelError, Packing};
 use whale_lm::tensor_file::{read_tensors, write_atomic, write_tensors};
 use whale_lm::trainable::{TrainableError, TrainableModel};
 
@@ -259,7 +259,7 @@ impl SftBatch {
 }
 
 /// The summed cross-entropy (f32 scalar, differentiable) of the scored positions of a batch.
-/// The rows' real tokens run packed end to end ([`Qwen3Model::packed_hidden`]: no padding
+/// The rows' real tokens run packed end to end ([`TrainableModel::packed_hidden`]: no padding
 /// reaches a product) and only scored positions reach the LM head.
 pub fn completion_loss<M: TrainableModel>(model: &M, batch: &SftBatch) -> Result<Tensor, TrainError> {
     Ok(scored_cross_entropy(model, batch)?.sum_all()?)
@@ -351,7 +351,7 @@ struct Moments {
 ///
 /// The optimizer state is f32 whatever the model's dtype; a bf16 or f16 model trains through f32
 /// master copies of its parameters, saved with the moments.
-pub struct SftTrainer<M: TrainableModel = Qwen3Model> {
+pub struct SftTrainer<M: TrainableModel> {
     model: M,
     params: Vec<(String, Var)>,
     moments: Vec<Moments>,
@@ -361,7 +361,7 @@ pub struct SftTrainer<M: TrainableModel = Qwen3Model> {
 
 impl<M: TrainableModel> SftTrainer<M> {
     /// A trainer with fresh optimizer state over the model's [`TrainableModel::trained_parameters`]
-    /// (a Qwen3 model's adapter when it carries one, all its parameters otherwise).
+    /// (the model's adapter when it carries one, all its parameters otherwise).
     pub fn new(model: M, config: TrainerConfig) -> Result<Self, TrainError> {
         config.validate()?;
         let params = model.trained_parameters();
@@ -634,17 +634,18 @@ impl<M: TrainableModel> SftTrainer<M> {
     }
 }
 
-impl SftTrainer {
-    /// Continues a Qwen3 run from a directory written by [`Self::save`]: weights, moments and
-    /// counters.
+impl<M: TrainableModel> SftTrainer<M> {
+    /// Continues a run from a directory written by [`Self::save`] or [`Self::save_checkpoint`]:
+    /// weights (loaded in `dtype` on `device`), moments and counters.
     pub fn resume(dir: &Path, config: TrainerConfig, dtype: DType, device: &Device) -> Result<Self, TrainError> {
-        Self::resumed(load_model(dir, dtype, device)?, config, dir)
+        Self::resumed(M::load(dir, dtype, device)?, config, dir)
     }
 
     /// [`Self::save_checkpoint`] with the `generation_config.json` given.
     pub fn save(&self, dir: &Path, generation: &GenerationConfig) -> Result<(), TrainError> {
         self.refuse_adapter()?;
-        save_model(&self.model, generation, dir)?;
+        self.model.save(dir)?;
+        generation.save(dir)?;
         self.save_optimizer(dir)
     }
 }

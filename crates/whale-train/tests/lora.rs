@@ -112,7 +112,8 @@ fn a_resumed_adapter_run_continues_exactly() {
     assert_eq!(resumed.state(), first_half.state());
     let resumed_stats: Vec<_> = data[2..].iter().map(|batch| resumed.step(batch).unwrap()).collect();
     assert_eq!(resumed_stats, straight_stats[2..]);
-    let adapter_of = |trainer: &SftTrainer| values_of(trainer.model().adapter().unwrap().named_parameters());
+    let adapter_of =
+        |trainer: &SftTrainer<whale_lm::Qwen3Model>| values_of(trainer.model().adapter().unwrap().named_parameters());
     assert_eq!(adapter_of(&resumed), adapter_of(&straight));
     assert!(straight_stats.iter().any(|s| s.grad_norm > 0.05), "clipping engaged");
     assert_eq!(weights_of(&base), base_before);

@@ -8,7 +8,7 @@ mod common;
 use candle_core::Var;
 use common::*;
 use std::collections::HashMap;
-use whale_lm::{Qwen3Config, Qwen3Model};
+use whale_lm::{DenseSettings, Qwen3Model};
 use whale_train::policy_gradient::{surrogate_loss, token_logprobs, PgBatch};
 use whale_train::{PgExample, PgObjective, SftTrainer, TrainerConfig};
 
@@ -19,7 +19,7 @@ fn log_softmax_at(row: &[f64], token: u32) -> f64 {
 }
 
 /// Per completion token, its log-probability under the f64 forward pass.
-fn logprobs_f64(config: &Qwen3Config, weights: &HashMap<String, Vec<f32>>, example: &PgExample) -> Vec<f64> {
+fn logprobs_f64(config: &DenseSettings, weights: &HashMap<String, Vec<f32>>, example: &PgExample) -> Vec<f64> {
     let sequence = [example.prompt.as_slice(), &example.completion].concat();
     let logits = reference_logits(config, weights, &sequence);
     let start = example.prompt.len() - 1;
@@ -28,7 +28,7 @@ fn logprobs_f64(config: &Qwen3Config, weights: &HashMap<String, Vec<f32>>, examp
 
 /// The mean per-token loss, written out in f64 from the formula.
 fn loss_f64(
-    config: &Qwen3Config,
+    config: &DenseSettings,
     weights: &HashMap<String, Vec<f32>>,
     examples: &[PgExample],
     objective: &PgObjective,
@@ -49,7 +49,7 @@ fn loss_f64(
 
 /// Three completions with advantages of both signs, behaviour and reference log-probabilities
 /// off the model's by seeded noise (so that some ratios leave the clip range).
-fn off_policy_examples(config: &Qwen3Config, weights: &HashMap<String, Vec<f32>>) -> Vec<PgExample> {
+fn off_policy_examples(config: &DenseSettings, weights: &HashMap<String, Vec<f32>>) -> Vec<PgExample> {
     let mut rng = rng(17);
     [1.0f32, -0.6, 0.4]
         .iter()
@@ -78,7 +78,7 @@ fn parameter(model: &Qwen3Model, name: &str) -> Var {
 #[test]
 fn the_loss_and_its_gradient_match_a_direct_f64_computation() {
     let model = tiny_model(false, 5);
-    let config = model.config().clone();
+    let config = model.settings().clone();
     let weights = weights_of(&model);
     let examples = off_policy_examples(&config, &weights);
     let objective = PgObjective { clip_epsilon: 0.2, kl_coef: 0.1 };

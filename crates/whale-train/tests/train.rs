@@ -6,7 +6,10 @@ mod common;
 
 use candle_core::{DType, Device};
 use common::*;
-use whale_lm::GenerationConfig;
+use std::path::Path;
+use whale_lm::{
+    Decoder, DenseConfig, DenseModel, GenerationConfig, LoraConfig, Qwen3Model, TrainableModel, WithTrainable,
+};
 use whale_train::trainer::{completion_loss, SftBatch};
 use whale_train::{LrSchedule, SftExample, SftTrainer, TrainError, TrainerConfig};
 
@@ -30,7 +33,7 @@ fn config() -> TrainerConfig {
     }
 }
 
-fn loss_of(batch: &SftBatch, model: &whale_lm::Qwen3Model) -> f32 {
+fn loss_of(batch: &SftBatch, model: &Qwen3Model) -> f32 {
     completion_loss(model, batch).unwrap().to_scalar::<f32>().unwrap()
 }
 
@@ -147,7 +150,7 @@ fn a_resumed_run_continues_exactly() {
     }
     let generation = GenerationConfig::for_model(first_half.model().config());
     first_half.save(dir.path(), &generation).unwrap();
-    let mut resumed = SftTrainer::resume(dir.path(), config, DType::F32, &Device::Cpu).unwrap();
+    let mut resumed = SftTrainer::<Qwen3Model>::resume(dir.path(), config, DType::F32, &Device::Cpu).unwrap();
     assert_eq!(resumed.state(), first_half.state());
     let resumed_stats: Vec<_> = data[2..].iter().map(|b| resumed.step(b).unwrap()).collect();
     assert_eq!(resumed_stats, straight_stats[2..]);
@@ -164,14 +167,16 @@ fn a_resume_without_optimizer_state_names_the_file() {
     trainer.save(dir.path(), &GenerationConfig::for_model(trainer.model().config())).unwrap();
     let state = dir.path().join("trainer_state.json");
     std::fs::write(&state, "{\"step\": 1, \"tokens_seen\": 3}").unwrap();
-    let message = SftTrainer::resume(dir.path(), config(), DType::F32, &Device::Cpu).err().unwrap().to_string();
+    let message =
+        SftTrainer::<Qwen3Model>::resume(dir.path(), config(), DType::F32, &Device::Cpu).err().unwrap().to_string();
     assert!(message.contains("trainer_state.json") && message.contains("`examples_seen`"), "{message}");
     std::fs::write(&state, "{\"step\": 1, \"tokens_seen\": 3, \"examples_seen\": 2}").unwrap();
-    let resumed = SftTrainer::resume(dir.path(), config(), DType::F32, &Device::Cpu).unwrap();
+    let resumed = SftTrainer::<Qwen3Model>::resume(dir.path(), config(), DType::F32, &Device::Cpu).unwrap();
     assert_eq!(resumed.state().step, 1);
     let optimizer = dir.path().join("optimizer.safetensors");
     std::fs::remove_file(&optimizer).unwrap();
-    let message = SftTrainer::resume(dir.path(), config(), DType::F32, &Device::Cpu).err().unwrap().to_string();
+    let message =
+        SftTrainer::<Qwen3Model>::resume(dir.path(), config(), DType::F32, &Device::Cpu).err().unwrap().to_string();
     assert!(message.contains(&optimizer.display().to_string()), "{message}");
 }
 
@@ -283,7 +288,7 @@ fn a_bf16_model_trains_through_f32_master_copies_and_resumes_exactly() {
         first_half.step(batch).unwrap();
     }
     first_half.save(dir.path(), &GenerationConfig::for_model(first_half.model().config())).unwrap();
-    let mut resumed = SftTrainer::resume(dir.path(), config, DType::BF16, &Device::Cpu).unwrap();
+    let mut resumed = SftTrainer::<Qwen3Model>::resume(dir.path(), config, DType::BF16, &Device::Cpu).unwrap();
     let resumed_stats: Vec<_> = data[2..].iter().map(|b| resumed.step(b).unwrap()).collect();
     assert_eq!(resumed_stats, straight_stats[2..]);
     assert_eq!(weights_of(resumed.model()), trained);
@@ -300,26 +305,94 @@ fn a_llama_model_learns_and_comes_back_from_its_checkpoint() {
     trainer.save(dir.path(), &GenerationConfig::for_model(trainer.model().config())).unwrap();
     let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
     assert!(config.contains("\"model_type\": \"llama\"") && config.contains("LlamaForCausalLM"), "{config}");
-    let loaded = whale_lm::load_model(dir.path(), DType::F32, &Device::Cpu).unwrap();
-    assert!(!loaded.config().has_qk_norm());
+    let decoder = Decoder::load(dir.path(), DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(decoder.architecture(), "Llama");
+    let loaded = decoder.downcast_ref::<whale_lm::LlamaModel>().expect("a Llama model");
     let tokens = random_tokens(&mut rng(9), 7);
-    assert_eq!(full_logits(&loaded, &tokens), full_logits(trainer.model(), &tokens));
+    assert_eq!(full_logits(loaded, &tokens), full_logits(trainer.model(), &tokens));
+}
+
+/// Four updates of the model the registry loaded, straight, against two, a save and a resume,
+/// then two more: the whole model (a checkpoint) or, with `lora`, a new adapter (a PEFT
+/// directory). What `whale lm train` does through [`Decoder::with_trainable`].
+struct ResumesExactly<'a> {
+    dir: &'a Path,
+    lora: Option<LoraConfig>,
+}
+
+impl WithTrainable for ResumesExactly<'_> {
+    type Output = ();
+
+    fn run<M: TrainableModel>(self, base: M) {
+        let data = [examples(14, 4), examples(15, 4), examples(16, 4), examples(17, 4)];
+        let config = TrainerConfig {
+            max_grad_norm: Some(0.5),
+            schedule: LrSchedule::Cosine { total_steps: 6, min_lr_ratio: 0.1 },
+            ..config()
+        };
+        let fresh = || match &self.lora {
+            Some(lora) => base.with_new_adapter(lora, 3).unwrap(),
+            None => M::load(self.dir, DType::F32, &Device::Cpu).unwrap(),
+        };
+        let mut straight = SftTrainer::new(fresh(), config.clone()).unwrap();
+        let straight_stats: Vec<_> = data.iter().map(|batch| straight.step(batch).unwrap()).collect();
+        let mut first_half = SftTrainer::new(fresh(), config.clone()).unwrap();
+        for batch in &data[..2] {
+            first_half.step(batch).unwrap();
+        }
+        let saved = tempfile::tempdir().unwrap();
+        let mut resumed = match &self.lora {
+            Some(_) => {
+                first_half.save_adapter(saved.path(), "base").unwrap();
+                SftTrainer::resume_adapter(saved.path(), &base, config).unwrap()
+            }
+            None => {
+                first_half.save_checkpoint(saved.path()).unwrap();
+                SftTrainer::<M>::resume(saved.path(), config, DType::F32, &Device::Cpu).unwrap()
+            }
+        };
+        assert_eq!(resumed.state(), first_half.state());
+        let resumed_stats: Vec<_> = data[2..].iter().map(|batch| resumed.step(batch).unwrap()).collect();
+        assert_eq!(resumed_stats, straight_stats[2..]);
+        let trained = |model: &M| -> Vec<Vec<f32>> {
+            let parameters = model.trained_parameters();
+            parameters.iter().map(|(_, var)| var.flatten_all().unwrap().to_vec1().unwrap()).collect()
+        };
+        assert_eq!(trained(resumed.model()), trained(straight.model()));
+        assert_ne!(trained(straight.model()), trained(&fresh()), "the updates moved the trained parameters");
+    }
+}
+
+#[test]
+fn a_llama_checkpoint_from_the_registry_trains_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_llama(true, 57).save(dir.path()).unwrap();
+    let decoder = Decoder::load(dir.path(), DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(decoder.architecture(), "Llama");
+    decoder.with_trainable(ResumesExactly { dir: dir.path(), lora: None });
+    let lora = LoraConfig { dropout: 0.1, ..lora(4, &["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]) };
+    decoder.with_trainable(ResumesExactly { dir: dir.path(), lora: Some(lora) });
+}
+
+fn every_parameter_of(model: &DenseModel<impl DenseConfig>) {
+    let mut rng = rng(2);
+    let examples: Vec<SftExample> = (0..3)
+        .map(|i| SftExample { prompt: random_tokens(&mut rng, 3 + i), completion: random_tokens(&mut rng, 4) })
+        .collect();
+    let (batch, _) = SftBatch::from_examples(&examples, 0, 64);
+    let loss = completion_loss(model, &batch).unwrap();
+    let grads = loss.backward().unwrap();
+    for (name, var) in model.named_parameters() {
+        let grad = grads.get(&var).unwrap_or_else(|| panic!("no gradient for {name}"));
+        let size = grad.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(size > 0.0 && size.is_finite(), "{name}: |grad| = {size}");
+    }
 }
 
 #[test]
 fn every_parameter_receives_a_nonzero_gradient() {
-    for model in [true, false].into_iter().flat_map(|tied| [tiny_model(tied, 5), tiny_llama(tied, 5)]) {
-        let mut rng = rng(2);
-        let examples: Vec<SftExample> = (0..3)
-            .map(|i| SftExample { prompt: random_tokens(&mut rng, 3 + i), completion: random_tokens(&mut rng, 4) })
-            .collect();
-        let (batch, _) = SftBatch::from_examples(&examples, 0, 64);
-        let loss = completion_loss(&model, &batch).unwrap();
-        let grads = loss.backward().unwrap();
-        for (name, var) in model.named_parameters() {
-            let grad = grads.get(&var).unwrap_or_else(|| panic!("no gradient for {name}"));
-            let size = grad.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
-            assert!(size > 0.0 && size.is_finite(), "{name}: |grad| = {size}");
-        }
+    for tied in [true, false] {
+        every_parameter_of(&tiny_model(tied, 5));
+        every_parameter_of(&tiny_llama(tied, 5));
     }
 }

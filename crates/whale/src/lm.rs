@@ -7,6 +7,10 @@
 //! same code serves the pretrained base model and every model trained from it. An adapter
 //! directory is PEFT's layout (`adapter_config.json`, `adapter_model.safetensors`) and applies to
 //! the base it was trained on.
+//!
+//! Every command takes a checkpoint of any architecture whale-lm registers: the model is loaded
+//! by its `config.json`'s `model_type` ([`Decoder::load`]) and trained or merged as its own
+//! [`TrainableModel`] ([`Decoder::with_trainable`]), so nothing here names an architecture.
 
 use candle_core::{DType, Device};
 use rand::seq::SliceRandom;
@@ -17,12 +21,13 @@ use std::path::{Path, PathBuf};
 use whale_core::ChatMessage;
 use whale_engine::{EngineConfig, EngineError, LocalPolicy};
 use whale_lm::{
-    load_model, save_model, stored_dtype, AdapterError, ChatTemplateError, CheckpointError, GenerationConfig,
-    LoraAdapter, LoraConfig, LoraError, ModelError, Qwen3Config, TokenizerError,
+    stored_dtype, AdapterError, CheckpointError, Decoder, GenerationConfig, LoraConfig, LoraError, ModelError,
+    TrainableError, TrainableModel, WithTrainable,
 };
 use whale_loop::scale_out::external_weights::Sample;
 use whale_policy::{ChatRequest, Completion, Policy, PolicyError, SamplingParams};
 use whale_tasks::{read_jsonl, RecordError};
+use whale_text::{ChatTemplateError, TokenizerError};
 use whale_train::{
     completion_logprobs, ChatCodec, ChatCodecError, PgExample, PgObjective, SftExample, SftTrainer, TrainError,
     TrainerConfig,
@@ -59,6 +64,18 @@ pub enum LmError {
 impl From<LoraError> for LmError {
     fn from(error: LoraError) -> Self {
         Self::Lora(Box::new(error))
+    }
+}
+
+/// A model's adapter error: the adapter's files or configuration, or a misfit with the model, as
+/// the commands report them whatever the architecture.
+impl From<TrainableError> for LmError {
+    fn from(error: TrainableError) -> Self {
+        match error {
+            TrainableError::Lora(error) => error.into(),
+            TrainableError::Model(error) => error.into(),
+            TrainableError::NoAdapter => Self::Train(error.into()),
+        }
     }
 }
 
@@ -256,39 +273,58 @@ pub fn train_sft(
     }
     let records = read_sft_file(data)?;
     let codec = ChatCodec::load(model_dir)?;
-    let mut trainer = trainer_for(model_dir, settings, &codec)?;
-    let pg: Vec<PgExample> =
-        records.iter().filter_map(|r| r.pg_example(&codec).transpose()).collect::<Result<_, _>>()?;
-    let (loss_before, loss_after) = if pg.is_empty() {
-        let examples: Vec<SftExample> =
-            records.iter().map(|record| record.example(&codec)).collect::<Result<_, _>>()?;
-        let split = examples.iter().map(|e| (e.prompt.as_slice(), e.completion.as_slice()));
-        write_trained_tokens(settings, &records, split)?;
-        supervised_epochs(&mut trainer, &examples, settings, on_step)?
-    } else {
-        write_trained_tokens(settings, &records, pg.iter().map(|e| (e.prompt.as_slice(), e.completion.as_slice())))?;
-        policy_gradient_epochs(&mut trainer, pg, settings, on_step)?
-    };
-    let adapter = trainer.model().adapter().map(LoraAdapter::parameter_count);
-    if adapter.is_some() {
-        trainer.save_adapter(
-            output,
-            &std::path::absolute(model_dir).unwrap_or(model_dir.to_path_buf()).display().to_string(),
-        )?;
-    } else {
-        save_model(trainer.model(), &generation_config(model_dir, trainer.model().config())?, output)?;
-        ChatCodec::copy_files(model_dir, output)?;
+    let model = Decoder::load(model_dir, DType::F32, &Device::Cpu)?;
+    model.with_trainable(SftRun { model_dir, output, settings, records: &records, codec: &codec, on_step })
+}
+
+/// `whale lm train` over the model of whichever architecture the checkpoint holds.
+struct SftRun<'a> {
+    model_dir: &'a Path,
+    output: &'a Path,
+    settings: &'a SftSettings,
+    records: &'a [SftRecord],
+    codec: &'a ChatCodec,
+    on_step: &'a mut dyn FnMut(&whale_train::StepStats, u64),
+}
+
+impl WithTrainable for SftRun<'_> {
+    type Output = Result<SftReport, LmError>;
+
+    fn run<M: TrainableModel>(self, model: M) -> Self::Output {
+        let Self { model_dir, output, settings, records, codec, on_step } = self;
+        let mut trainer = trainer_for(model, settings, codec)?;
+        let pg: Vec<PgExample> =
+            records.iter().filter_map(|r| r.pg_example(codec).transpose()).collect::<Result<_, _>>()?;
+        let (loss_before, loss_after) = if pg.is_empty() {
+            let examples: Vec<SftExample> =
+                records.iter().map(|record| record.example(codec)).collect::<Result<_, _>>()?;
+            let split = examples.iter().map(|e| (e.prompt.as_slice(), e.completion.as_slice()));
+            write_trained_tokens(settings, records, split)?;
+            supervised_epochs(&mut trainer, &examples, settings, on_step)?
+        } else {
+            let split = pg.iter().map(|e| (e.prompt.as_slice(), e.completion.as_slice()));
+            write_trained_tokens(settings, records, split)?;
+            policy_gradient_epochs(&mut trainer, pg, settings, on_step)?
+        };
+        let adapter = trainer.model().has_adapter();
+        if adapter {
+            let base = std::path::absolute(model_dir).unwrap_or(model_dir.to_path_buf());
+            trainer.save_adapter(output, &base.display().to_string())?;
+        } else {
+            save_with_generation_config(trainer.model(), model_dir, output)?;
+            ChatCodec::copy_files(model_dir, output)?;
+        }
+        Ok(SftReport {
+            examples: records.len(),
+            steps: trainer.state().step,
+            trained_parameters: trainer.model().trained_parameters().iter().map(|(_, var)| var.elem_count()).sum(),
+            adapter,
+            policy_gradient: records.iter().any(|r| r.policy_gradient.is_some()),
+            loss_before,
+            loss_after,
+            output: output.to_path_buf(),
+        })
     }
-    Ok(SftReport {
-        examples: records.len(),
-        steps: trainer.state().step,
-        trained_parameters: adapter.unwrap_or_else(|| trainer.model().config().parameter_count()),
-        adapter: adapter.is_some(),
-        policy_gradient: records.iter().any(|r| r.policy_gradient.is_some()),
-        loss_before,
-        loss_after,
-        output: output.to_path_buf(),
-    })
 }
 
 /// Writes `{"line", "prompt_ids", "trained_ids"}` per example to `settings.trained_tokens`:
@@ -311,28 +347,29 @@ fn write_trained_tokens<'a>(
     std::fs::write(path, lines).map_err(|source| LmError::Io { path: path.clone(), source })
 }
 
-/// The trainer of `whale lm train`: the whole model, a new adapter, or a resumed one.
-fn trainer_for(model_dir: &Path, settings: &SftSettings, codec: &ChatCodec) -> Result<SftTrainer, LmError> {
-    let model = load_model(model_dir, DType::F32, &Device::Cpu)?;
+/// The trainer of `whale lm train` over `model`: the whole model, a new adapter, or a resumed
+/// one.
+fn trainer_for<M: TrainableModel>(
+    model: M,
+    settings: &SftSettings,
+    codec: &ChatCodec,
+) -> Result<SftTrainer<M>, LmError> {
     let config = TrainerConfig {
         learning_rate: settings.learning_rate,
         warmup_steps: 1,
         pad_token_id: codec.tokenizer.specials().endoftext,
-        max_seq_len: model.config().max_position_embeddings,
+        max_seq_len: model.max_position_embeddings(),
         ..TrainerConfig::default()
     };
     Ok(match (&settings.resume_adapter, &settings.lora) {
         (Some(dir), lora) => {
             let trainer = SftTrainer::resume_adapter(dir, &model, config)?;
-            if let (Some(given), Some(adapter)) = (lora, trainer.model().adapter()) {
-                check_same_lora(given, adapter.config(), dir)?;
+            if let (Some(given), Some(stored)) = (lora, trainer.model().adapter_config()) {
+                check_same_lora(given, stored, dir)?;
             }
             trainer
         }
-        (None, Some(lora)) => {
-            let adapter = LoraAdapter::new(lora.clone(), model.config(), settings.seed, DType::F32, &Device::Cpu)?;
-            SftTrainer::new(model.with_adapter(&adapter)?, config)?
-        }
+        (None, Some(lora)) => SftTrainer::new(model.with_new_adapter(lora, settings.seed)?, config)?,
         (None, None) => SftTrainer::new(model, config)?,
     })
 }
@@ -350,8 +387,8 @@ fn epoch_order<'a, T>(examples: &'a [T], settings: &SftSettings, updates_done: u
 }
 
 /// Supervised epochs; returns the mean loss per completion token before and after.
-fn supervised_epochs(
-    trainer: &mut SftTrainer,
+fn supervised_epochs<M: TrainableModel>(
+    trainer: &mut SftTrainer<M>,
     examples: &[SftExample],
     settings: &SftSettings,
     on_step: &mut dyn FnMut(&whale_train::StepStats, u64),
@@ -373,8 +410,8 @@ fn supervised_epochs(
 /// Policy-gradient epochs over sampled replies, against the log-probabilities the starting
 /// weights give their tokens (recomputed, as the in-process weight phase does: the sampler's
 /// agree up to its float rounding); returns the surrogate loss before and after.
-fn policy_gradient_epochs(
-    trainer: &mut SftTrainer,
+fn policy_gradient_epochs<M: TrainableModel>(
+    trainer: &mut SftTrainer<M>,
     mut examples: Vec<PgExample>,
     settings: &SftSettings,
     on_step: &mut dyn FnMut(&whale_train::StepStats, u64),
@@ -437,23 +474,43 @@ fn check_same_lora(given: &LoraConfig, stored: &LoraConfig, dir: &Path) -> Resul
     )))
 }
 
-/// The sampling defaults of a checkpoint directory, or whale's for its model.
-fn generation_config(dir: &Path, config: &Qwen3Config) -> Result<GenerationConfig, LmError> {
-    Ok(GenerationConfig::load(dir)?.unwrap_or_else(|| GenerationConfig::for_model(config)))
+/// Writes `model`'s checkpoint into `output` with the generation config of the checkpoint in
+/// `model_dir` where it has one (else the architecture's own, [`TrainableModel::save`]).
+fn save_with_generation_config<M: TrainableModel>(model: &M, model_dir: &Path, output: &Path) -> Result<(), LmError> {
+    let generation = GenerationConfig::load(model_dir)?;
+    model.save(output)?;
+    if let Some(generation) = generation {
+        generation.save(output)?;
+    }
+    Ok(())
 }
 
 /// Folds the PEFT adapter in `adapter_dir` into the model in `base_dir` and writes the result
 /// to `output` as a full checkpoint in the base's dtype, with the base's generation config and
 /// tokenizer files. Returns the number of projections the adapter changed.
 pub fn merge_adapter(base_dir: &Path, adapter_dir: &Path, output: &Path) -> Result<usize, LmError> {
-    let config =
-        Qwen3Config::from_file(&base_dir.join(whale_lm::checkpoint::CONFIG_FILE)).map_err(CheckpointError::from)?;
-    let base = load_model(base_dir, stored_dtype(&config), &Device::Cpu)?;
-    let adapter = LoraAdapter::load_peft(adapter_dir, base.config(), base.dtype(), base.device())?;
-    let merged = base.with_adapter(&adapter)?.merged()?;
-    save_model(&merged, &generation_config(base_dir, base.config())?, output)?;
-    ChatCodec::copy_files(base_dir, output)?;
-    Ok(adapter.targets().len() * adapter.num_layers())
+    let base = Decoder::load(base_dir, stored_dtype(base_dir)?, &Device::Cpu)?;
+    base.with_trainable(Merge { base_dir, adapter_dir, output })
+}
+
+/// `whale lm merge` over the base model of whichever architecture the checkpoint holds.
+struct Merge<'a> {
+    base_dir: &'a Path,
+    adapter_dir: &'a Path,
+    output: &'a Path,
+}
+
+impl WithTrainable for Merge<'_> {
+    type Output = Result<usize, LmError>;
+
+    /// The adapter's matrices come in pairs, A and B, one pair per projection it changes.
+    fn run<M: TrainableModel>(self, base: M) -> Self::Output {
+        let adapted = base.with_saved_adapter(self.adapter_dir)?;
+        let projections = adapted.trained_parameters().len() / 2;
+        save_with_generation_config(&adapted.merged()?, self.base_dir, self.output)?;
+        ChatCodec::copy_files(self.base_dir, self.output)?;
+        Ok(projections)
+    }
 }
 
 /// Settings of `whale lm generate`.

@@ -31,9 +31,9 @@ use candle_core::{DType, Device, Tensor};
 use whale_engine::{EngineConfig, EngineError, LocalPolicy};
 use whale_lm::qwen3_5::Qwen35Size;
 use whale_lm::random::{random_model, random_qwen35, RandomModelError, SyntheticText};
-use whale_lm::tokenizer::{Tokenizer, TokenizerError};
-use whale_lm::{ChatTemplate, Decoder, FlopCounts, ModelError, TrainableModel, WithTrainable};
+use whale_lm::{Decoder, FlopCounts, ModelError, TrainableModel, WithTrainable};
 use whale_policy::{PolicyError, SamplingParams};
+use whale_text::{ChatTemplate, Tokenizer, TokenizerError};
 use whale_train::{SftExample, SftTrainer, TrainError, TrainerConfig};
 
 /// What to measure.

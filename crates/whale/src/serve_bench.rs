@@ -20,10 +20,9 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device};
 use whale_core::ChatMessage;
 use whale_engine::{EngineConfig, LocalPolicy};
-use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
-use whale_lm::tokenizer::TOKENIZER_FILE;
 use whale_lm::{save_model, GenerationConfig};
 use whale_policy::{ChatRequest, Completion, Policy, PolicyError, RemoteConfig, RemotePolicy, SamplingParams};
+use whale_text::{write_tokenizer_config, CHATML_TEMPLATE, TOKENIZER_FILE};
 
 /// The line `whale serve` prints first on stdout, followed by the API's base URL.
 pub const LISTENING: &str = "listening on ";

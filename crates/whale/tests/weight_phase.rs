@@ -10,7 +10,7 @@ use candle_core::{Device, Var};
 use std::sync::Arc;
 use whale_core::Domain;
 use whale_harness::{stock_harness, Limits};
-use whale_lm::LoraConfig;
+use whale_lm::{LoraConfig, Qwen3Model};
 use whale_loop::config::{Algorithm, WeightConfig};
 use whale_loop::weight_phase::{
     apply, call_example, kept, new_trainer, resume_trainer, save_trainer, trainer_config, WeightPhase,
@@ -20,7 +20,7 @@ use whale_tasks::{task_domain, Environment};
 use whale_train::SftTrainer;
 
 /// Every parameter of the model, flattened, in a fixed order.
-fn weights(trainer: &SftTrainer) -> Vec<Vec<f32>> {
+fn weights(trainer: &SftTrainer<Qwen3Model>) -> Vec<Vec<f32>> {
     trainer
         .model()
         .named_parameters()
@@ -31,7 +31,7 @@ fn weights(trainer: &SftTrainer) -> Vec<Vec<f32>> {
 
 struct Setup {
     policy: Arc<whale_engine::LocalPolicy>,
-    trainer: SftTrainer,
+    trainer: SftTrainer<Qwen3Model>,
     tasks: Vec<whale_core::Task>,
     environment: Environment,
 }
@@ -39,8 +39,11 @@ struct Setup {
 fn setup() -> Setup {
     let policy = Arc::new(common::tiny_policy());
     let pad = policy.tokenizer().specials().endoftext;
-    let trainer = SftTrainer::new(policy.qwen3("the test").expect("a Qwen3 model"), trainer_config(&config(0.0), pad))
-        .expect("trainer");
+    let trainer = SftTrainer::new(
+        policy.served_model::<Qwen3Model>("the test").expect("a Qwen3 model"),
+        trainer_config(&config(0.0), pad),
+    )
+    .expect("trainer");
     let tasks = task_domain(Domain::Math).generate(12, 5, 1);
     let environment = Environment::for_tasks(Domain::Math, &tasks).expect("environment");
     Setup { policy, trainer, tasks, environment }
@@ -154,7 +157,7 @@ fn values(params: Vec<(String, Var)>) -> Vec<(String, Vec<f32>)> {
 #[test]
 fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     let policy = Arc::new(common::tiny_policy());
-    let base = policy.qwen3("the test").expect("a Qwen3 model");
+    let base = policy.served_model::<Qwen3Model>("the test").expect("a Qwen3 model");
     let base_before = values(base.named_parameters());
     let mut config = config(-1.0);
     config.lora =
@@ -163,7 +166,7 @@ fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     let served = || {
         values(
             policy
-                .qwen3("the test")
+                .served_model::<Qwen3Model>("the test")
                 .expect("a Qwen3 model")
                 .adapter()
                 .expect("the policy serves the adapter")
@@ -198,7 +201,14 @@ fn a_lora_step_trains_the_adapter_the_policy_serves_and_never_the_base() {
     let resumed = resume_trainer(&config, &other, dir.path(), &Device::Cpu).expect("resume");
     assert_eq!(resumed.state(), state);
     assert_eq!(
-        values(other.qwen3("the test").expect("a Qwen3 model").adapter().expect("adapter").named_parameters()),
+        values(
+            other
+                .served_model::<Qwen3Model>("the test")
+                .expect("a Qwen3 model")
+                .adapter()
+                .expect("adapter")
+                .named_parameters()
+        ),
         trained
     );
 }
@@ -240,8 +250,11 @@ fn a_grpo_step_learns_from_the_sampled_tokens_of_tasks_with_spread_and_replays_e
     let policy = Arc::new(common::tiny_policy());
     let config = grpo(8);
     let pad = policy.tokenizer().specials().endoftext;
-    let mut trainer = SftTrainer::new(policy.qwen3("the test").expect("a Qwen3 model"), trainer_config(&config, pad))
-        .expect("trainer");
+    let mut trainer = SftTrainer::new(
+        policy.served_model::<Qwen3Model>("the test").expect("a Qwen3 model"),
+        trainer_config(&config, pad),
+    )
+    .expect("trainer");
     let start = weights(&trainer);
     let (tasks, environment) = chess_setup();
     let sampling = SamplingParams { max_tokens: 8, ..SamplingParams::default() };
@@ -269,8 +282,11 @@ fn a_grpo_step_learns_from_the_sampled_tokens_of_tasks_with_spread_and_replays_e
 
     // A resumed run replays the journal onto the same starting weights.
     let other = Arc::new(common::tiny_policy());
-    let mut replay = SftTrainer::new(other.qwen3("the test").expect("a Qwen3 model"), trainer_config(&config, pad))
-        .expect("trainer");
+    let mut replay = SftTrainer::new(
+        other.served_model::<Qwen3Model>("the test").expect("a Qwen3 model"),
+        trainer_config(&config, pad),
+    )
+    .expect("trainer");
     assert_eq!(weights(&replay), start);
     let journal: whale_loop::weight_phase::StepJournal =
         serde_json::from_str(&serde_json::to_string(&journal).expect("json")).expect("journal");

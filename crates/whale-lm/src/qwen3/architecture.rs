@@ -1,51 +1,57 @@
-//! Qwen3 (and Llama) behind the seam: how the engine decodes with a [`Qwen3Model`]
-//! ([`Architecture`], its parameter and FLOP counts included), and how the trainer trains and
-//! saves one and the registry loads one for `model_type` `qwen3` or `llama` ([`TrainableModel`]).
+//! The dense decoder behind the seam, and Qwen3 on it.
+//!
+//! [`Architecture`] and [`TrainableModel`] are written once for the [`DenseModel`] of any
+//! [`DenseConfig`]: how the engine decodes with one (its parameter and FLOP counts included),
+//! and how the trainer trains and saves one and the registry loads one for the config's
+//! `model_type`s. What is an architecture's own (its name, its `model_type`s, its `config.json`
+//! and the settings it gives the layers) is its config's [`DenseConfig`] impl: Qwen3's is here,
+//! Llama's in [`crate::llama::architecture`].
 
-use super::checkpoint::{load_model, save_model, CheckpointError, GenerationConfig};
-use super::config::{Qwen3Config, LLAMA_MODEL_TYPE, QWEN3_MODEL_TYPE};
+use super::checkpoint::{load_dense, save_model, torch_dtype_name, CheckpointError, GenerationConfig};
+use super::config::{ConfigError, ConfigIssue, Qwen3Config, QWEN3_MODEL_TYPE};
+use super::dense::{plain_inverse_frequencies, DenseConfig, DenseSettings};
 use super::lora::{LoraAdapter, LoraConfig};
-use super::model::{KvCache, ModelError, Qwen3Model, SeqStep};
+use super::model::{DenseModel, KvCache, ModelError, SeqStep};
 use crate::decoder::{AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
 use crate::trainable::{TrainableError, TrainableModel};
 use candle_core::{DType, Device, Tensor, Var};
 use std::path::Path;
 
-impl Architecture for Qwen3Model {
+impl<C: DenseConfig> Architecture for DenseModel<C> {
     fn name(&self) -> &'static str {
-        "Qwen3"
+        C::NAME
     }
 
     fn dtype(&self) -> DType {
-        Qwen3Model::dtype(self)
+        DenseModel::dtype(self)
     }
 
     fn device(&self) -> &Device {
-        Qwen3Model::device(self)
+        DenseModel::device(self)
     }
 
     fn vocab_size(&self) -> usize {
-        self.config().vocab_size
+        self.settings().vocab_size
     }
 
     fn max_position_embeddings(&self) -> usize {
-        self.config().max_position_embeddings
+        self.settings().max_position_embeddings
     }
 
     fn eos_token_id(&self) -> &[u32] {
-        &self.config().eos_token_id
+        &self.settings().eos_token_id
     }
 
     fn parameter_count(&self) -> usize {
-        self.config().parameter_count()
+        self.settings().parameter_count()
     }
 
     fn flop_counts(&self) -> FlopCounts {
-        flop_counts(self.config())
+        flop_counts(self.settings())
     }
 
     fn new_cache(&self) -> Result<DecoderCache, ModelError> {
-        Ok(DecoderCache::new(Qwen3Model::new_cache(self)))
+        Ok(DecoderCache::new(DenseModel::new_cache(self)))
     }
 
     fn fork_cache(&self, cache: &DecoderCache) -> Result<DecoderCache, ModelError> {
@@ -57,7 +63,7 @@ impl Architecture for Qwen3Model {
         for step in steps.iter_mut() {
             own.push(SeqStep { tokens: step.tokens, cache: step.cache.downcast_mut::<KvCache>()? });
         }
-        Qwen3Model::forward_step(self, &mut own)
+        DenseModel::forward_step(self, &mut own)
     }
 
     fn with_peft_adapter(&self, dir: &Path) -> Result<Decoder, AdapterError> {
@@ -65,38 +71,38 @@ impl Architecture for Qwen3Model {
         Ok(self.with_adapter(&adapter)?.into())
     }
 
-    /// [`Qwen3Model::for_decoding`]'s transposed copies of the projections.
+    /// [`DenseModel::for_decoding`]'s transposed copies of the projections.
     fn for_decoding(&self) -> Decoder {
-        Qwen3Model::for_decoding(self).into()
+        DenseModel::for_decoding(self).into()
     }
 }
 
-/// Qwen3's model FLOPs: every layer's four attention projections and three MLP matrices, the
-/// LM head, and every layer's heads in attention.
-fn flop_counts(config: &Qwen3Config) -> FlopCounts {
-    let (h, d) = (config.hidden_size as f64, config.head_dim as f64);
-    let (heads, kv_heads) = (config.num_attention_heads as f64, config.num_key_value_heads as f64);
-    let layers = config.num_hidden_layers as f64;
+/// The dense decoder's model FLOPs: every layer's four attention projections and three MLP
+/// matrices, the LM head, and every layer's heads in attention.
+fn flop_counts(settings: &DenseSettings) -> FlopCounts {
+    let (h, d) = (settings.hidden_size as f64, settings.head_dim as f64);
+    let (heads, kv_heads) = (settings.num_attention_heads as f64, settings.num_key_value_heads as f64);
+    let layers = settings.num_hidden_layers as f64;
     let attention = h * d * (2.0 * heads + 2.0 * kv_heads);
-    let mlp = 3.0 * h * config.intermediate_size as f64;
+    let mlp = 3.0 * h * settings.intermediate_size as f64;
     FlopCounts {
         body: layers * (attention + mlp),
-        head: config.vocab_size as f64 * h,
+        head: settings.vocab_size as f64 * h,
         attention_per_key: 4.0 * layers * heads * d,
         recurrence_per_token: 0.0,
     }
 }
 
-/// `qwen3`, and `llama` (Qwen3 without the q/k norm).
-impl TrainableModel for Qwen3Model {
-    const MODEL_TYPES: &'static [&'static str] = &[QWEN3_MODEL_TYPE, LLAMA_MODEL_TYPE];
+/// The `model_type`s of the config `C`.
+impl<C: DenseConfig> TrainableModel for DenseModel<C> {
+    const MODEL_TYPES: &'static [&'static str] = C::MODEL_TYPES;
 
     fn packed_hidden(&self, sequences: &[&[u32]]) -> Result<Tensor, ModelError> {
-        Qwen3Model::packed_hidden(self, sequences)
+        DenseModel::packed_hidden(self, sequences)
     }
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
-        Qwen3Model::logits(self, hidden)
+        DenseModel::logits(self, hidden)
     }
 
     fn trained_parameters(&self) -> Vec<(String, Var)> {
@@ -111,7 +117,7 @@ impl TrainableModel for Qwen3Model {
     }
 
     fn load(dir: &Path, dtype: DType, device: &Device) -> Result<Self, CheckpointError> {
-        load_model(dir, dtype, device)
+        load_dense(dir, dtype, device)
     }
 
     /// The checkpoint with the generation config the model's own config implies.
@@ -119,8 +125,8 @@ impl TrainableModel for Qwen3Model {
         save_model(self, &GenerationConfig::for_model(self.config()), dir)
     }
 
-    fn has_adapter(&self) -> bool {
-        self.adapter().is_some()
+    fn adapter_config(&self) -> Option<&LoraConfig> {
+        self.adapter().map(LoraAdapter::config)
     }
 
     fn with_new_adapter(&self, config: &LoraConfig, seed: u64) -> Result<Self, TrainableError> {
@@ -139,7 +145,49 @@ impl TrainableModel for Qwen3Model {
     }
 
     fn merged(&self) -> Result<Self, ModelError> {
-        Qwen3Model::merged(self)
+        DenseModel::merged(self)
+    }
+}
+
+/// Qwen3: `model_type` `qwen3`, per-head query and key norms, unscaled rotary frequencies.
+impl DenseConfig for Qwen3Config {
+    const NAME: &'static str = "Qwen3";
+    const MODEL_TYPES: &'static [&'static str] = &[QWEN3_MODEL_TYPE];
+
+    fn read(file: &Path) -> Result<Self, ConfigError> {
+        Qwen3Config::from_file(file)
+    }
+
+    fn validate(&self) -> Result<(), ConfigIssue> {
+        Qwen3Config::validate(self)
+    }
+
+    fn settings(&self) -> DenseSettings {
+        DenseSettings {
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            rms_norm_eps: self.rms_norm_eps,
+            tie_word_embeddings: self.tie_word_embeddings,
+            qk_norm: true,
+            inverse_frequencies: plain_inverse_frequencies(self.rope_theta, self.head_dim),
+            initializer_range: self.initializer_range,
+            max_position_embeddings: self.max_position_embeddings,
+            bos_token_id: self.bos_token_id,
+            eos_token_id: self.eos_token_id.clone(),
+        }
+    }
+
+    /// The config as read, with `torch_dtype` naming `dtype` (and no `dtype` key beside it).
+    fn checkpoint_json(&self, dtype: DType) -> String {
+        let mut config = self.clone();
+        config.torch_dtype = Some(torch_dtype_name(dtype).to_string());
+        config.extra.remove("dtype");
+        config.to_json_string()
     }
 }
 
@@ -149,14 +197,36 @@ mod tests {
 
     #[test]
     fn the_flop_counts_count_every_matrix_once() {
-        let config = Qwen3Config::base(1000);
-        let flops = flop_counts(&config);
-        let (h, d, layers) = (config.hidden_size, config.head_dim, config.num_hidden_layers);
+        let settings = Qwen3Config::base(1000).settings();
+        let flops = flop_counts(&settings);
+        let (h, d, layers) = (settings.hidden_size, settings.head_dim, settings.num_hidden_layers);
         let norms = layers * (2 * h + 2 * d) + h;
-        // Tied embeddings: the LM head is the embedding matrix, counted once by the config.
-        assert_eq!(flops.body as usize + flops.head as usize + norms, config.parameter_count());
-        let per_key = 4.0 * (layers * config.num_attention_heads * d) as f64;
+        // Tied embeddings: the LM head is the embedding matrix, counted once by the settings.
+        assert_eq!(flops.body as usize + flops.head as usize + norms, settings.parameter_count());
+        let per_key = 4.0 * (layers * settings.num_attention_heads * d) as f64;
         let expected = 2.0 * flops.body * 3.0 + 2.0 * flops.head * 2.0 + per_key * (1.0 + 2.0 + 3.0);
         assert_eq!(flops.forward(3, 2), expected);
+    }
+
+    #[test]
+    fn parameter_counts_match_the_named_sizes() {
+        let tiny = Qwen3Config::tiny(8000).settings();
+        assert_eq!(tiny.parameter_count(), 8000 * 64 + 2 * 49_312 + 64);
+        let base = Qwen3Config::base(8000);
+        assert_eq!(base.kv_groups(), 2);
+        assert_eq!(base.settings().parameter_count(), 8000 * 256 + 4 * 787_072 + 256);
+    }
+
+    #[test]
+    fn qwen3_normalises_queries_and_keys_and_rotates_by_the_plain_frequencies() {
+        let mut config = Qwen3Config::tiny(100);
+        config.rope_theta = 10_000.0;
+        let settings = config.settings();
+        assert!(settings.qk_norm);
+        let expected: Vec<f64> = (0..8).map(|i| 10_000f64.powf(-(i as f64) / 8.0)).collect();
+        assert_eq!(settings.inverse_frequencies.len(), expected.len());
+        for (ours, theirs) in settings.inverse_frequencies.iter().zip(&expected) {
+            assert!((ours - theirs).abs() < 1e-15, "{ours} vs {theirs}");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! Checkpoints in the Hugging Face layout, so that `transformers`, vLLM and friends can load what
-//! whale trains and whale can start from any Qwen3 checkpoint.
+//! whale trains and whale can start from any Qwen3 or Llama checkpoint (any config of the dense
+//! decoder, [`DenseConfig`], which writes its own `config.json`).
 //!
 //! A checkpoint directory holds `config.json`, the weights (one `model.safetensors`, or shards
 //! listed by `model.safetensors.index.json`) and `generation_config.json`. Weights of any float
@@ -8,7 +9,8 @@
 //! run killed while saving leaves either the old file or the new one.
 
 use crate::qwen3::config::{one_or_many, optional, token_ids, ConfigIssue, Qwen3Config};
-use crate::qwen3::model::{parameter_shapes, Qwen3Model};
+use crate::qwen3::dense::DenseConfig;
+use crate::qwen3::model::{parameter_shapes, DenseModel, Qwen3Model};
 use crate::tensor_file::{self, read_json_object, read_tensors, write_atomic, write_tensors};
 pub use crate::tensor_file::{CheckpointError, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
 use candle_core::{DType, Device};
@@ -47,10 +49,11 @@ const GENERATION_KEYS: [&str; 7] =
 impl GenerationConfig {
     /// whale's sampling settings (temperature 1.0, top_p 1.0, top_k 20) with the model's
     /// special tokens.
-    pub fn for_model(config: &Qwen3Config) -> Self {
+    pub fn for_model(config: &impl DenseConfig) -> Self {
+        let settings = config.settings();
         Self {
-            bos_token_id: config.bos_token_id,
-            eos_token_id: config.eos_token_id.clone(),
+            bos_token_id: settings.bos_token_id,
+            eos_token_id: settings.eos_token_id,
             pad_token_id: None,
             do_sample: true,
             temperature: 1.0,
@@ -69,6 +72,14 @@ impl GenerationConfig {
         }
         let object = read_json_object(&file)?;
         Self::from_object(object).map(Some).map_err(|issue| CheckpointError::invalid(&file, &issue.key, issue.reason))
+    }
+
+    /// Writes `generation_config.json` into the checkpoint directory `dir`.
+    pub fn save(&self, dir: &Path) -> Result<(), CheckpointError> {
+        let file = dir.join(GENERATION_CONFIG_FILE);
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| CheckpointError::Format { file: file.clone(), reason: e.to_string() })?;
+        write_atomic(&file, text.as_bytes())
     }
 
     fn from_object(mut object: Map<String, Value>) -> Result<Self, ConfigIssue> {
@@ -97,41 +108,50 @@ pub(crate) fn torch_dtype_name(dtype: DType) -> &'static str {
     }
 }
 
-/// The dtype a checkpoint's `config.json` says its weights are stored in (`torch_dtype`, or
-/// `dtype` as newer `transformers` write it); f32 when it names none or another.
-pub fn stored_dtype(config: &Qwen3Config) -> DType {
-    let named = config.torch_dtype.as_deref().or_else(|| config.extra.get("dtype").and_then(Value::as_str));
-    match named {
+/// The dtype the `config.json` of the checkpoint in `dir`, of any architecture, says its weights
+/// are stored in (`torch_dtype`, or `dtype` as newer `transformers` write it); f32 when it names
+/// none or another.
+pub fn stored_dtype(dir: &Path) -> Result<DType, CheckpointError> {
+    let config = config_object(dir)?;
+    let named =
+        config.get("torch_dtype").and_then(Value::as_str).or_else(|| config.get("dtype").and_then(Value::as_str));
+    Ok(match named {
         Some("bfloat16") => DType::BF16,
         Some("float16") => DType::F16,
         _ => DType::F32,
-    }
+    })
 }
 
-/// Writes the model as a Hugging Face checkpoint into `dir` (created if needed): `config.json`,
-/// a single `model.safetensors` in the model's dtype, and `generation_config.json`.
-pub fn save_model(model: &Qwen3Model, generation: &GenerationConfig, dir: &Path) -> Result<(), CheckpointError> {
+/// Writes the model as a Hugging Face checkpoint into `dir` (created if needed): its
+/// architecture's `config.json` ([`DenseConfig::checkpoint_json`]), a single `model.safetensors`
+/// in the model's dtype, and `generation_config.json`.
+pub fn save_model<C: DenseConfig>(
+    model: &DenseModel<C>,
+    generation: &GenerationConfig,
+    dir: &Path,
+) -> Result<(), CheckpointError> {
     std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
     let tensors = model.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
     write_tensors(&dir.join(WEIGHTS_FILE), tensors)?;
-    let mut config = model.config().clone();
-    config.torch_dtype = Some(torch_dtype_name(model.dtype()).to_string());
-    config.extra.remove("dtype");
-    write_atomic(&dir.join(CONFIG_FILE), config.to_json_string().as_bytes())?;
-    let generation = serde_json::to_string_pretty(generation)
-        .map_err(|e| CheckpointError::Format { file: dir.join(GENERATION_CONFIG_FILE), reason: e.to_string() })?;
-    write_atomic(&dir.join(GENERATION_CONFIG_FILE), generation.as_bytes())
+    write_atomic(&dir.join(CONFIG_FILE), model.config().checkpoint_json(model.dtype()).as_bytes())?;
+    generation.save(dir)
 }
 
-/// Loads a checkpoint directory as a model of `dtype` on `device`.
+/// Loads a Qwen3 checkpoint directory as a model of `dtype` on `device`.
 pub fn load_model(dir: &Path, dtype: DType, device: &Device) -> Result<Qwen3Model, CheckpointError> {
-    let config = Qwen3Config::from_file(&dir.join(CONFIG_FILE))?;
-    let by_file = weight_files(dir, parameter_shapes(&config))?;
+    load_dense::<Qwen3Config>(dir, dtype, device)
+}
+
+/// Loads a checkpoint directory of the architecture whose config is `C` as a model of `dtype`
+/// on `device`.
+pub fn load_dense<C: DenseConfig>(dir: &Path, dtype: DType, device: &Device) -> Result<DenseModel<C>, CheckpointError> {
+    let config = C::read(&dir.join(CONFIG_FILE))?;
+    let by_file = weight_files(dir, parameter_shapes(&config.settings()))?;
     let mut tensors = HashMap::new();
     for (file, wanted) in by_file {
         tensors.extend(read_tensors(&file, &wanted)?);
     }
-    Qwen3Model::from_tensors(&config, tensors, dtype, device)
+    DenseModel::from_tensors(&config, tensors, dtype, device)
         .map_err(|source| CheckpointError::Model { dir: dir.to_path_buf(), source })
 }
 

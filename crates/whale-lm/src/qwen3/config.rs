@@ -4,6 +4,9 @@
 //! uses the `Qwen3Config` keys of `transformers`. Keys are read one at a time so that every
 //! problem names the file and the key at fault; keys this crate does not use are kept verbatim
 //! and written back, so loading and saving a foreign checkpoint loses nothing.
+//!
+//! The JSON helpers, the errors and the checks of the keys every dense decoder's config has
+//! (`DecoderKeys`) are shared: Llama's configuration ([`crate::llama::config`]) reads with them.
 
 use serde::de::DeserializeOwned;
 use serde::{Serialize, Serializer};
@@ -15,11 +18,6 @@ use std::path::{Path, PathBuf};
 pub const QWEN3_ARCHITECTURE: &str = "Qwen3ForCausalLM";
 /// The `model_type` of a Qwen3 model.
 pub const QWEN3_MODEL_TYPE: &str = "qwen3";
-/// The `architectures` entry of a Llama causal language model (SmolLM2 among them): Qwen3's
-/// decoder without the per-head norms of queries and keys, which is how this crate runs it.
-pub const LLAMA_ARCHITECTURE: &str = "LlamaForCausalLM";
-/// The `model_type` of a Llama model.
-pub const LLAMA_MODEL_TYPE: &str = "llama";
 
 /// The shape of a model: everything that fixes its parameter count apart from the vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +109,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    fn invalid(file: &Path, issue: ConfigIssue) -> Self {
+    pub(crate) fn invalid(file: &Path, issue: ConfigIssue) -> Self {
         Self::Invalid { file: file.to_path_buf(), issue }
     }
 }
@@ -232,44 +230,92 @@ impl Qwen3Config {
 
     /// Checks that the configuration describes a model this crate can run.
     pub fn validate(&self) -> Result<(), ConfigIssue> {
-        let architecture = match self.model_type.as_str() {
-            QWEN3_MODEL_TYPE => QWEN3_ARCHITECTURE,
-            LLAMA_MODEL_TYPE => LLAMA_ARCHITECTURE,
-            other => {
-                return Err(ConfigIssue::new(
-                    "model_type",
-                    format!("{other:?} is neither {QWEN3_MODEL_TYPE:?} nor {LLAMA_MODEL_TYPE:?}"),
-                ))
-            }
-        };
-        if !self.architectures.is_empty() && !self.architectures.iter().any(|a| a == architecture) {
+        if self.model_type != QWEN3_MODEL_TYPE {
+            return Err(ConfigIssue::new("model_type", format!("{:?} is not {QWEN3_MODEL_TYPE:?}", self.model_type)));
+        }
+        if !self.architectures.is_empty() && !self.architectures.iter().any(|a| a == QWEN3_ARCHITECTURE) {
             return Err(ConfigIssue::new(
                 "architectures",
-                format!("{:?} does not contain {architecture} (model_type {:?})", self.architectures, self.model_type),
+                format!("{:?} does not contain {QWEN3_ARCHITECTURE}", self.architectures),
             ));
         }
-        self.validate_sizes()?;
-        self.validate_unsupported_features()?;
-        self.validate_llama_features()
+        self.decoder_keys().validate()?;
+        self.validate_unsupported_features()
     }
 
-    /// Whether each attention head normalises its queries and keys (Qwen3) or not (Llama).
-    pub fn has_qk_norm(&self) -> bool {
-        self.model_type == QWEN3_MODEL_TYPE
-    }
-
-    /// Llama's keys that change the computation beyond what Qwen3's decoder does.
-    fn validate_llama_features(&self) -> Result<(), ConfigIssue> {
-        if self.extra.get("mlp_bias").is_some_and(|v| v.as_bool() != Some(false)) {
-            return Err(ConfigIssue::new("mlp_bias", "biases are not supported"));
+    /// The keys every dense decoder's configuration has.
+    fn decoder_keys(&self) -> DecoderKeys<'_> {
+        DecoderKeys {
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            max_position_embeddings: self.max_position_embeddings,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            hidden_act: &self.hidden_act,
+            bos_token_id: self.bos_token_id,
+            eos_token_id: &self.eos_token_id,
         }
-        if self.extra.get("pretraining_tp").is_some_and(|v| v.as_u64() != Some(1)) {
-            return Err(ConfigIssue::new("pretraining_tp", "only 1 is supported"));
+    }
+
+    fn validate_unsupported_features(&self) -> Result<(), ConfigIssue> {
+        if self.attention_bias {
+            return Err(ConfigIssue::new("attention_bias", "biases are not supported"));
+        }
+        if self.extra.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+            return Err(ConfigIssue::new("rope_scaling", "scaled rotary embeddings are not supported"));
+        }
+        let rope_type = self.extra.get("rope_parameters").and_then(|p| p.get("rope_type")).and_then(Value::as_str);
+        if let Some(kind) = rope_type.filter(|kind| *kind != "default") {
+            return Err(ConfigIssue::new(
+                "rope_parameters.rope_type",
+                format!("{kind:?} rotary embeddings are not supported (only \"default\")"),
+            ));
+        }
+        if self.extra.get("use_sliding_window").is_some_and(|v| v.as_bool() != Some(false)) {
+            return Err(ConfigIssue::new("use_sliding_window", "sliding-window attention is not supported"));
         }
         Ok(())
     }
 
-    fn validate_sizes(&self) -> Result<(), ConfigIssue> {
+    /// The configuration as the text of a `config.json`.
+    pub fn to_json_string(&self) -> String {
+        // Serializing plain numbers, strings and JSON values cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// How many query heads share one key/value head.
+    pub fn kv_groups(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+}
+
+/// The keys every dense decoder's `config.json` has (Qwen3's, Llama's), checked alike whichever
+/// architecture's configuration holds them.
+pub(crate) struct DecoderKeys<'a> {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub hidden_act: &'a str,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: &'a [u32],
+}
+
+impl DecoderKeys<'_> {
+    /// Sizes positive and consistent, the floats positive, the special ids in the vocabulary
+    /// and the activation SiLU (what the decoder's MLP computes).
+    pub(crate) fn validate(&self) -> Result<(), ConfigIssue> {
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -303,58 +349,17 @@ impl Qwen3Config {
             return Err(ConfigIssue::new(key, format!("{value} is not a positive number")));
         }
         let outside = |id: &&u32| **id as usize >= self.vocab_size;
-        if let Some(id) = self.bos_token_id.iter().chain(&self.eos_token_id).find(outside) {
+        if let Some(id) = self.bos_token_id.iter().chain(self.eos_token_id).find(outside) {
             let key = if Some(*id) == self.bos_token_id { "bos_token_id" } else { "eos_token_id" };
             return Err(ConfigIssue::new(key, format!("{id} is outside the vocabulary of {}", self.vocab_size)));
         }
-        Ok(())
-    }
-
-    fn validate_unsupported_features(&self) -> Result<(), ConfigIssue> {
         if self.hidden_act != "silu" {
             return Err(ConfigIssue::new(
                 "hidden_act",
                 format!("{:?} is not supported (only \"silu\")", self.hidden_act),
             ));
         }
-        if self.attention_bias {
-            return Err(ConfigIssue::new("attention_bias", "biases are not supported"));
-        }
-        if self.extra.get("rope_scaling").is_some_and(|v| !v.is_null()) {
-            return Err(ConfigIssue::new("rope_scaling", "scaled rotary embeddings are not supported"));
-        }
-        let rope_type = self.extra.get("rope_parameters").and_then(|p| p.get("rope_type")).and_then(Value::as_str);
-        if let Some(kind) = rope_type.filter(|kind| *kind != "default") {
-            return Err(ConfigIssue::new(
-                "rope_parameters.rope_type",
-                format!("{kind:?} rotary embeddings are not supported (only \"default\")"),
-            ));
-        }
-        if self.extra.get("use_sliding_window").is_some_and(|v| v.as_bool() != Some(false)) {
-            return Err(ConfigIssue::new("use_sliding_window", "sliding-window attention is not supported"));
-        }
         Ok(())
-    }
-
-    /// The configuration as the text of a `config.json`.
-    pub fn to_json_string(&self) -> String {
-        // Serializing plain numbers, strings and JSON values cannot fail.
-        serde_json::to_string_pretty(self).unwrap_or_default()
-    }
-
-    /// How many query heads share one key/value head.
-    pub fn kv_groups(&self) -> usize {
-        self.num_attention_heads / self.num_key_value_heads
-    }
-
-    /// The number of parameters of a model with this configuration.
-    pub fn parameter_count(&self) -> usize {
-        let (h, d) = (self.hidden_size, self.head_dim);
-        let attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads);
-        let mlp = 3 * h * self.intermediate_size;
-        let norms = 2 * h + if self.has_qk_norm() { 2 * d } else { 0 };
-        let embeddings = self.vocab_size * h * if self.tie_word_embeddings { 1 } else { 2 };
-        self.num_hidden_layers * (attention + mlp + norms) + embeddings + h
     }
 }
 
@@ -381,7 +386,7 @@ pub(crate) fn required<T: DeserializeOwned>(object: &Map<String, Value>, key: &s
 /// The rotary base: `rope_theta`, or where transformers 5 writes it, `rope_parameters.rope_theta`;
 /// 10,000 when neither is there. Both there and different is an error, and so is a
 /// `rope_parameters` of one table per layer type (no single base to read).
-fn rope_theta(object: &Map<String, Value>) -> Result<f64, ConfigIssue> {
+pub(crate) fn rope_theta(object: &Map<String, Value>) -> Result<f64, ConfigIssue> {
     let top: Option<f64> = optional(object, "rope_theta")?;
     let nested: Option<f64> = match object.get("rope_parameters") {
         Some(Value::Object(parameters)) => {
@@ -478,7 +483,8 @@ mod tests {
             (valid.replace("\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\""), "hidden_act"),
             (valid.replace("\"vocab_size\": 100,", ""), "vocab_size"),
             (valid.replace("\"model_type\": \"qwen3\"", "\"model_type\": \"gpt2\""), "model_type"),
-            (valid.replace("\"model_type\": \"qwen3\"", "\"model_type\": \"llama\""), "architectures"),
+            (valid.replace("\"model_type\": \"qwen3\"", "\"model_type\": \"llama\""), "model_type"),
+            (valid.replace("Qwen3ForCausalLM", "LlamaForCausalLM"), "architectures"),
             (valid.replace("\"head_dim\": 16", "\"head_dim\": 15"), "head_dim"),
         ];
         for (text, key) in cases {
@@ -499,14 +505,5 @@ mod tests {
         config.validate().unwrap();
         config.eos_token_id = vec![100];
         assert_eq!(config.validate().unwrap_err().key, "eos_token_id");
-    }
-
-    #[test]
-    fn parameter_counts_match_the_named_sizes() {
-        let tiny = Qwen3Config::tiny(8000);
-        assert_eq!(tiny.parameter_count(), 8000 * 64 + 2 * 49_312 + 64);
-        let base = Qwen3Config::base(8000);
-        assert_eq!(base.kv_groups(), 2);
-        assert_eq!(base.parameter_count(), 8000 * 256 + 4 * 787_072 + 256);
     }
 }

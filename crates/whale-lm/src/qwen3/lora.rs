@@ -1,4 +1,4 @@
-//! LoRA adapters for the Qwen3 model, stored in Hugging Face PEFT's layout.
+//! LoRA adapters for the dense decoder (Qwen3, Llama), stored in Hugging Face PEFT's layout.
 //!
 //! Why: training a low-rank update `scale * B A` of chosen projections instead of the whole
 //! model trains a small fraction of the parameters, leaves the base weights untouched (one base,
@@ -6,14 +6,15 @@
 //! tensors live in their own `VarMap` under the exact names PEFT saves
 //! (`base_model.model.model.layers.{N}.self_attn.q_proj.lora_A.weight`, ...), so
 //! `adapter_model.safetensors` is read and written without renaming, and a model built with
-//! [`crate::qwen3::model::Qwen3Model::with_adapter`] holds the same variables: an optimizer step on the
+//! [`crate::qwen3::model::DenseModel::with_adapter`] holds the same variables: an optimizer step on the
 //! adapter is seen by every model built on it.
 //!
 //! A is `[rank, in]` and starts uniform in `±1/sqrt(in)` (PEFT's Kaiming-uniform with `a = √5`),
 //! B is `[out, rank]` and starts at zero, so a fresh adapter leaves the model's outputs unchanged.
 
 use crate::parameters;
-use crate::qwen3::config::{optional, required, ConfigIssue, Qwen3Config};
+use crate::qwen3::config::{optional, required, ConfigIssue};
+use crate::qwen3::dense::{DenseConfig, DenseSettings};
 use crate::tensor_file::{read_exact_tensors, read_json_object, write_atomic, write_tensors, CheckpointError};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
@@ -97,8 +98,8 @@ impl LoraTarget {
         format!("{block}.{}", self.name())
     }
 
-    /// `(out, in)` of the projection's weight in a model of this configuration.
-    pub fn weight_shape(self, config: &Qwen3Config) -> (usize, usize) {
+    /// `(out, in)` of the projection's weight in a model of these settings.
+    pub fn weight_shape(self, config: &DenseSettings) -> (usize, usize) {
         let (h, i) = (config.hidden_size, config.intermediate_size);
         let q = config.num_attention_heads * config.head_dim;
         let kv = config.num_key_value_heads * config.head_dim;
@@ -217,18 +218,19 @@ impl LoraAdapter {
     /// `seed`), B zero.
     pub fn new(
         config: LoraConfig,
-        model: &Qwen3Config,
+        model: &impl DenseConfig,
         seed: u64,
         dtype: DType,
         device: &Device,
     ) -> Result<Self, LoraError> {
         config.validate()?;
         let targets = config.targets()?;
+        let model = model.settings();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut tensors = HashMap::new();
         for layer in 0..model.num_hidden_layers {
             for &target in &targets {
-                let (out_dim, in_dim) = target.weight_shape(model);
+                let (out_dim, in_dim) = target.weight_shape(&model);
                 let (a, b) = parameters::fresh_lora_pair(&mut rng, config.rank, in_dim, out_dim)?;
                 tensors.insert(peft_tensor_name(layer, target, "lora_A"), a);
                 tensors.insert(peft_tensor_name(layer, target, "lora_B"), b);
@@ -297,8 +299,8 @@ impl LoraAdapter {
         Some((a.as_tensor().clone(), b.as_tensor().clone()))
     }
 
-    /// Whether the adapter's matrices fit models of `model`'s configuration.
-    pub(crate) fn check_fits(&self, model: &Qwen3Config) -> Result<(), String> {
+    /// Whether the adapter's matrices fit models of these settings.
+    pub(crate) fn check_fits(&self, model: &DenseSettings) -> Result<(), String> {
         if self.num_layers != model.num_hidden_layers {
             return Err(format!("the adapter has {} layers, the model {}", self.num_layers, model.num_hidden_layers));
         }
@@ -315,7 +317,8 @@ impl LoraAdapter {
     /// Writes the adapter in PEFT's layout into `dir` (created if needed):
     /// `adapter_model.safetensors` with PEFT's tensor names in the adapter's dtype, and
     /// `adapter_config.json` naming `base_model_name_or_path`, so that
-    /// `peft.PeftModel.from_pretrained(Qwen3ForCausalLM, dir)` loads it.
+    /// `peft.PeftModel.from_pretrained` loads it onto the base model (`Qwen3ForCausalLM`,
+    /// `LlamaForCausalLM`): the module names are the same in both.
     pub fn save_peft(&self, dir: &Path, base_model_name_or_path: &str) -> Result<(), LoraError> {
         std::fs::create_dir_all(dir).map_err(|source| CheckpointError::Io { file: dir.to_path_buf(), source })?;
         let tensors = self.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
@@ -334,7 +337,8 @@ impl LoraAdapter {
     /// `model`'s configuration, converting the matrices to `dtype` on `device`. Every problem
     /// names the file and the key or tensor at fault; PEFT features whale does not implement
     /// (DoRA, rsLoRA, biases, per-module ranks, extra trained modules) are refused.
-    pub fn load_peft(dir: &Path, model: &Qwen3Config, dtype: DType, device: &Device) -> Result<Self, LoraError> {
+    pub fn load_peft(dir: &Path, model: &impl DenseConfig, dtype: DType, device: &Device) -> Result<Self, LoraError> {
+        let model = model.settings();
         let config_file = dir.join(ADAPTER_CONFIG_FILE);
         let object = read_json_object(&config_file)?;
         let config = lora_config_from_peft(&object).map_err(|issue| LoraError::Invalid {
@@ -349,7 +353,7 @@ impl LoraAdapter {
             other => other,
         })?;
         let targets = config.targets()?;
-        let wanted = expected_shapes(&targets, config.rank, model);
+        let wanted = expected_shapes(&targets, config.rank, &model);
         let tensors = read_exact_tensors(&dir.join(ADAPTER_WEIGHTS_FILE), &wanted)?;
         Self::from_tensors(config, targets, model.num_hidden_layers, tensors, dtype, device)
     }
@@ -391,7 +395,7 @@ pub(crate) fn peft_key(key: &str) -> String {
 }
 
 /// Every matrix an adapter with these targets and rank has for `model`, with its shape.
-fn expected_shapes(targets: &[LoraTarget], rank: usize, model: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
+fn expected_shapes(targets: &[LoraTarget], rank: usize, model: &DenseSettings) -> Vec<(String, Vec<usize>)> {
     let mut shapes = Vec::with_capacity(2 * targets.len() * model.num_hidden_layers);
     for layer in 0..model.num_hidden_layers {
         for &target in targets {

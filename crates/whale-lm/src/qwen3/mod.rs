@@ -1,13 +1,16 @@
-//! Qwen3 (and Llama, which is Qwen3 without the q/k norm: [`config::Qwen3Config::has_qk_norm`]):
-//! its `config.json`, the decoder, its Hugging Face checkpoints and its PEFT LoRA adapters, in
-//! one folder as Qwen3.5 has [`crate::qwen3_5`].
+//! Qwen3: its `config.json`, the dense decoder it runs on, its Hugging Face checkpoints and its
+//! PEFT LoRA adapters, in one folder as Qwen3.5 has [`crate::qwen3_5`].
 //!
-//! Some pieces here are shared with the other architectures: the JSON helpers and errors of
-//! [`config`], the checkpoint layout of [`checkpoint`] (file names, shards, the generation
-//! config), the projections and LoRA updates of [`model`] and the PEFT layout of [`lora`].
+//! Some pieces here are shared with the other architectures: the JSON helpers, errors and key
+//! checks of [`config`], the checkpoint layout of [`checkpoint`] (file names, shards, the
+//! generation config), the projections and LoRA updates of [`model`] and the PEFT layout of
+//! [`lora`]. Llama ([`crate::llama`]) shares the whole decoder: [`model::DenseModel`] is built
+//! from any config implementing [`dense::DenseConfig`], Qwen3's and Llama's, and
+//! [`architecture`] puts it behind the seam once for both.
 
 pub mod architecture;
 pub mod checkpoint;
 pub mod config;
+pub mod dense;
 pub mod lora;
 pub mod model;

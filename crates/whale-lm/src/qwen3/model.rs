@@ -1,5 +1,8 @@
-//! The Qwen3 decoder: embeddings, `num_hidden_layers` pre-norm blocks (grouped-query attention
-//! with q/k RMSNorm and rotary embeddings, then a SwiGLU MLP), a final RMSNorm and the LM head.
+//! The dense decoder of Qwen3 and Llama ([`DenseModel`]): embeddings, `num_hidden_layers`
+//! pre-norm blocks (grouped-query attention with rotary embeddings, and for Qwen3 q/k RMSNorm,
+//! then a SwiGLU MLP), a final RMSNorm and the LM head. It is built from the [`DenseSettings`]
+//! of an architecture's [`DenseConfig`] and keeps that config to write back: [`Qwen3Model`] is
+//! `DenseModel<Qwen3Config>`, Llama's model is `DenseModel<LlamaConfig>` ([`crate::llama`]).
 //!
 //! candle's fused softmax, RMSNorm and rotary kernels have no backward pass and would silently
 //! cut the gradient, so the training pass ([`training`]) runs whale's own ([`whale_kernels`]:
@@ -10,15 +13,15 @@
 //! The two passes share the weights, the projections (LoRA included) and the MLP (whose SwiGLU
 //! is whale's op in both), and agree to float rounding (the tests hold their logits to 1e-4).
 //!
-//! A model may carry a LoRA adapter ([`Qwen3Model::with_adapter`]): each targeted projection
+//! A model may carry a LoRA adapter ([`DenseModel::with_adapter`]): each targeted projection
 //! then adds `scale * (x A^T) B^T` to `x W^T`, in every entry point; a model without one does no
 //! extra work.
 //!
 //! Entry points:
-//! - [`Qwen3Model::packed_hidden`]: the training pass, final hidden states of packed sequences.
-//! - [`Qwen3Model::forward_train`]: a padded batch `[B, T]` with its attention mask, all logits
+//! - [`DenseModel::packed_hidden`]: the training pass, final hidden states of packed sequences.
+//! - [`DenseModel::forward_train`]: a padded batch `[B, T]` with its attention mask, all logits
 //!   (packed onto the training pass).
-//! - [`Qwen3Model::forward_step`]: batched incremental decoding. Each sequence owns a
+//! - [`DenseModel::forward_step`]: batched incremental decoding. Each sequence owns a
 //!   [`KvCache`]; one call feeds a chunk of new tokens for each of several sequences (a whole
 //!   prompt for a sequence that just joined, one sampled token for one that is decoding) and
 //!   returns the logits of each chunk's last token. Sequences of any lengths can be mixed, and
@@ -39,6 +42,7 @@ use step_kv::StepKv;
 
 use crate::parameters;
 use crate::qwen3::config::Qwen3Config;
+use crate::qwen3::dense::{DenseConfig, DenseSettings};
 use crate::qwen3::lora::{base_weight_name, LoraAdapter, LoraTarget};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
@@ -51,8 +55,8 @@ fn input_error(message: impl Into<String>) -> ModelError {
     ModelError::Input(message.into())
 }
 
-/// Every parameter of a model with this configuration: its Hugging Face name and shape.
-pub fn parameter_shapes(config: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
+/// Every parameter of a model with these settings: its Hugging Face name and shape.
+pub fn parameter_shapes(config: &DenseSettings) -> Vec<(String, Vec<usize>)> {
     let (h, d, i) = (config.hidden_size, config.head_dim, config.intermediate_size);
     let (q_out, kv_out) = (config.num_attention_heads * d, config.num_key_value_heads * d);
     let mut shapes = vec![("model.embed_tokens.weight".to_string(), vec![config.vocab_size, h])];
@@ -72,7 +76,7 @@ pub fn parameter_shapes(config: &Qwen3Config) -> Vec<(String, Vec<usize>)> {
             ("mlp.down_proj.weight", vec![h, i]),
         ];
         let qk_norm = |name: &str| matches!(name, "self_attn.q_norm.weight" | "self_attn.k_norm.weight");
-        let kept = layer_shapes.into_iter().filter(|(name, _)| config.has_qk_norm() || !qk_norm(name));
+        let kept = layer_shapes.into_iter().filter(|(name, _)| config.qk_norm || !qk_norm(name));
         shapes.extend(kept.map(|(name, shape)| (format!("{prefix}.{name}"), shape)));
     }
     shapes.push(("model.norm.weight".to_string(), vec![h]));
@@ -128,7 +132,7 @@ fn transposed_product(x: &Tensor, weight: &Tensor, transposed: &Tensor) -> candl
     }
 }
 
-/// Most bytes of the transposed copies of [`Qwen3Model::for_decoding`]: they double the
+/// Most bytes of the transposed copies of [`DenseModel::for_decoding`]: they double the
 /// projections' memory, which a model of a few million parameters does not notice and one of
 /// billions on the CPU might not have.
 const DECODING_COPY_MAX_BYTES: usize = 1 << 30;
@@ -179,7 +183,7 @@ pub(crate) struct Projection {
     pub(crate) weight: Tensor,
     pub(crate) lora: Option<LoraUpdate>,
     /// `W^T` made contiguous, on the engine's decoding models only
-    /// ([`Qwen3Model::for_decoding`]): a copy, so it holds the weights of when it was made.
+    /// ([`DenseModel::for_decoding`]): a copy, so it holds the weights of when it was made.
     pub(crate) transposed: Option<Tensor>,
 }
 
@@ -204,7 +208,7 @@ pub(crate) struct LoraUpdate {
     pub(crate) a: Tensor,
     pub(crate) b: Tensor,
     pub(crate) scale: f64,
-    /// Set on the models of training passes only ([`Qwen3Model::with_dropout`]).
+    /// Set on the models of training passes only ([`DenseModel::with_dropout`]).
     pub(crate) dropout: Option<Dropout>,
 }
 
@@ -372,21 +376,22 @@ struct PassInputs {
     positions: Tensor,
 }
 
-/// One sequence's share of a batched [`Qwen3Model::forward_step`]: the tokens to feed now and
+/// One sequence's share of a batched [`DenseModel::forward_step`]: the tokens to feed now and
 /// the sequence's cache, which the step extends by `tokens.len()`.
 pub struct SeqStep<'a> {
     pub tokens: &'a [u32],
     pub cache: &'a mut KvCache,
 }
 
-/// A Qwen3 causal language model whose parameters live in a [`VarMap`], optionally carrying a
-/// LoRA adapter.
+/// A dense causal language model of the architecture whose config is `C`, with its parameters
+/// in a [`VarMap`], optionally carrying a LoRA adapter.
 ///
 /// Cloning is cheap and shares the parameters (and the adapter's): an optimizer step through
 /// one clone is seen by all of them.
 #[derive(Clone)]
-pub struct Qwen3Model {
-    config: Qwen3Config,
+pub struct DenseModel<C> {
+    config: C,
+    settings: DenseSettings,
     varmap: VarMap,
     adapter: Option<LoraAdapter>,
     device: Device,
@@ -399,19 +404,23 @@ pub struct Qwen3Model {
     inv_freq: Tensor,
 }
 
-impl Qwen3Model {
+/// The Qwen3 decoder.
+pub type Qwen3Model = DenseModel<Qwen3Config>;
+
+impl<C: DenseConfig> DenseModel<C> {
     /// A model with Hugging Face's initialisation (normal with `initializer_range` standard
     /// deviation for matrices, ones for norms), reproducible from `seed`.
-    pub fn new_random(config: &Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Self, ModelError> {
+    pub fn new_random(config: &C, seed: u64, dtype: DType, device: &Device) -> Result<Self, ModelError> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut tensors = HashMap::new();
-        for (name, shape) in parameter_shapes(config) {
+        let settings = config.settings();
+        for (name, shape) in parameter_shapes(&settings) {
             let tensor = if shape.len() == 1 {
                 Tensor::ones(shape, DType::F32, &Device::Cpu)?
             } else {
                 let count = shape.iter().product();
                 let values = (0..count)
-                    .map(|_| (parameters::standard_normal(&mut rng) * config.initializer_range) as f32)
+                    .map(|_| (parameters::standard_normal(&mut rng) * settings.initializer_range) as f32)
                     .collect();
                 Tensor::from_vec(values, shape, &Device::Cpu)?
             };
@@ -423,20 +432,21 @@ impl Qwen3Model {
     /// A model from named tensors (Hugging Face names, see [`parameter_shapes`]), converted to
     /// `dtype` on `device`. Tensors that the model does not use are ignored.
     pub fn from_tensors(
-        config: &Qwen3Config,
+        config: &C,
         mut tensors: HashMap<String, Tensor>,
         dtype: DType,
         device: &Device,
     ) -> Result<Self, ModelError> {
         config.validate()?;
-        let (varmap, params) = parameters::checked_variables(parameter_shapes(config), &mut tensors, dtype, device)?;
+        let shapes = parameter_shapes(&config.settings());
+        let (varmap, params) = parameters::checked_variables(shapes, &mut tensors, dtype, device)?;
         Self::assemble(config, varmap, params, dtype, device, None)
     }
 
     /// A model reading `params` (tensors of `varmap`'s variables, or constants sharing their
     /// storage) and, when given, the adapter's variables.
     fn assemble(
-        config: &Qwen3Config,
+        config: &C,
         varmap: VarMap,
         params: HashMap<String, Tensor>,
         dtype: DType,
@@ -445,12 +455,13 @@ impl Qwen3Model {
     ) -> Result<Self, ModelError> {
         let take =
             |name: &str| params.get(name).cloned().ok_or_else(|| ModelError::MissingTensor { name: name.to_string() });
-        let eps = config.rms_norm_eps;
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for layer in 0..config.num_hidden_layers {
+        let settings = config.settings();
+        let eps = settings.rms_norm_eps;
+        let mut layers = Vec::with_capacity(settings.num_hidden_layers);
+        for layer in 0..settings.num_hidden_layers {
             let weight = |name: &str| take(&format!("model.layers.{layer}.{name}.weight"));
             let head_norm = |name: &str| -> Result<Option<RmsNorm>, ModelError> {
-                Ok(if config.has_qk_norm() { Some(RmsNorm { weight: weight(name)?, eps }) } else { None })
+                Ok(if settings.qk_norm { Some(RmsNorm { weight: weight(name)?, eps }) } else { None })
             };
             let projection = |target: LoraTarget| -> Result<Projection, ModelError> {
                 let lora = adapter.and_then(|adapter| {
@@ -468,9 +479,9 @@ impl Qwen3Model {
                     o_proj: projection(LoraTarget::OProj)?,
                     q_norm: head_norm("self_attn.q_norm")?,
                     k_norm: head_norm("self_attn.k_norm")?,
-                    num_heads: config.num_attention_heads,
-                    num_kv_heads: config.num_key_value_heads,
-                    head_dim: config.head_dim,
+                    num_heads: settings.num_attention_heads,
+                    num_kv_heads: settings.num_key_value_heads,
+                    head_dim: settings.head_dim,
                 },
                 post_attention_layernorm: RmsNorm { weight: weight("post_attention_layernorm")?, eps },
                 mlp: Mlp {
@@ -481,10 +492,12 @@ impl Qwen3Model {
             });
         }
         let embed_tokens = take("model.embed_tokens.weight")?;
-        let lm_head = if config.tie_word_embeddings { embed_tokens.clone() } else { take("lm_head.weight")? };
+        let lm_head = if settings.tie_word_embeddings { embed_tokens.clone() } else { take("lm_head.weight")? };
         let norm = RmsNorm { weight: take("model.norm.weight")?, eps };
+        let inv_freq = rotary_inverse_frequencies(&settings, device)?;
         Ok(Self {
             config: config.clone(),
+            settings,
             varmap,
             adapter: adapter.cloned(),
             device: device.clone(),
@@ -493,12 +506,18 @@ impl Qwen3Model {
             layers,
             norm,
             lm_head,
-            inv_freq: rotary_inverse_frequencies(config, device)?,
+            inv_freq,
         })
     }
 
-    pub fn config(&self) -> &Qwen3Config {
+    /// The architecture's configuration, as it is written back with a checkpoint.
+    pub fn config(&self) -> &C {
         &self.config
+    }
+
+    /// What the layers were assembled from.
+    pub fn settings(&self) -> &DenseSettings {
+        &self.settings
     }
 
     pub fn device(&self) -> &Device {
@@ -525,7 +544,7 @@ impl Qwen3Model {
     /// gradients for the adapter only. The adapter must have been made for this configuration,
     /// dtype and device.
     pub fn with_adapter(&self, adapter: &LoraAdapter) -> Result<Self, ModelError> {
-        adapter.check_fits(&self.config).map_err(input_error)?;
+        adapter.check_fits(&self.settings).map_err(input_error)?;
         if adapter.dtype() != self.dtype || !adapter.device().same_device(&self.device) {
             return Err(input_error(format!(
                 "the adapter is {:?} on {:?}, the model {:?} on {:?}",
@@ -567,7 +586,7 @@ impl Qwen3Model {
         let mut tensors: HashMap<String, Tensor> =
             self.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
         if let Some(adapter) = &self.adapter {
-            for layer in 0..self.config.num_hidden_layers {
+            for layer in 0..self.settings.num_hidden_layers {
                 for &target in adapter.targets() {
                     let Some((a, b)) = adapter.matrices(layer, target) else { continue };
                     let name = base_weight_name(layer, target);
@@ -641,7 +660,7 @@ impl Qwen3Model {
             return Err(input_error("the attention mask leaves no real token"));
         }
         let hidden = self.packed_hidden(&packing.sequence_slices())?;
-        Ok(kernels::gather_rows(&hidden, &packing.rows)?.reshape((rows, steps, self.config.hidden_size))?)
+        Ok(kernels::gather_rows(&hidden, &packing.rows)?.reshape((rows, steps, self.settings.hidden_size))?)
     }
 
     /// Logits (f32) of hidden states with any leading dimensions.
@@ -650,9 +669,9 @@ impl Qwen3Model {
     }
 
     fn check_vocabulary(&self, ids: &[u32]) -> Result<(), ModelError> {
-        match ids.iter().find(|&&id| id as usize >= self.config.vocab_size) {
+        match ids.iter().find(|&&id| id as usize >= self.settings.vocab_size) {
             Some(id) => {
-                Err(input_error(format!("token id {id} is outside the vocabulary of {}", self.config.vocab_size)))
+                Err(input_error(format!("token id {id} is outside the vocabulary of {}", self.settings.vocab_size)))
             }
             None => Ok(()),
         }
@@ -666,7 +685,7 @@ impl Qwen3Model {
         let mut x = self.embed_tokens.index_select(&inputs.ids.flatten_all()?, 0)?.reshape((
             rows,
             steps,
-            self.config.hidden_size,
+            self.settings.hidden_size,
         ))?;
         for (index, layer) in self.layers.iter().enumerate() {
             x = layer.forward(&x, &rotary, kv, index)?;
@@ -680,9 +699,9 @@ impl Qwen3Model {
             layers: Vec::new(),
             capacity: 0,
             len: 0,
-            num_layers: self.config.num_hidden_layers,
-            num_kv_heads: self.config.num_key_value_heads,
-            head_dim: self.config.head_dim,
+            num_layers: self.settings.num_hidden_layers,
+            num_kv_heads: self.settings.num_key_value_heads,
+            head_dim: self.settings.head_dim,
             dtype: self.dtype,
             device: self.device.clone(),
         }
@@ -726,7 +745,7 @@ impl Qwen3Model {
         let last: Vec<u32> =
             chunk_lens.iter().enumerate().map(|(row, &len)| (row * chunk_max + len - 1) as u32).collect();
         let last = Tensor::from_vec(last, steps.len(), &self.device)?;
-        let hidden = hidden.reshape((steps.len() * chunk_max, self.config.hidden_size))?.index_select(&last, 0)?;
+        let hidden = hidden.reshape((steps.len() * chunk_max, self.settings.hidden_size))?.index_select(&last, 0)?;
         Ok(self.logits(&hidden)?.detach())
     }
 
@@ -738,7 +757,7 @@ impl Qwen3Model {
             if step.tokens.is_empty() {
                 return Err(input_error(format!("sequence {index} feeds no token")));
             }
-            if !step.cache.fits(&self.config, self.dtype, &self.device) {
+            if !step.cache.fits(&self.settings, self.dtype, &self.device) {
                 return Err(input_error(format!(
                     "sequence {index}'s cache was made for another model, dtype or device"
                 )));
@@ -766,12 +785,11 @@ impl Qwen3Model {
     }
 }
 
-/// `1 / theta^(2i / head_dim)` for `i < head_dim / 2`, as `transformers` computes them.
-fn rotary_inverse_frequencies(config: &Qwen3Config, device: &Device) -> candle_core::Result<Tensor> {
-    let dim = config.head_dim;
-    let inv_freq: Vec<f32> =
-        (0..dim / 2).map(|i| (1.0 / config.rope_theta.powf((2 * i) as f64 / dim as f64)) as f32).collect();
-    Tensor::from_vec(inv_freq, dim / 2, device)
+/// The settings' rotary inverse frequencies as an f32 tensor `[head_dim / 2]`.
+fn rotary_inverse_frequencies(settings: &DenseSettings, device: &Device) -> candle_core::Result<Tensor> {
+    let inv_freq: Vec<f32> = settings.inverse_frequencies.iter().map(|&frequency| frequency as f32).collect();
+    let half = inv_freq.len();
+    Tensor::from_vec(inv_freq, half, device)
 }
 
 #[cfg(test)]

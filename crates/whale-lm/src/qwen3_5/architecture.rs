@@ -130,8 +130,8 @@ impl TrainableModel for Qwen35Model {
         save_qwen35(self, dir)
     }
 
-    fn has_adapter(&self) -> bool {
-        self.adapter().is_some()
+    fn adapter_config(&self) -> Option<&LoraConfig> {
+        self.adapter().map(Qwen35Lora::config)
     }
 
     fn with_new_adapter(&self, config: &LoraConfig, seed: u64) -> Result<Self, TrainableError> {

@@ -1,6 +1,7 @@
 //! Shared helpers of the whale-lm integration tests (whale-engine's and whale-train's include this
 //! file too): small models, decoding loops, and an
-//! independent, index-by-index f64 implementation of the Qwen3 forward pass.
+//! independent, index-by-index f64 implementation of the dense decoder's forward pass (Qwen3's,
+//! and Llama's without the query and key norms).
 #![allow(dead_code)]
 
 pub mod qwen3_5;
@@ -9,7 +10,10 @@ use candle_core::{DType, Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
-use whale_lm::{KvCache, LoraAdapter, LoraConfig, Qwen3Config, Qwen3Model, SeqStep};
+use whale_lm::{
+    DenseConfig, DenseModel, DenseSettings, KvCache, LlamaConfig, LlamaModel, LoraAdapter, LoraConfig, ModelSize,
+    Qwen3Config, Qwen3Model, SeqStep,
+};
 
 pub const VOCAB: usize = 61;
 
@@ -22,17 +26,23 @@ pub fn tiny_config(tied: bool) -> Qwen3Config {
     config
 }
 
-/// A tiny model whose weights are larger than the HF initialisation so that logits vary
-/// clearly with the input (std 0.02 makes every distribution almost uniform).
-/// [`tiny_model`] with Llama's configuration: no per-head norms of queries and keys.
-pub fn tiny_llama(tied: bool, seed: u64) -> Qwen3Model {
-    let mut config = tiny_config(tied);
-    config.initializer_range = 0.2;
-    config.model_type = whale_lm::config::LLAMA_MODEL_TYPE.to_string();
-    config.architectures = vec![whale_lm::config::LLAMA_ARCHITECTURE.to_string()];
-    Qwen3Model::new_random(&config, seed, DType::F32, &Device::Cpu).unwrap()
+/// Llama's tiny configuration: the shape and vocabulary of [`tiny_config`], no per-head norms
+/// of queries and keys.
+pub fn tiny_llama_config(tied: bool) -> LlamaConfig {
+    let mut config = LlamaConfig::with_size(VOCAB, ModelSize::TINY);
+    config.tie_word_embeddings = tied;
+    config
 }
 
+/// [`tiny_model`] of Llama's architecture.
+pub fn tiny_llama(tied: bool, seed: u64) -> LlamaModel {
+    let mut config = tiny_llama_config(tied);
+    config.initializer_range = 0.2;
+    LlamaModel::new_random(&config, seed, DType::F32, &Device::Cpu).unwrap()
+}
+
+/// A tiny model whose weights are larger than the HF initialisation so that logits vary
+/// clearly with the input (std 0.02 makes every distribution almost uniform).
 pub fn tiny_model(tied: bool, seed: u64) -> Qwen3Model {
     let mut config = tiny_config(tied);
     config.initializer_range = 0.2;
@@ -50,7 +60,7 @@ pub fn lora(rank: usize, targets: &[&str]) -> LoraConfig {
 }
 
 /// A fresh adapter of `config` for `model`, drawn from `seed`.
-pub fn adapter_for(model: &Qwen3Model, config: LoraConfig, seed: u64) -> LoraAdapter {
+pub fn adapter_for<C: DenseConfig>(model: &DenseModel<C>, config: LoraConfig, seed: u64) -> LoraAdapter {
     LoraAdapter::new(config, model.config(), seed, DType::F32, &Device::Cpu).unwrap()
 }
 
@@ -63,7 +73,7 @@ pub fn rng(seed: u64) -> ChaCha8Rng {
 }
 
 /// Logits `[T, V]` of one unpadded sequence through the training path.
-pub fn full_logits(model: &Qwen3Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+pub fn full_logits<C: DenseConfig>(model: &DenseModel<C>, tokens: &[u32]) -> Vec<Vec<f32>> {
     let ids = Tensor::from_vec(tokens.to_vec(), (1, tokens.len()), &Device::Cpu).unwrap();
     let mask = Tensor::ones((1, tokens.len()), DType::U8, &Device::Cpu).unwrap();
     let logits = model.forward_train(&ids, &mask).unwrap();
@@ -87,7 +97,11 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Greedy decoding that recomputes the whole sequence every step; returns the new tokens and
 /// the logits each was chosen from.
-pub fn greedy_without_cache(model: &Qwen3Model, prompt: &[u32], new_tokens: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+pub fn greedy_without_cache<C: DenseConfig>(
+    model: &DenseModel<C>,
+    prompt: &[u32],
+    new_tokens: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
     let mut tokens = prompt.to_vec();
     let mut chosen_from = Vec::new();
     for _ in 0..new_tokens {
@@ -99,7 +113,11 @@ pub fn greedy_without_cache(model: &Qwen3Model, prompt: &[u32], new_tokens: usiz
 }
 
 /// Greedy decoding through the KV cache: one prefill, then one token per step.
-pub fn greedy_with_cache(model: &Qwen3Model, prompt: &[u32], new_tokens: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+pub fn greedy_with_cache<C: DenseConfig>(
+    model: &DenseModel<C>,
+    prompt: &[u32],
+    new_tokens: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
     let mut cache = model.new_cache();
     let mut feed = prompt.to_vec();
     let mut generated = Vec::new();
@@ -115,14 +133,14 @@ pub fn greedy_with_cache(model: &Qwen3Model, prompt: &[u32], new_tokens: usize) 
 }
 
 /// One sequence alone through `forward_step`: the logits of the chunk's last token.
-pub fn step_one(model: &Qwen3Model, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
+pub fn step_one<C: DenseConfig>(model: &DenseModel<C>, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
     let mut steps = [SeqStep { tokens, cache }];
     let logits = model.forward_step(&mut steps).unwrap();
     logits.squeeze(0).unwrap().to_vec1::<f32>().unwrap()
 }
 
 /// A model's weights as flat f32 vectors by name.
-pub fn weights_of(model: &Qwen3Model) -> HashMap<String, Vec<f32>> {
+pub fn weights_of<C: DenseConfig>(model: &DenseModel<C>) -> HashMap<String, Vec<f32>> {
     model
         .named_parameters()
         .into_iter()
@@ -133,10 +151,11 @@ pub fn weights_of(model: &Qwen3Model) -> HashMap<String, Vec<f32>> {
         .collect()
 }
 
-/// The Qwen3 forward pass written out index by index in f64, following the `transformers`
-/// modelling code: returns `[T, V]` logits of one sequence.
+/// The dense decoder's forward pass written out index by index in f64, following the
+/// `transformers` modelling code of Qwen3 (and of Llama where `config.qk_norm` is off), rotating
+/// by the settings' inverse frequencies: returns `[T, V]` logits of one sequence.
 #[allow(clippy::needless_range_loop)] // the indices mirror the formulas
-pub fn reference_logits(config: &Qwen3Config, weights: &HashMap<String, Vec<f32>>, tokens: &[u32]) -> Vec<Vec<f64>> {
+pub fn reference_logits(config: &DenseSettings, weights: &HashMap<String, Vec<f32>>, tokens: &[u32]) -> Vec<Vec<f64>> {
     let w = |name: &str| -> &Vec<f32> { &weights[name] };
     let (h, d) = (config.hidden_size, config.head_dim);
     let (heads, kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
@@ -159,7 +178,7 @@ pub fn reference_logits(config: &Qwen3Config, weights: &HashMap<String, Vec<f32>
         let mut v = Vec::new();
         for (position, x) in normed.iter().enumerate() {
             // Qwen3 normalises each head of the queries and keys; Llama does not.
-            let head_norm = |head: &Vec<f64>, name: &str| match config.has_qk_norm() {
+            let head_norm = |head: &Vec<f64>, name: &str| match config.qk_norm {
                 true => rms_norm(head, w(&p(name)), eps),
                 false => head.clone(),
             };
@@ -221,13 +240,13 @@ fn rms_norm(x: &[f64], weight: &[f32], eps: f64) -> Vec<f64> {
     x.iter().zip(weight).map(|(v, &g)| v * scale * g as f64).collect()
 }
 
-/// Rotates pairs `(x[i], x[i + d/2])` by `position * theta^(-2i/d)`.
-fn rope(x: &[f64], position: usize, config: &Qwen3Config) -> Vec<f64> {
+/// Rotates pairs `(x[i], x[i + d/2])` by `position * inverse_frequencies[i]`.
+fn rope(x: &[f64], position: usize, config: &DenseSettings) -> Vec<f64> {
     let d = x.len();
     let half = d / 2;
     let mut out = vec![0.0; d];
     for i in 0..half {
-        let angle = position as f64 * config.rope_theta.powf(-((2 * i) as f64) / d as f64);
+        let angle = position as f64 * config.inverse_frequencies[i];
         let (sin, cos) = angle.sin_cos();
         out[i] = x[i] * cos - x[i + half] * sin;
         out[i + half] = x[i + half] * cos + x[i] * sin;

@@ -8,14 +8,11 @@ use std::time::Duration;
 use candle_core::{DType, Device};
 use whale_core::ChatMessage;
 use whale_engine::{EngineConfig, LocalPolicy};
-use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
 use whale_lm::qwen3_5::Qwen35Size;
-use whale_lm::tokenizer::TOKENIZER_FILE;
-use whale_lm::{
-    save_model, save_qwen35, GenerationConfig, Qwen35Config, Qwen35Model, Qwen3Config, Qwen3Model, Tokenizer,
-};
+use whale_lm::{save_model, save_qwen35, GenerationConfig, Qwen35Config, Qwen35Model, Qwen3Config, Qwen3Model};
 use whale_policy::{ChatRequest, RemoteConfig, RemotePolicy, SamplingParams};
 use whale_serve::{LoadSettings, ModelRegistry, RuntimeLoading, ServeConfig, Server};
+use whale_text::{write_tokenizer_config, Tokenizer, CHATML_TEMPLATE, TOKENIZER_FILE};
 
 /// The tiny models' context window.
 pub const CONTEXT: usize = 256;
@@ -136,7 +133,7 @@ pub fn write_adapter(base_dir: &Path, dir: &Path, seed: u64) {
 /// The model in `base_dir` with the adapter in `adapter_dir` applied, in-process.
 pub fn local_with_adapter(base_dir: &Path, adapter_dir: &Path) -> LocalPolicy {
     let policy = local(base_dir);
-    let base = policy.qwen3("a LoRA adapter").expect("a Qwen3 model");
+    let base = policy.served_model::<Qwen3Model>("a LoRA adapter").expect("a Qwen3 model");
     let adapter = whale_lm::LoraAdapter::load_peft(adapter_dir, base.config(), DType::F32, &Device::Cpu)
         .expect("the adapter loads");
     policy.reload(base.with_adapter(&adapter).expect("it fits"), 0).expect("reloaded");

@@ -1,7 +1,7 @@
 //! Math behind [`TaskDomain`]: what the layers above ask of the domain, answered from this
 //! folder's loader, generator and judge.
 
-use super::{calculate, extract_answer, MathEpisode, DEFAULT_ORDER};
+use super::{calculate, MathEpisode};
 use crate::{
     Bottleneck, CorpusSource, Environment, EnvironmentError, Episode, EpisodeFactory, LoadReport, PredictionScore,
     RecordError, TaskDomain,
@@ -10,6 +10,7 @@ use serde_json::Value;
 use std::io::Write;
 use std::path::Path;
 use whale_core::{Domain, Task};
+use whale_math_answer::{extract_answer, DEFAULT_ORDER};
 
 /// The math domain.
 pub struct MathDomain;

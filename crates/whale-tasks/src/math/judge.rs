@@ -1,9 +1,8 @@
 //! The verdict on a model's text: the answer read from it, compared with the gold answer by
 //! mathematical equivalence, and quoted (shortened) in the verdict's detail.
 
-use super::answer::equivalent;
-use super::extract::{extract_answer, DEFAULT_ORDER};
 use whale_core::Verdict;
+use whale_math_answer::{equivalent, extract_answer, DEFAULT_ORDER};
 
 /// Longest extracted answer quoted in full in a verdict.
 const SHOWN_ANSWER_CHARS: usize = 80;

@@ -6,8 +6,6 @@
 //! UTF-8 or bad JSON spoils only itself), and every bad record becomes a [`RecordError`] naming
 //! the line, the field and what was expected — loading never stops at the first problem.
 
-use super::extract::last_boxed;
-use super::latex::is_thousands_grouped;
 use super::SOURCES;
 use crate::record::{json_kind, read_jsonl, LoadReport, RecordError};
 use serde_json::{json, Map, Value};
@@ -15,6 +13,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use whale_core::{Domain, Split, Task};
+use whale_math_answer::{is_thousands_grouped, last_boxed};
 
 /// Loads every record of a JSONL file; blank lines are skipped. Rejections come in line order.
 pub fn load(path: &Path) -> LoadReport {

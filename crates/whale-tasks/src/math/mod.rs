@@ -5,7 +5,8 @@
 //! "level"}`. The harness sees the question and may call a `calculator(expression)` tool; the
 //! episode ends with one submitted text, from which the final answer is extracted and compared
 //! with the gold answer by mathematical equivalence rather than string equality, so that a
-//! correct answer in another spelling (`0.5` for `\frac12`) earns its reward.
+//! correct answer in another spelling (`0.5` for `\frac12`) earns its reward. Reading and
+//! comparing answers is the whale-math-answer crate's; this folder turns it into a [`Verdict`].
 //!
 //! Accepted record forms ([`load`], [`parse_record`]):
 //! - GSM8K `{question, answer}` whose answer ends in `#### x` (thousands separators removed);
@@ -14,24 +15,18 @@
 //! - plain `{question, answer}` with a string or number answer;
 //! - native `{id, domain: "math", payload, [split]}`, as written by [`write_native`].
 
-mod answer;
 mod calculator;
 mod domain;
 mod episode;
-mod exact;
-mod extract;
 mod generator;
 mod judge;
-mod latex;
 mod loader;
 
-pub use answer::equivalent;
 pub use calculator::{
     calculate, CalcError, CalcValue, MAX_EXPONENT, MAX_EXPRESSION_CHARS, MAX_NESTING, MAX_RESULT_BITS,
 };
 pub use domain::MathDomain;
 pub use episode::MathEpisode;
-pub use extract::{extract_answer, Extractor, DEFAULT_ORDER};
 pub use generator::{MAX_DIFFICULTY, MIN_DIFFICULTY};
 pub use loader::{load, parse_record, write_native};
 

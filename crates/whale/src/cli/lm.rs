@@ -253,12 +253,12 @@ pub enum LmCommand {
 /// Writes `whale_lm::random::random_qwen35` of `size` in `dtype` to `dir` as a checkpoint in the
 /// Hugging Face layout, with its tokenizer and ChatML template; returns its description.
 fn write_random_qwen35(dir: &std::path::Path, size: Qwen35Size, dtype: candle_core::DType) -> Result<String> {
-    use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
+    use whale_text::{write_tokenizer_config, CHATML_TEMPLATE};
     let vocab_size = BenchConfig::default().random_vocab_size;
     let (tokenizer, model, description) =
         whale_lm::random::random_qwen35(vocab_size, size, dtype, &candle_core::Device::Cpu)?;
     whale_lm::save_qwen35(&model, dir)?;
-    tokenizer.save(dir.join(whale_lm::tokenizer::TOKENIZER_FILE))?;
+    tokenizer.save(dir.join(whale_text::TOKENIZER_FILE))?;
     write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), model.config().max_position_embeddings)?;
     Ok(description)
 }

@@ -10,14 +10,13 @@ use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use whale_core::{Domain, Task, Trajectory};
 use whale_engine::{EngineConfig, LocalPolicy};
-use whale_lm::chat_template::{write_tokenizer_config, CHATML_TEMPLATE};
 use whale_lm::qwen3_5::Qwen35Size;
-use whale_lm::tokenizer::TOKENIZER_FILE;
 use whale_lm::{
-    save_model, save_qwen35, ChatTemplate, GenerationConfig, Qwen35Config, Qwen35Model, Qwen3Config, Qwen3Model,
-    Tokenizer,
+    save_model, save_qwen35, GenerationConfig, LlamaConfig, ModelSize, Qwen35Config, Qwen35Model, Qwen3Config,
+    Qwen3Model, TrainableModel,
 };
 use whale_tasks::{task_domain, Environment};
+use whale_text::{write_tokenizer_config, ChatTemplate, Tokenizer, CHATML_TEMPLATE, TOKENIZER_FILE};
 
 /// The tiny model's context window (that of the default base model).
 pub const CONTEXT: usize = 2048;
@@ -89,6 +88,20 @@ pub fn tiny_qwen35_in(dir: &Path) -> PathBuf {
     config.max_position_embeddings = CONTEXT;
     let model = Qwen35Model::new_random(&config, 7, DType::F32, &Device::Cpu).expect("a model");
     save_qwen35(&model, &model_dir).expect("weights written");
+    tokenizer.save(model_dir.join(TOKENIZER_FILE)).expect("tokenizer written");
+    write_tokenizer_config(&model_dir, CHATML_TEMPLATE, &tokenizer.specials(), CONTEXT).expect("tokenizer config");
+    model_dir
+}
+
+/// Writes a tiny random Llama model (Qwen3's tiny shape, no query and key norms) in the Hugging
+/// Face layout to `dir/llama` and returns that directory.
+pub fn tiny_llama_in(dir: &Path) -> PathBuf {
+    let model_dir = dir.join("llama");
+    let tokenizer = tokenizer();
+    let mut config = LlamaConfig::with_size(tokenizer.vocab_size(), ModelSize::TINY);
+    config.max_position_embeddings = CONTEXT;
+    let model = whale_lm::LlamaModel::new_random(&config, 7, DType::F32, &Device::Cpu).expect("a model");
+    model.save(&model_dir).expect("weights written");
     tokenizer.save(model_dir.join(TOKENIZER_FILE)).expect("tokenizer written");
     write_tokenizer_config(&model_dir, CHATML_TEMPLATE, &tokenizer.specials(), CONTEXT).expect("tokenizer config");
     model_dir

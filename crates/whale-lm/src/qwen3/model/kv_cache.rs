@@ -2,7 +2,7 @@
 //! which the cached decoding pass extends and its attention reads ([`super::step_kv`]).
 
 use super::error::ModelError;
-use crate::qwen3::config::Qwen3Config;
+use crate::qwen3::dense::DenseSettings;
 use candle_core::{DType, Device, Tensor};
 
 /// Keys and values of one layer, `[B, num_key_value_heads, S, head_dim]`.
@@ -10,7 +10,7 @@ pub(super) type LayerKv = (Tensor, Tensor);
 
 /// The keys and values of every token of one sequence so far, per layer.
 ///
-/// Create one with [`Qwen3Model::new_cache`](super::Qwen3Model::new_cache) when a sequence starts
+/// Create one with [`DenseModel::new_cache`](super::DenseModel::new_cache) when a sequence starts
 /// and drop it when the sequence leaves. Storage grows geometrically and is zero-initialised, so the slots past
 /// [`KvCache::len`] are finite and can be read (and masked) as padding by a batched step.
 /// Steps write into the storage in place, hence no `Clone`: [`KvCache::fork`] deep-copies.
@@ -58,7 +58,7 @@ impl KvCache {
     }
 
     /// Whether this cache was made for a model of `config` in `dtype` on `device`.
-    pub(super) fn fits(&self, config: &Qwen3Config, dtype: DType, device: &Device) -> bool {
+    pub(super) fn fits(&self, config: &DenseSettings, dtype: DType, device: &Device) -> bool {
         self.num_layers == config.num_hidden_layers
             && self.num_kv_heads == config.num_key_value_heads
             && self.head_dim == config.head_dim

@@ -10,7 +10,8 @@
 //! place of a reshape and a transpose, and attention takes and gives token rows. It computes
 //! what the cached decoding pass computes, to float rounding.
 
-use super::{input_error, Attention, DecoderLayer, ModelError, Qwen3Model, RmsNorm, Rotary};
+use super::{input_error, Attention, DecoderLayer, DenseModel, ModelError, RmsNorm, Rotary};
+use crate::qwen3::dense::DenseConfig;
 use candle_core::Tensor;
 use whale_kernels as kernels;
 
@@ -23,7 +24,7 @@ struct PackedPass {
     sin: Tensor,
 }
 
-impl Qwen3Model {
+impl<C: DenseConfig> DenseModel<C> {
     /// The final normalised hidden states `[Σ len, hidden]` of `sequences` packed end to end,
     /// differentiable. Each sequence attends only to itself, causally, and its positions count
     /// from 0. Empty sequences add no rows.

@@ -81,7 +81,7 @@ fn answer_in_phrase(phrase: &str) -> &str {
 const MAX_BOX_ATTEMPTS: usize = 16;
 
 /// Content of the last `\boxed{...}` / `\fbox{...}` whose braces close (or `\boxed 5`).
-pub(crate) fn last_boxed(text: &str) -> Option<&str> {
+pub fn last_boxed(text: &str) -> Option<&str> {
     let starts = text.match_indices(r"\boxed").chain(text.match_indices(r"\fbox"));
     let mut starts: Vec<(usize, &str)> = starts.collect();
     starts.sort_unstable();

@@ -1,10 +1,9 @@
 use serde_json::json;
 use whale_core::ChatMessage;
-use whale_lm::chat_template::{
-    write_tokenizer_config, ChatTemplate, ChatTemplateError, RenderOptions, CHATML_TEMPLATE, CHAT_TEMPLATE_FILE,
-    TOKENIZER_CONFIG_FILE,
+use whale_text::{
+    write_tokenizer_config, ChatTemplate, ChatTemplateError, RenderOptions, SpecialTokens, CHATML_TEMPLATE,
+    CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE,
 };
-use whale_lm::tokenizer::SpecialTokens;
 
 /// `chat_template` of the public Qwen3 `tokenizer_config.json` (Qwen/Qwen3-* releases).
 const QWEN3_TEMPLATE: &str = r##"{%- if tools %}

@@ -416,7 +416,7 @@ fn literal(tokens: &[Token]) -> Option<BigRational> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::math::latex::normalize;
+    use crate::latex::normalize;
 
     fn value(text: &str) -> Option<Exact> {
         evaluate(&normalize(text))

@@ -404,7 +404,7 @@ fn drop_thousands_separators(tokens: Vec<Token>) -> Vec<Token> {
 }
 
 /// True for a number written with thousands separators: `-1,234`, `12,345.5`.
-pub(crate) fn is_thousands_grouped(text: &str) -> bool {
+pub fn is_thousands_grouped(text: &str) -> bool {
     let unsigned = text.strip_prefix('-').unwrap_or(text);
     let (whole, fraction) = unsigned.split_once('.').unwrap_or((unsigned, ""));
     let mut groups = whole.split(',');

@@ -1,6 +1,6 @@
 use std::path::{Path, PathBuf};
 
-use whale_lm::tokenizer::{Tokenizer, TokenizerError, ENDOFTEXT, IM_END, IM_START, MIN_VOCAB_SIZE};
+use whale_text::{Tokenizer, TokenizerError, ENDOFTEXT, IM_END, IM_START, MIN_VOCAB_SIZE};
 
 fn shared_data() -> PathBuf {
     let beside_repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");

@@ -1,4 +1,4 @@
-//! whale-lm's errors (chat template, tokenizer) as the policy vocabulary's [`PolicyError`]: each
+//! The chat template's and the tokenizer's errors as the policy vocabulary's [`PolicyError`]: each
 //! becomes the kind of failure it is, with its message, so that the layers above never see
 //! tokenizer or template types. (The sampler's own is converted in whale-engine, which defines it.)
 
