@@ -603,7 +603,7 @@ fn a_gguf_s_rope_scaling_reaches_the_config_as_whale_reads_it() {
         serde_json::json!({"rope_type": "linear", "factor": 4.0})
     );
     let config = whale_lm::LlamaConfig::from_file(&linear.join("config.json")).unwrap();
-    assert_eq!(config.rope_scaling, Some(whale_lm::RopeScaling::Linear { factor: 4.0 }));
+    assert_eq!(config.own.rope_scaling, Some(whale_lm::RopeScaling::Linear { factor: 4.0 }));
     assert_eq!(Decoder::load(&linear, DType::F32, &Device::Cpu).unwrap().architecture(), "Llama");
 
     let (_yarn_dir, yarn) = scaled("yarn", vec![("llama.rope.scaling.original_context_length", Value::U32(512))]);

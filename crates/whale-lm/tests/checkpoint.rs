@@ -45,7 +45,7 @@ fn save_then_load_gives_bit_identical_logits() {
 fn a_llama_checkpoint_is_written_as_llama_and_loads_back_through_the_registry() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = tiny_llama(true, 31).config().clone();
-    config.rope_scaling = Some(RopeScaling::Llama3 {
+    config.own.rope_scaling = Some(RopeScaling::Llama3 {
         factor: 8.0,
         low_freq_factor: 1.0,
         high_freq_factor: 4.0,
@@ -64,7 +64,7 @@ fn a_llama_checkpoint_is_written_as_llama_and_loads_back_through_the_registry() 
     let decoder = Decoder::load(dir.path(), DType::F32, &Device::Cpu).unwrap();
     assert_eq!(decoder.architecture(), "Llama");
     let loaded = LlamaModel::of_decoder(&decoder).expect("a Llama model");
-    assert_eq!(loaded.config().rope_scaling, config.rope_scaling);
+    assert_eq!(loaded.config().own.rope_scaling, config.own.rope_scaling);
     let tokens = random_tokens(&mut rng(8), 20);
     assert_eq!(full_logits(&model, &tokens), full_logits(loaded, &tokens));
 }

@@ -37,7 +37,7 @@ fn matches_an_independent_reference_implementation() {
 fn a_llama_with_scaled_rotary_frequencies_rotates_by_them() {
     let unscaled = tiny_llama(false, 13);
     let mut config = unscaled.config().clone();
-    config.rope_scaling = Some(RopeScaling::Linear { factor: 4.0 });
+    config.own.rope_scaling = Some(RopeScaling::Linear { factor: 4.0 });
     let weights = unscaled.named_parameters().into_iter().map(|(name, var)| (name, var.as_detached_tensor()));
     let scaled = LlamaModel::from_tensors(&config, weights.collect(), DType::F32, &Device::Cpu).unwrap();
     check_against_the_reference(&scaled, "Llama with linear scaling");

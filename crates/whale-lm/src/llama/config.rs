@@ -1,21 +1,18 @@
 //! Llama's hyper-parameters, read from and written to a Hugging Face `config.json`
 //! (`model_type` `llama`, `LlamaForCausalLM`; SmolLM2 among them).
 //!
-//! Why its own config and not a flag of Qwen3's: the keys, defaults and refusals are Llama's
+//! Why its own keys and not a flag of Qwen3's: the keys, defaults and refusals are Llama's
 //! (`rope_scaling`, `mlp_bias`, `pretraining_tp`; `max_position_embeddings` 2048 by default) and
 //! a checkpoint saved from a Llama model must say Llama, so that `transformers`, PEFT and vLLM
-//! load it as one. Keys are read one at a time so that every problem names the file and the key;
-//! keys whale does not use are kept and written back. The JSON helpers and the checks every
-//! dense decoder's keys pass are Qwen3's folder's ([`crate::qwen3::config`]).
+//! load it as one. The keys it shares with Qwen3 are read, checked and written back by
+//! [`DenseHfConfig`] ([`crate::qwen3::config`]); [`LlamaKeys`] is what is Llama's own, and its
+//! settings of the dense decoder: no per-head query and key norms, the rotary frequencies
+//! scaled as `rope_scaling` says.
 
 use super::rope_scaling::RopeScaling;
-use crate::qwen3::config::{
-    one_or_many, optional, required, rope_theta, token_ids, ConfigError, ConfigIssue, DecoderKeys, ModelSize,
-};
+use crate::qwen3::config::{optional, ArchitectureKeys, ConfigIssue, DenseHfConfig, ModelSize};
 use serde::Serialize;
 use serde_json::{Map, Value};
-use std::collections::BTreeMap;
-use std::path::Path;
 
 /// The `architectures` entry of a Llama causal language model.
 pub const LLAMA_ARCHITECTURE: &str = "LlamaForCausalLM";
@@ -23,203 +20,59 @@ pub const LLAMA_ARCHITECTURE: &str = "LlamaForCausalLM";
 pub const LLAMA_MODEL_TYPE: &str = "llama";
 
 /// A Llama configuration with the Hugging Face key names.
+pub type LlamaConfig = DenseHfConfig<LlamaKeys>;
+
+/// The keys of a Llama `config.json` that Qwen3's has not.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LlamaConfig {
-    pub architectures: Vec<String>,
-    pub model_type: String,
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    /// Fewer than `num_attention_heads` for grouped-query attention.
-    pub num_key_value_heads: usize,
-    pub head_dim: usize,
-    pub hidden_act: String,
-    pub max_position_embeddings: usize,
-    pub initializer_range: f64,
-    pub rms_norm_eps: f64,
-    pub rope_theta: f64,
+pub struct LlamaKeys {
     /// How the rotary frequencies are scaled; written as `null` when they are not.
     pub rope_scaling: Option<RopeScaling>,
-    pub tie_word_embeddings: bool,
-    /// Biases of the attention projections: not supported, so `false` whenever valid.
-    pub attention_bias: bool,
     /// Biases of the MLP projections: not supported, so `false` whenever valid.
     pub mlp_bias: bool,
-    /// The dtype the weights were saved in (`"float32"`, `"bfloat16"`, ...), informative only.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub torch_dtype: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub bos_token_id: Option<u32>,
-    /// One or more end-of-sequence ids; written as a number when there is exactly one.
-    #[serde(serialize_with = "one_or_many", skip_serializing_if = "Vec::is_empty")]
-    pub eos_token_id: Vec<u32>,
-    /// Keys this crate does not interpret, kept so that saving writes them back.
-    #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
 }
 
-/// Keys the parser interprets; everything else goes to `extra`.
-const KNOWN_KEYS: [&str; 21] = [
-    "architectures",
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "hidden_act",
-    "max_position_embeddings",
-    "initializer_range",
-    "rms_norm_eps",
-    "rope_theta",
-    "rope_scaling",
-    "tie_word_embeddings",
-    "attention_bias",
-    "mlp_bias",
-    "torch_dtype",
-    "bos_token_id",
-    "eos_token_id",
-];
+/// Llama: `model_type` `llama`, no per-head query and key norms, the rotary frequencies scaled
+/// as `rope_scaling` says; keys written sorted, as `transformers` (and `whale lm convert`) write
+/// them.
+impl ArchitectureKeys for LlamaKeys {
+    const NAME: &'static str = "Llama";
+    const MODEL_TYPE: &'static str = LLAMA_MODEL_TYPE;
+    const ARCHITECTURE: &'static str = LLAMA_ARCHITECTURE;
+    const MAX_POSITION_EMBEDDINGS: usize = 2048;
+    const KEYS: &'static [&'static str] = &["rope_scaling", "mlp_bias"];
+    const SORTED_KEYS: bool = true;
+    const QK_NORM: bool = false;
 
-impl LlamaConfig {
-    /// A configuration of the given shape with the defaults of `transformers`' `LlamaConfig` for
-    /// everything else (no rope scaling, untied embeddings, no special ids).
-    pub fn with_size(vocab_size: usize, size: ModelSize) -> Self {
-        Self {
-            architectures: vec![LLAMA_ARCHITECTURE.to_string()],
-            model_type: LLAMA_MODEL_TYPE.to_string(),
-            vocab_size,
-            hidden_size: size.hidden_size,
-            intermediate_size: size.intermediate_size,
-            num_hidden_layers: size.num_hidden_layers,
-            num_attention_heads: size.num_attention_heads,
-            num_key_value_heads: size.num_key_value_heads,
-            head_dim: size.head_dim,
-            hidden_act: "silu".to_string(),
-            max_position_embeddings: 2048,
-            initializer_range: 0.02,
-            rms_norm_eps: 1e-6,
-            rope_theta: 10_000.0,
-            rope_scaling: None,
-            tie_word_embeddings: false,
-            attention_bias: false,
-            mlp_bias: false,
-            torch_dtype: None,
-            bos_token_id: None,
-            eos_token_id: Vec::new(),
-            extra: BTreeMap::new(),
-        }
+    fn read(object: &Map<String, Value>) -> Result<Self, ConfigIssue> {
+        Ok(Self { rope_scaling: rope_scaling(object)?, mlp_bias: optional(object, "mlp_bias")?.unwrap_or(false) })
     }
 
-    /// Reads and validates a `config.json`.
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Io { file: path.to_path_buf(), source })?;
-        Self::from_json_str(&text, path)
-    }
-
-    /// Parses and validates the text of a `config.json`; `file` is only used in errors.
-    pub fn from_json_str(text: &str, file: &Path) -> Result<Self, ConfigError> {
-        let syntax = |reason: String| ConfigError::Syntax { file: file.to_path_buf(), reason };
-        let value: Value = serde_json::from_str(text).map_err(|e| syntax(e.to_string()))?;
-        let Value::Object(object) = value else { return Err(syntax("the top level is not an object".to_string())) };
-        let config = Self::from_object(object).map_err(|issue| ConfigError::invalid(file, issue))?;
-        config.validate().map_err(|issue| ConfigError::invalid(file, issue))?;
-        Ok(config)
-    }
-
-    /// Reads the keys with the defaults of `transformers`' `LlamaConfig`.
-    fn from_object(mut object: Map<String, Value>) -> Result<Self, ConfigIssue> {
-        let hidden_size: usize = required(&object, "hidden_size")?;
-        let num_attention_heads: usize = required(&object, "num_attention_heads")?;
-        let config = Self {
-            architectures: optional(&object, "architectures")?.unwrap_or_default(),
-            model_type: optional(&object, "model_type")?.unwrap_or_else(|| LLAMA_MODEL_TYPE.to_string()),
-            vocab_size: required(&object, "vocab_size")?,
-            hidden_size,
-            intermediate_size: required(&object, "intermediate_size")?,
-            num_hidden_layers: required(&object, "num_hidden_layers")?,
-            num_attention_heads,
-            num_key_value_heads: optional(&object, "num_key_value_heads")?.unwrap_or(num_attention_heads),
-            head_dim: optional(&object, "head_dim")?
-                .unwrap_or_else(|| hidden_size.checked_div(num_attention_heads).unwrap_or(0)),
-            hidden_act: optional(&object, "hidden_act")?.unwrap_or_else(|| "silu".to_string()),
-            max_position_embeddings: optional(&object, "max_position_embeddings")?.unwrap_or(2048),
-            initializer_range: optional(&object, "initializer_range")?.unwrap_or(0.02),
-            rms_norm_eps: optional(&object, "rms_norm_eps")?.unwrap_or(1e-6),
-            rope_theta: rope_theta(&object)?,
-            rope_scaling: rope_scaling(&object)?,
-            tie_word_embeddings: optional(&object, "tie_word_embeddings")?.unwrap_or(false),
-            attention_bias: optional(&object, "attention_bias")?.unwrap_or(false),
-            mlp_bias: optional(&object, "mlp_bias")?.unwrap_or(false),
-            torch_dtype: optional(&object, "torch_dtype")?
-                .map_or_else(|| optional(&object, "dtype"), |d| Ok(Some(d)))?,
-            bos_token_id: optional(&object, "bos_token_id")?,
-            eos_token_id: token_ids(&object, "eos_token_id")?,
-            extra: BTreeMap::new(),
-        };
-        object.retain(|key, _| !KNOWN_KEYS.contains(&key.as_str()));
-        Ok(Self { extra: object.into_iter().collect(), ..config })
-    }
-
-    /// Checks that the configuration describes a Llama model whale can run.
-    pub fn validate(&self) -> Result<(), ConfigIssue> {
-        if self.model_type != LLAMA_MODEL_TYPE {
-            return Err(ConfigIssue::new("model_type", format!("{:?} is not {LLAMA_MODEL_TYPE:?}", self.model_type)));
-        }
-        if !self.architectures.is_empty() && !self.architectures.iter().any(|a| a == LLAMA_ARCHITECTURE) {
-            return Err(ConfigIssue::new(
-                "architectures",
-                format!("{:?} does not contain {LLAMA_ARCHITECTURE}", self.architectures),
-            ));
-        }
-        self.decoder_keys().validate()?;
-        if self.attention_bias {
+    fn refuse(config: &LlamaConfig) -> Result<(), ConfigIssue> {
+        if config.attention_bias {
             return Err(ConfigIssue::new("attention_bias", "biases of the attention projections are not supported"));
         }
-        if self.mlp_bias {
+        if config.own.mlp_bias {
             return Err(ConfigIssue::new("mlp_bias", "biases of the MLP projections are not supported"));
         }
-        if self.extra.get("pretraining_tp").is_some_and(|v| v.as_u64() != Some(1)) {
+        if config.extra.get("pretraining_tp").is_some_and(|v| v.as_u64() != Some(1)) {
             return Err(ConfigIssue::new("pretraining_tp", "only 1 is supported"));
         }
         Ok(())
     }
 
-    /// The keys every dense decoder's configuration has.
-    fn decoder_keys(&self) -> DecoderKeys<'_> {
-        DecoderKeys {
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_hidden_layers: self.num_hidden_layers,
-            num_attention_heads: self.num_attention_heads,
-            num_key_value_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
-            max_position_embeddings: self.max_position_embeddings,
-            rms_norm_eps: self.rms_norm_eps,
-            rope_theta: self.rope_theta,
-            hidden_act: &self.hidden_act,
-            bos_token_id: self.bos_token_id,
-            eos_token_id: &self.eos_token_id,
+    fn inverse_frequencies(&self, plain: Vec<f64>) -> Vec<f64> {
+        match &self.rope_scaling {
+            Some(scaling) => scaling.scale(&plain),
+            None => plain,
         }
     }
+}
 
-    /// The configuration as the text of a `config.json`, its keys sorted as `transformers` (and
-    /// `whale lm convert`) write them, so that a checkpoint saved from a converted one lists its
-    /// keys as the original did.
-    pub fn to_json_string(&self) -> String {
-        // Serializing plain numbers, strings and JSON values cannot fail.
-        let keys = match serde_json::to_value(self) {
-            Ok(Value::Object(keys)) => keys,
-            _ => Map::new(),
-        };
-        let sorted: BTreeMap<String, Value> = keys.into_iter().collect();
-        serde_json::to_string_pretty(&sorted).unwrap_or_default()
+impl LlamaConfig {
+    /// A configuration of the given shape with the defaults of `transformers`' `LlamaConfig` for
+    /// everything else (no rope scaling, untied embeddings, no special ids).
+    pub fn with_size(vocab_size: usize, size: ModelSize) -> Self {
+        Self::shaped(vocab_size, size, LlamaKeys { rope_scaling: None, mlp_bias: false })
     }
 }
 
@@ -240,6 +93,10 @@ fn rope_scaling(object: &Map<String, Value>) -> Result<Option<RopeScaling>, Conf
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::qwen3::config::ConfigError;
+    use crate::qwen3::dense::DenseConfig;
+    use candle_core::DType;
+    use std::path::Path;
 
     fn parse(text: &str) -> Result<LlamaConfig, ConfigError> {
         LlamaConfig::from_json_str(text, Path::new("dir/config.json"))
@@ -259,7 +116,7 @@ mod tests {
     fn reads_a_converted_smollm2_config_and_round_trips_it() {
         let config = parse(SMOLLM2).expect("SmolLM2's config");
         assert_eq!((config.num_attention_heads, config.num_key_value_heads, config.head_dim), (9, 3, 64));
-        assert_eq!((config.rope_theta, config.rope_scaling, config.rms_norm_eps), (100_000.0, None, 1e-5));
+        assert_eq!((config.rope_theta, config.own.rope_scaling, config.rms_norm_eps), (100_000.0, None, 1e-5));
         assert_eq!((config.bos_token_id, config.eos_token_id.as_slice()), (Some(1), &[2][..]));
         assert!(config.tie_word_embeddings);
         assert_eq!(config.extra["pad_token_id"], 2);
@@ -283,7 +140,7 @@ mod tests {
         assert_eq!(config.model_type, LLAMA_MODEL_TYPE);
         assert_eq!((config.num_key_value_heads, config.head_dim), (8, 8));
         assert_eq!((config.rope_theta, config.max_position_embeddings), (10_000.0, 2048));
-        assert_eq!(config.rope_scaling, None);
+        assert_eq!(config.own.rope_scaling, None);
         assert!(!config.tie_word_embeddings);
     }
 
@@ -299,10 +156,10 @@ mod tests {
             high_freq_factor: 4.0,
             original_max_position_embeddings: 8192,
         };
-        assert_eq!(config.rope_scaling, Some(expected));
-        assert_eq!(parse(&config.to_json_string()).expect("written back").rope_scaling, Some(expected));
+        assert_eq!(config.own.rope_scaling, Some(expected));
+        assert_eq!(parse(&config.to_json_string()).expect("written back").own.rope_scaling, Some(expected));
         let legacy = parse(&with(r#"{"type": "linear", "factor": 2.0}"#)).expect("the older key");
-        assert_eq!(legacy.rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
+        assert_eq!(legacy.own.rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
         let message = parse(&with(r#"{"rope_type": "yarn", "factor": 4.0}"#)).unwrap_err().to_string();
         for part in ["dir/config.json", "`rope_scaling.rope_type`", "\"yarn\""] {
             assert!(message.contains(part), "{message:?} does not name {part}");
@@ -316,7 +173,10 @@ mod tests {
             r#""rope_parameters": {"rope_theta": 500000.0, "rope_type": "linear", "factor": 2.0}"#,
         );
         let config = parse(&text).expect("transformers 5");
-        assert_eq!((config.rope_theta, config.rope_scaling), (500_000.0, Some(RopeScaling::Linear { factor: 2.0 })));
+        assert_eq!(
+            (config.rope_theta, config.own.rope_scaling),
+            (500_000.0, Some(RopeScaling::Linear { factor: 2.0 }))
+        );
         let both = text.replace(
             "\"rope_parameters\"",
             r#""rope_scaling": {"rope_type": "linear", "factor": 4.0}, "rope_parameters""#,
@@ -342,5 +202,56 @@ mod tests {
             assert!(message.contains("dir/config.json"), "{message}");
             assert!(message.contains(&format!("`{key}`")), "{key}: {message}");
         }
+    }
+
+    /// A head of 8 at base 10,000: unscaled 1, 0.1, 0.01, 0.001.
+    fn config(scaling: Option<RopeScaling>) -> LlamaConfig {
+        let size = ModelSize { head_dim: 8, ..ModelSize::TINY };
+        LlamaConfig { own: LlamaKeys { rope_scaling: scaling, mlp_bias: false }, ..LlamaConfig::with_size(100, size) }
+    }
+
+    #[test]
+    fn llama_has_no_query_and_key_norms_and_counts_its_parameters() {
+        let settings = config(None).settings();
+        assert!(!settings.qk_norm);
+        let (h, d, i, layers) = (64, 8, 192, 2);
+        let layer = h * d * (2 * 4 + 2 * 2) + 3 * h * i + 2 * h;
+        assert_eq!(settings.parameter_count(), layers * layer + 2 * 100 * h + h, "untied: embeddings and head");
+    }
+
+    #[test]
+    fn the_settings_carry_the_scaled_rotary_frequencies() {
+        let close = |ours: &[f64], expected: &[f64]| {
+            ours.len() == expected.len() && ours.iter().zip(expected).all(|(a, b)| (a - b).abs() <= 1e-12 * b.abs())
+        };
+        assert!(close(&config(None).settings().inverse_frequencies, &[1.0, 0.1, 0.01, 0.001]));
+        let linear = config(Some(RopeScaling::Linear { factor: 2.0 })).settings();
+        assert!(close(&linear.inverse_frequencies, &[0.5, 0.05, 0.005, 0.0005]), "{:?}", linear.inverse_frequencies);
+        let llama3 = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 10,
+        };
+        // Every wavelength (2π and up) is above 10 / 4, all but the first above 10: those divided
+        // by 8, the first blended with weight (10 / 2π - 1) / 3.
+        let smooth = (10.0 / (2.0 * std::f64::consts::PI) - 1.0) / 3.0;
+        let first = (1.0 - smooth) / 8.0 + smooth;
+        let scaled = config(Some(llama3)).settings();
+        assert!(
+            close(&scaled.inverse_frequencies, &[first, 0.0125, 0.00125, 0.000125]),
+            "{:?}",
+            scaled.inverse_frequencies
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_config_says_llama_and_names_the_dtype() {
+        let mut config = config(None);
+        config.extra.insert("dtype".to_string(), "float16".into());
+        let written: serde_json::Value = serde_json::from_str(&config.checkpoint_json(DType::BF16)).unwrap();
+        assert_eq!(written["model_type"], "llama");
+        assert_eq!(written["architectures"], serde_json::json!(["LlamaForCausalLM"]));
+        assert_eq!((written["torch_dtype"].as_str(), written.get("dtype")), (Some("bfloat16"), None));
     }
 }

@@ -7,10 +7,11 @@
 //! frequencies), so [`LlamaModel`] is the decoder of [`crate::qwen3::model`] built from a
 //! [`LlamaConfig`], and its layers, key/value cache, training pass, LoRA adapters and
 //! checkpoint layout are the ones Qwen3 uses, written once. What is Llama's own is here: the
-//! config it reads and writes back (a checkpoint or adapter saved from it says `llama` and
-//! `LlamaForCausalLM`), what it refuses, and how it scales the rotary frequencies.
+//! keys of its config that Qwen3's has not ([`config::LlamaKeys`]; the shared ones are read and
+//! written back by [`crate::qwen3::config::DenseHfConfig`], and a checkpoint or adapter saved
+//! from it says `llama` and `LlamaForCausalLM`), what it refuses, and how it scales the rotary
+//! frequencies.
 
-pub mod architecture;
 pub mod config;
 pub mod rope_scaling;
 

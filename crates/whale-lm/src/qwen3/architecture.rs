@@ -1,14 +1,15 @@
-//! The dense decoder behind the seam, and Qwen3 on it.
+//! The dense decoder behind the seam, for Qwen3 and Llama alike.
 //!
 //! [`Architecture`] and [`TrainableModel`] are written once for the [`DenseModel`] of any
 //! [`DenseConfig`]: how the engine decodes with one (its parameter and FLOP counts included),
 //! and how the trainer trains and saves one and the registry loads one for the config's
-//! `model_type`s. What is an architecture's own (its name, its `model_type`s, its `config.json`
-//! and the settings it gives the layers) is its config's [`DenseConfig`] impl: Qwen3's is here,
-//! Llama's in [`crate::llama::architecture`].
+//! `model_type`s. [`DenseConfig`] is written once too, for the [`DenseHfConfig`] every dense
+//! architecture's `config.json` is read into; what is an architecture's own (its name,
+//! `model_type`, keys, query and key norms, rotary scaling) is its [`ArchitectureKeys`]:
+//! Qwen3's in [`super::config`], Llama's in [`crate::llama::config`].
 
 use super::checkpoint::{load_dense, save_model, torch_dtype_name, CheckpointError, GenerationConfig};
-use super::config::{ConfigError, ConfigIssue, Qwen3Config, QWEN3_MODEL_TYPE};
+use super::config::{ArchitectureKeys, ConfigError, ConfigIssue, DenseHfConfig};
 use super::dense::{plain_inverse_frequencies, DenseConfig, DenseSettings};
 use super::lora::{LoraAdapter, LoraConfig};
 use super::model::{DenseModel, KvCache, ModelError, SeqStep};
@@ -149,17 +150,18 @@ impl<C: DenseConfig> TrainableModel for DenseModel<C> {
     }
 }
 
-/// Qwen3: `model_type` `qwen3`, per-head query and key norms, unscaled rotary frequencies.
-impl DenseConfig for Qwen3Config {
-    const NAME: &'static str = "Qwen3";
-    const MODEL_TYPES: &'static [&'static str] = &[QWEN3_MODEL_TYPE];
+/// The configuration of any architecture on the dense decoder: its names from `K`, and the
+/// settings of the shared keys with `K`'s query and key norms and rotary frequencies.
+impl<K: ArchitectureKeys> DenseConfig for DenseHfConfig<K> {
+    const NAME: &'static str = K::NAME;
+    const MODEL_TYPES: &'static [&'static str] = &[K::MODEL_TYPE];
 
     fn read(file: &Path) -> Result<Self, ConfigError> {
-        Qwen3Config::from_file(file)
+        DenseHfConfig::from_file(file)
     }
 
     fn validate(&self) -> Result<(), ConfigIssue> {
-        Qwen3Config::validate(self)
+        DenseHfConfig::validate(self)
     }
 
     fn settings(&self) -> DenseSettings {
@@ -173,8 +175,10 @@ impl DenseConfig for Qwen3Config {
             head_dim: self.head_dim,
             rms_norm_eps: self.rms_norm_eps,
             tie_word_embeddings: self.tie_word_embeddings,
-            qk_norm: true,
-            inverse_frequencies: plain_inverse_frequencies(self.rope_theta, self.head_dim),
+            qk_norm: K::QK_NORM,
+            inverse_frequencies: self
+                .own
+                .inverse_frequencies(plain_inverse_frequencies(self.rope_theta, self.head_dim)),
             initializer_range: self.initializer_range,
             max_position_embeddings: self.max_position_embeddings,
             bos_token_id: self.bos_token_id,
@@ -182,7 +186,8 @@ impl DenseConfig for Qwen3Config {
         }
     }
 
-    /// The config as read, with `torch_dtype` naming `dtype` (and no `dtype` key beside it).
+    /// The config as read (its `model_type` and `architectures` the architecture's), with
+    /// `torch_dtype` naming `dtype` (and no `dtype` key beside it).
     fn checkpoint_json(&self, dtype: DType) -> String {
         let mut config = self.clone();
         config.torch_dtype = Some(torch_dtype_name(dtype).to_string());
@@ -194,6 +199,7 @@ impl DenseConfig for Qwen3Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::qwen3::config::Qwen3Config;
 
     #[test]
     fn the_flop_counts_count_every_matrix_once() {

@@ -1,17 +1,22 @@
-//! The model's hyper-parameters, read from and written to a Hugging Face `config.json`.
+//! The hyper-parameters of the dense decoder's architectures (Qwen3's, Llama's), read from and
+//! written to a Hugging Face `config.json`.
 //!
-//! Checkpoints are exchanged with other tools in the Hugging Face layout, so the configuration
-//! uses the `Qwen3Config` keys of `transformers`. Keys are read one at a time so that every
-//! problem names the file and the key at fault; keys this crate does not use are kept verbatim
-//! and written back, so loading and saving a foreign checkpoint loses nothing.
+//! Checkpoints are exchanged with other tools in the Hugging Face layout, so a configuration
+//! uses the keys of `transformers`. Keys are read one at a time so that every problem names the
+//! file and the key at fault; keys this crate does not use are kept verbatim and written back,
+//! so loading and saving a foreign checkpoint loses nothing.
 //!
-//! The JSON helpers, the errors and the checks of the keys every dense decoder's config has
-//! (`DecoderKeys`) are shared: Llama's configuration ([`crate::llama::config`]) reads with them.
+//! Why one generic configuration: Qwen3's and Llama's `config.json`s share most of their keys
+//! and differ in a few of their own, in defaults and in what they refuse. [`DenseHfConfig`]
+//! declares, reads, checks and writes the shared keys once; an architecture's
+//! [`ArchitectureKeys`] is what is its own ([`Qwen3Keys`] here, Llama's in
+//! [`crate::llama::config`]). The JSON helpers and errors serve Qwen3.5's configuration too.
 
 use serde::de::DeserializeOwned;
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
+use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
 /// The `architectures` entry of a Qwen3 causal language model.
@@ -51,9 +56,41 @@ impl ModelSize {
     };
 }
 
-/// A Qwen3 configuration with the Hugging Face key names.
+/// What one architecture on the dense decoder has of its own in its `config.json`: its names,
+/// the keys only it has (the fields of `Self`), a default, what it refuses and how it sets the
+/// layers.
+pub trait ArchitectureKeys: Debug + Clone + PartialEq + Serialize + Send + Sync + 'static {
+    /// The architecture's name, for messages.
+    const NAME: &'static str;
+    /// The `model_type` it reads and writes; a `config.json` without one is read as this.
+    const MODEL_TYPE: &'static str;
+    /// The `architectures` entry of its causal language model.
+    const ARCHITECTURE: &'static str;
+    /// `max_position_embeddings` when `config.json` has none (`transformers`' default).
+    const MAX_POSITION_EMBEDDINGS: usize;
+    /// The keys [`ArchitectureKeys::read`] interprets, kept out of `extra`.
+    const KEYS: &'static [&'static str];
+    /// Whether `config.json` lists its keys sorted, as `transformers` writes them, rather than
+    /// in the order of the fields.
+    const SORTED_KEYS: bool;
+    /// Whether each attention head normalises its queries and keys.
+    const QK_NORM: bool;
+    /// Reads the architecture's own keys.
+    fn read(object: &Map<String, Value>) -> Result<Self, ConfigIssue>;
+    /// Refuses what the decoder does not compute for this architecture, naming the key; called
+    /// once the shared keys have passed their checks.
+    fn refuse(config: &DenseHfConfig<Self>) -> Result<(), ConfigIssue>;
+    /// The rotary inverse frequencies from the unscaled ones: those, unless the architecture
+    /// scales them.
+    fn inverse_frequencies(&self, plain: Vec<f64>) -> Vec<f64> {
+        plain
+    }
+}
+
+/// A dense decoder's configuration with the Hugging Face key names: the keys Qwen3's and
+/// Llama's share, the architecture's own (`own`) and every other key as read.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Qwen3Config {
+pub struct DenseHfConfig<K> {
     pub architectures: Vec<String>,
     pub model_type: String,
     pub vocab_size: usize,
@@ -61,6 +98,7 @@ pub struct Qwen3Config {
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
+    /// Fewer than `num_attention_heads` for grouped-query attention.
     pub num_key_value_heads: usize,
     pub head_dim: usize,
     pub hidden_act: String,
@@ -69,6 +107,7 @@ pub struct Qwen3Config {
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     pub tie_word_embeddings: bool,
+    /// Biases of the attention projections: not supported, so `false` whenever valid.
     pub attention_bias: bool,
     /// The dtype the weights were saved in (`"float32"`, `"bfloat16"`, ...), informative only.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -78,10 +117,22 @@ pub struct Qwen3Config {
     /// One or more end-of-sequence ids; written as a number when there is exactly one.
     #[serde(serialize_with = "one_or_many", skip_serializing_if = "Vec::is_empty")]
     pub eos_token_id: Vec<u32>,
+    /// The keys only this architecture has.
+    #[serde(flatten)]
+    pub own: K,
     /// Keys this crate does not interpret, kept so that saving writes them back.
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
 }
+
+/// A Qwen3 configuration with the Hugging Face key names.
+pub type Qwen3Config = DenseHfConfig<Qwen3Keys>;
+
+/// Qwen3's own keys: none beyond the shared ones. What is Qwen3's own is in its
+/// [`ArchitectureKeys`] impl: per-head query and key norms, 32,768 positions by default and what
+/// it refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Qwen3Keys;
 
 /// What is wrong with a configuration, independent of where it came from.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -114,8 +165,9 @@ impl ConfigError {
     }
 }
 
-/// Keys the parser interprets; everything else goes to `extra`.
-const KNOWN_KEYS: [&str; 19] = [
+/// The shared keys [`DenseHfConfig`] reads; everything but these and the architecture's own
+/// goes to `extra`.
+const SHARED_KEYS: [&str; 19] = [
     "architectures",
     "model_type",
     "vocab_size",
@@ -137,12 +189,14 @@ const KNOWN_KEYS: [&str; 19] = [
     "eos_token_id",
 ];
 
-impl Qwen3Config {
-    /// A configuration of the given shape with Qwen3's defaults for everything else.
-    pub fn with_size(vocab_size: usize, size: ModelSize) -> Self {
+impl<K: ArchitectureKeys> DenseHfConfig<K> {
+    /// A configuration of the given shape with the architecture's `own` keys and, for the
+    /// shared keys, the defaults `transformers` reads a `config.json` without them with (SiLU,
+    /// base 10,000, untied embeddings, no biases, no special ids).
+    pub(crate) fn shaped(vocab_size: usize, size: ModelSize, own: K) -> Self {
         Self {
-            architectures: vec![QWEN3_ARCHITECTURE.to_string()],
-            model_type: QWEN3_MODEL_TYPE.to_string(),
+            architectures: vec![K::ARCHITECTURE.to_string()],
+            model_type: K::MODEL_TYPE.to_string(),
             vocab_size,
             hidden_size: size.hidden_size,
             intermediate_size: size.intermediate_size,
@@ -151,27 +205,18 @@ impl Qwen3Config {
             num_key_value_heads: size.num_key_value_heads,
             head_dim: size.head_dim,
             hidden_act: "silu".to_string(),
-            max_position_embeddings: 4096,
+            max_position_embeddings: K::MAX_POSITION_EMBEDDINGS,
             initializer_range: 0.02,
             rms_norm_eps: 1e-6,
-            rope_theta: 1_000_000.0,
-            tie_word_embeddings: true,
+            rope_theta: 10_000.0,
+            tie_word_embeddings: false,
             attention_bias: false,
             torch_dtype: None,
             bos_token_id: None,
             eos_token_id: Vec::new(),
+            own,
             extra: BTreeMap::new(),
         }
-    }
-
-    /// A tiny model with tied embeddings, for tests.
-    pub fn tiny(vocab_size: usize) -> Self {
-        Self::with_size(vocab_size, ModelSize::TINY)
-    }
-
-    /// The default base model trained on the CPU.
-    pub fn base(vocab_size: usize) -> Self {
-        Self::with_size(vocab_size, ModelSize::BASE)
     }
 
     /// Reads and validates a `config.json`.
@@ -183,36 +228,32 @@ impl Qwen3Config {
 
     /// Parses and validates the text of a `config.json`; `file` is only used in errors.
     pub fn from_json_str(text: &str, file: &Path) -> Result<Self, ConfigError> {
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| ConfigError::Syntax { file: file.to_path_buf(), reason: e.to_string() })?;
-        let Value::Object(object) = value else {
-            return Err(ConfigError::Syntax {
-                file: file.to_path_buf(),
-                reason: "the top level is not an object".to_string(),
-            });
-        };
+        let syntax = |reason: String| ConfigError::Syntax { file: file.to_path_buf(), reason };
+        let value: Value = serde_json::from_str(text).map_err(|e| syntax(e.to_string()))?;
+        let Value::Object(object) = value else { return Err(syntax("the top level is not an object".to_string())) };
         let config = Self::from_object(object).map_err(|issue| ConfigError::invalid(file, issue))?;
         config.validate().map_err(|issue| ConfigError::invalid(file, issue))?;
         Ok(config)
     }
 
-    /// Reads the keys with the defaults of `transformers`' `Qwen3Config` where it has them.
+    /// Reads the keys with the defaults of `transformers` where it has them.
     fn from_object(mut object: Map<String, Value>) -> Result<Self, ConfigIssue> {
         let hidden_size: usize = required(&object, "hidden_size")?;
         let num_attention_heads: usize = required(&object, "num_attention_heads")?;
-        let head_dim_default = hidden_size.checked_div(num_attention_heads).unwrap_or(0);
         let config = Self {
             architectures: optional(&object, "architectures")?.unwrap_or_default(),
-            model_type: optional(&object, "model_type")?.unwrap_or_else(|| QWEN3_MODEL_TYPE.to_string()),
+            model_type: optional(&object, "model_type")?.unwrap_or_else(|| K::MODEL_TYPE.to_string()),
             vocab_size: required(&object, "vocab_size")?,
             hidden_size,
             intermediate_size: required(&object, "intermediate_size")?,
             num_hidden_layers: required(&object, "num_hidden_layers")?,
             num_attention_heads,
             num_key_value_heads: optional(&object, "num_key_value_heads")?.unwrap_or(num_attention_heads),
-            head_dim: optional(&object, "head_dim")?.unwrap_or(head_dim_default),
+            head_dim: optional(&object, "head_dim")?
+                .unwrap_or_else(|| hidden_size.checked_div(num_attention_heads).unwrap_or(0)),
             hidden_act: optional(&object, "hidden_act")?.unwrap_or_else(|| "silu".to_string()),
-            max_position_embeddings: optional(&object, "max_position_embeddings")?.unwrap_or(32768),
+            max_position_embeddings: optional(&object, "max_position_embeddings")?
+                .unwrap_or(K::MAX_POSITION_EMBEDDINGS),
             initializer_range: optional(&object, "initializer_range")?.unwrap_or(0.02),
             rms_norm_eps: optional(&object, "rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta: rope_theta(&object)?,
@@ -222,100 +263,31 @@ impl Qwen3Config {
                 .map_or_else(|| optional(&object, "dtype"), |d| Ok(Some(d)))?,
             bos_token_id: optional(&object, "bos_token_id")?,
             eos_token_id: token_ids(&object, "eos_token_id")?,
+            own: K::read(&object)?,
             extra: BTreeMap::new(),
         };
-        object.retain(|key, _| !KNOWN_KEYS.contains(&key.as_str()));
+        object.retain(|key, _| !SHARED_KEYS.contains(&key.as_str()) && !K::KEYS.contains(&key.as_str()));
         Ok(Self { extra: object.into_iter().collect(), ..config })
     }
 
-    /// Checks that the configuration describes a model this crate can run.
+    /// Checks that the configuration describes a model of the architecture the decoder can run.
     pub fn validate(&self) -> Result<(), ConfigIssue> {
-        if self.model_type != QWEN3_MODEL_TYPE {
-            return Err(ConfigIssue::new("model_type", format!("{:?} is not {QWEN3_MODEL_TYPE:?}", self.model_type)));
+        if self.model_type != K::MODEL_TYPE {
+            return Err(ConfigIssue::new("model_type", format!("{:?} is not {:?}", self.model_type, K::MODEL_TYPE)));
         }
-        if !self.architectures.is_empty() && !self.architectures.iter().any(|a| a == QWEN3_ARCHITECTURE) {
+        if !self.architectures.is_empty() && !self.architectures.iter().any(|a| a == K::ARCHITECTURE) {
             return Err(ConfigIssue::new(
                 "architectures",
-                format!("{:?} does not contain {QWEN3_ARCHITECTURE}", self.architectures),
+                format!("{:?} does not contain {}", self.architectures, K::ARCHITECTURE),
             ));
         }
-        self.decoder_keys().validate()?;
-        self.validate_unsupported_features()
+        self.validate_shared_keys()?;
+        K::refuse(self)
     }
 
-    /// The keys every dense decoder's configuration has.
-    fn decoder_keys(&self) -> DecoderKeys<'_> {
-        DecoderKeys {
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_hidden_layers: self.num_hidden_layers,
-            num_attention_heads: self.num_attention_heads,
-            num_key_value_heads: self.num_key_value_heads,
-            head_dim: self.head_dim,
-            max_position_embeddings: self.max_position_embeddings,
-            rms_norm_eps: self.rms_norm_eps,
-            rope_theta: self.rope_theta,
-            hidden_act: &self.hidden_act,
-            bos_token_id: self.bos_token_id,
-            eos_token_id: &self.eos_token_id,
-        }
-    }
-
-    fn validate_unsupported_features(&self) -> Result<(), ConfigIssue> {
-        if self.attention_bias {
-            return Err(ConfigIssue::new("attention_bias", "biases are not supported"));
-        }
-        if self.extra.get("rope_scaling").is_some_and(|v| !v.is_null()) {
-            return Err(ConfigIssue::new("rope_scaling", "scaled rotary embeddings are not supported"));
-        }
-        let rope_type = self.extra.get("rope_parameters").and_then(|p| p.get("rope_type")).and_then(Value::as_str);
-        if let Some(kind) = rope_type.filter(|kind| *kind != "default") {
-            return Err(ConfigIssue::new(
-                "rope_parameters.rope_type",
-                format!("{kind:?} rotary embeddings are not supported (only \"default\")"),
-            ));
-        }
-        if self.extra.get("use_sliding_window").is_some_and(|v| v.as_bool() != Some(false)) {
-            return Err(ConfigIssue::new("use_sliding_window", "sliding-window attention is not supported"));
-        }
-        Ok(())
-    }
-
-    /// The configuration as the text of a `config.json`.
-    pub fn to_json_string(&self) -> String {
-        // Serializing plain numbers, strings and JSON values cannot fail.
-        serde_json::to_string_pretty(self).unwrap_or_default()
-    }
-
-    /// How many query heads share one key/value head.
-    pub fn kv_groups(&self) -> usize {
-        self.num_attention_heads / self.num_key_value_heads
-    }
-}
-
-/// The keys every dense decoder's `config.json` has (Qwen3's, Llama's), checked alike whichever
-/// architecture's configuration holds them.
-pub(crate) struct DecoderKeys<'a> {
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: usize,
-    pub head_dim: usize,
-    pub max_position_embeddings: usize,
-    pub rms_norm_eps: f64,
-    pub rope_theta: f64,
-    pub hidden_act: &'a str,
-    pub bos_token_id: Option<u32>,
-    pub eos_token_id: &'a [u32],
-}
-
-impl DecoderKeys<'_> {
     /// Sizes positive and consistent, the floats positive, the special ids in the vocabulary
     /// and the activation SiLU (what the decoder's MLP computes).
-    pub(crate) fn validate(&self) -> Result<(), ConfigIssue> {
+    fn validate_shared_keys(&self) -> Result<(), ConfigIssue> {
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -349,7 +321,7 @@ impl DecoderKeys<'_> {
             return Err(ConfigIssue::new(key, format!("{value} is not a positive number")));
         }
         let outside = |id: &&u32| **id as usize >= self.vocab_size;
-        if let Some(id) = self.bos_token_id.iter().chain(self.eos_token_id).find(outside) {
+        if let Some(id) = self.bos_token_id.iter().chain(&self.eos_token_id).find(outside) {
             let key = if Some(*id) == self.bos_token_id { "bos_token_id" } else { "eos_token_id" };
             return Err(ConfigIssue::new(key, format!("{id} is outside the vocabulary of {}", self.vocab_size)));
         }
@@ -360,6 +332,85 @@ impl DecoderKeys<'_> {
             ));
         }
         Ok(())
+    }
+
+    /// The configuration as the text of a `config.json`: its keys in the order of the fields,
+    /// or sorted where the architecture's are ([`ArchitectureKeys::SORTED_KEYS`]) so that a
+    /// checkpoint saved from a converted one lists its keys as the original did.
+    pub fn to_json_string(&self) -> String {
+        // Serializing plain numbers, strings and JSON values cannot fail.
+        if !K::SORTED_KEYS {
+            return serde_json::to_string_pretty(self).unwrap_or_default();
+        }
+        let keys = match serde_json::to_value(self) {
+            Ok(Value::Object(keys)) => keys,
+            _ => Map::new(),
+        };
+        let sorted: BTreeMap<String, Value> = keys.into_iter().collect();
+        serde_json::to_string_pretty(&sorted).unwrap_or_default()
+    }
+
+    /// How many query heads share one key/value head.
+    pub fn kv_groups(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+}
+
+/// Qwen3: `model_type` `qwen3`, per-head query and key norms, unscaled rotary frequencies; no
+/// biases, rotary scaling or sliding window.
+impl ArchitectureKeys for Qwen3Keys {
+    const NAME: &'static str = "Qwen3";
+    const MODEL_TYPE: &'static str = QWEN3_MODEL_TYPE;
+    const ARCHITECTURE: &'static str = QWEN3_ARCHITECTURE;
+    const MAX_POSITION_EMBEDDINGS: usize = 32768;
+    const KEYS: &'static [&'static str] = &[];
+    const SORTED_KEYS: bool = false;
+    const QK_NORM: bool = true;
+
+    fn read(_: &Map<String, Value>) -> Result<Self, ConfigIssue> {
+        Ok(Qwen3Keys)
+    }
+
+    fn refuse(config: &Qwen3Config) -> Result<(), ConfigIssue> {
+        if config.attention_bias {
+            return Err(ConfigIssue::new("attention_bias", "biases are not supported"));
+        }
+        if config.extra.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+            return Err(ConfigIssue::new("rope_scaling", "scaled rotary embeddings are not supported"));
+        }
+        let rope_type = config.extra.get("rope_parameters").and_then(|p| p.get("rope_type")).and_then(Value::as_str);
+        if let Some(kind) = rope_type.filter(|kind| *kind != "default") {
+            return Err(ConfigIssue::new(
+                "rope_parameters.rope_type",
+                format!("{kind:?} rotary embeddings are not supported (only \"default\")"),
+            ));
+        }
+        if config.extra.get("use_sliding_window").is_some_and(|v| v.as_bool() != Some(false)) {
+            return Err(ConfigIssue::new("use_sliding_window", "sliding-window attention is not supported"));
+        }
+        Ok(())
+    }
+}
+
+impl Qwen3Config {
+    /// A configuration of the given shape with Qwen3's defaults for everything else.
+    pub fn with_size(vocab_size: usize, size: ModelSize) -> Self {
+        Self {
+            max_position_embeddings: 4096,
+            rope_theta: 1_000_000.0,
+            tie_word_embeddings: true,
+            ..Self::shaped(vocab_size, size, Qwen3Keys)
+        }
+    }
+
+    /// A tiny model with tied embeddings, for tests.
+    pub fn tiny(vocab_size: usize) -> Self {
+        Self::with_size(vocab_size, ModelSize::TINY)
+    }
+
+    /// The default base model trained on the CPU.
+    pub fn base(vocab_size: usize) -> Self {
+        Self::with_size(vocab_size, ModelSize::BASE)
     }
 }
 

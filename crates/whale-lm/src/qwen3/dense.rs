@@ -1,13 +1,14 @@
 //! What the dense decoder of [`crate::qwen3::model`] is built from, so that more than one
-//! architecture runs on it: each such architecture's config (Qwen3's, Llama's) implements
-//! [`DenseConfig`] and produces the [`DenseSettings`] the layers are assembled from.
+//! architecture runs on it: each such architecture's config (Qwen3's, Llama's, both a
+//! [`crate::qwen3::config::DenseHfConfig`]) implements [`DenseConfig`] and produces the
+//! [`DenseSettings`] the layers are assembled from.
 //!
 //! Why a seam of its own: Qwen3 and Llama are the same grouped-query-attention decoder (pre-norm
 //! blocks, rotary embeddings, a SwiGLU MLP) apart from Qwen3's per-head query and key norms and
-//! Llama's scaled rotary frequencies. Their `config.json`s differ (keys, defaults, what is
-//! refused, what a checkpoint writes back), their layers do not; so the configs stay in their
-//! folders and the layers, the cache, the training pass and the LoRA updates are written once,
-//! over the settings both configs reduce to.
+//! Llama's scaled rotary frequencies. Their `config.json`s differ in a few keys, defaults and
+//! refusals (each architecture's `ArchitectureKeys`, in its folder), their layers not at all; so
+//! the layers, the cache, the training pass and the LoRA updates are written once, over the
+//! settings both configs reduce to.
 
 use crate::qwen3::config::{ConfigError, ConfigIssue};
 use candle_core::DType;
