@@ -1,7 +1,8 @@
 //! How fast the local policy runs on this machine, measured in one run so the numbers compare:
-//! generation through the engine at several numbers of concurrent requests, SFT training
-//! steps, and the machine's own f32 matmul ceiling, which turns each throughput into a
-//! model-FLOPs utilisation (MFU).
+//! prefill of a batch of long prompts, generation through the engine at several numbers of
+//! concurrent requests, SFT training steps of the full weights and of a LoRA adapter, the
+//! machine's own f32 matmul ceiling, which turns each throughput into a model-FLOPs
+//! utilisation (MFU), and the process's peak resident memory.
 //!
 //! Model FLOPs count the useful arithmetic of the model, not what the implementation happens
 //! to spend: each architecture gives its own counts ([`FlopCounts`], from whale-lm's
@@ -11,9 +12,17 @@
 //! - Generation of `c` tokens after a prompt of `P`: the prompt and `c - 1` sampled tokens are
 //!   fed and `c` logit rows computed, so `n = P + c - 1`, `m = c` — about `2·(B + H)` per
 //!   token plus attention. Tokens/s counts generated tokens; the time includes the prefill.
+//! - Prefill: requests that ask for one token each, so the time is almost all the forward pass
+//!   over their prompts (`n = P`, `m = 1`). Tokens/s counts prompt tokens fed.
 //! - Training: backward costs twice the forward, so a step costs `3×` the forward FLOPs of
 //!   its examples, about `6·B` per position; an example of `T` tokens feeds `T - 1` positions
-//!   and scores its completion tokens (`m`). Tokens/s counts positions fed.
+//!   and scores its completion tokens (`m`). Tokens/s counts positions fed. A LoRA step needs
+//!   no gradient of the frozen weights, only of the activations, so it costs `2×` the forward
+//!   (the adapter's own small products, a few per cent at rank 16, are not counted).
+//!
+//! The peak resident set size (Linux's `VmHWM`) is the whole process's high-water mark over
+//! every workload above (the training steps' activations and optimizer state usually set it):
+//! what decides whether a model of this size fits a machine.
 //!
 //! Without a model directory the bench serves a fresh random model, built in memory
 //! (whale-lm's [`whale_lm::random`]): [`ModelSize::BASE`](whale_lm::ModelSize::BASE), or a
@@ -28,18 +37,19 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use whale_engine::{EngineConfig, EngineError, LocalPolicy};
+use whale_engine::{EngineConfig, EngineError, EngineStats, LocalPolicy};
 use whale_lm::qwen3_5::Qwen35Size;
 use whale_lm::random::{random_model, random_qwen35, RandomModelError, SyntheticText};
-use whale_lm::{Decoder, FlopCounts, ModelError, TrainableModel, WithTrainable};
-use whale_policy::{PolicyError, SamplingParams};
+use whale_lm::{Decoder, FlopCounts, LoraConfig, ModelError, TrainableError, TrainableModel, WithTrainable};
+use whale_policy::{Completion, PolicyError, SamplingParams};
 use whale_text::{ChatTemplate, Tokenizer, TokenizerError};
 use whale_train::{SftExample, SftTrainer, TrainError, TrainerConfig};
 
 /// What to measure.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchConfig {
-    /// A Hugging Face model directory (Qwen3 or Qwen3.5); `None` uses a random model.
+    /// A Hugging Face model directory of any registered architecture; `None` uses a random
+    /// model.
     pub model_dir: Option<PathBuf>,
     /// The random model's shape: a Qwen3.5 of this size ([`random_qwen35`]), or `None` for the
     /// [`ModelSize::BASE`](whale_lm::ModelSize::BASE) Qwen3 ([`random_model`]).
@@ -50,12 +60,20 @@ pub struct BenchConfig {
     pub prompt_tokens: usize,
     /// Tokens each generation request asks for (fewer when it samples an end token).
     pub new_tokens: usize,
+    /// The prefill row: this many concurrent requests, each a prompt of
+    /// `prefill_prompt_tokens` asking for one token.
+    pub prefill_requests: usize,
+    pub prefill_prompt_tokens: usize,
     /// Examples of each timed SFT step, all of the same prompt and completion lengths.
     pub train_examples: usize,
     pub train_prompt_tokens: usize,
     pub train_completion_tokens: usize,
-    /// Timed SFT steps, after one untimed warm-up step; 0 leaves the training row out.
+    /// Timed SFT steps of each training row, after one untimed warm-up step; 0 leaves the
+    /// training rows out.
     pub train_steps: usize,
+    /// Rank of the adapter of the LoRA training row (the other LoRA settings are
+    /// [`LoraConfig::default`]'s); 0 leaves that row out.
+    pub lora_rank: usize,
     /// Side of the square f32 matrices multiplied to find the ceiling, and how many products
     /// to time (the fastest counts).
     pub matmul_size: usize,
@@ -72,10 +90,13 @@ impl Default for BenchConfig {
             batch_sizes: vec![1, 8, 64],
             prompt_tokens: 32,
             new_tokens: 64,
+            prefill_requests: 8,
+            prefill_prompt_tokens: 256,
             train_examples: 16,
             train_prompt_tokens: 32,
             train_completion_tokens: 96,
             train_steps: 2,
+            lora_rank: 16,
             matmul_size: 1024,
             matmul_repeats: 20,
             random_vocab_size: 8192,
@@ -96,6 +117,8 @@ pub enum BenchError {
     #[error(transparent)]
     Train(#[from] TrainError),
     #[error(transparent)]
+    Trainable(#[from] TrainableError),
+    #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Random(#[from] RandomModelError),
@@ -109,7 +132,7 @@ pub enum BenchError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchRow {
     pub workload: String,
-    /// Generated tokens (generation) or positions fed (training).
+    /// Prompt tokens fed (prefill), generated tokens (generation) or positions fed (training).
     pub tokens: usize,
     pub seconds: f64,
     pub tokens_per_second: f64,
@@ -117,7 +140,7 @@ pub struct BenchRow {
     pub flops_per_second: f64,
     /// `flops_per_second` over the measured matmul ceiling.
     pub mfu: f64,
-    /// What else explains the number (requests, decode batch sizes, loss).
+    /// What else explains the number (requests, prefill and decode batch sizes, loss).
     pub detail: String,
 }
 
@@ -133,6 +156,9 @@ pub struct BenchTable {
     pub matmul_flops_per_second: f64,
     pub matmul_size: usize,
     pub rows: Vec<BenchRow>,
+    /// The process's peak resident set size in bytes, read after the workloads; `None` where
+    /// the system does not say (it is read from Linux's `/proc/self/status`).
+    pub peak_rss_bytes: Option<u64>,
 }
 
 impl fmt::Display for BenchTable {
@@ -155,7 +181,10 @@ impl fmt::Display for BenchTable {
                 row.detail
             )?;
         }
-        Ok(())
+        match self.peak_rss_bytes {
+            Some(bytes) => writeln!(f, "peak RSS (VmHWM): {:.1} MiB", bytes as f64 / (1024.0 * 1024.0)),
+            None => writeln!(f, "peak RSS: unknown (no VmHWM in /proc/self/status on this system)"),
+        }
     }
 }
 
@@ -163,22 +192,28 @@ impl fmt::Display for BenchTable {
 /// matmul ceiling is timed before and after the workloads and the best counts, so a moment of
 /// contention on a shared machine does not lower it.
 ///
-/// The SFT steps (of either architecture, through [`SftTrainer`]) update the served model's
-/// weights in memory (nothing is written to disk), so they run after the generation
-/// measurements.
+/// The full-weight SFT steps (of any architecture, through [`SftTrainer`]) update the served
+/// model's weights in memory (nothing is written to disk), so they run after the prefill and
+/// generation measurements; the LoRA steps train a fresh adapter on the weights they left.
 pub fn run_bench(config: &BenchConfig, device: &Device) -> Result<BenchTable, BenchError> {
     validate(config)?;
     let ceiling_before = matmul_ceiling(config.matmul_size, config.matmul_repeats, device)?;
     let (policy, model_name) = bench_policy(config, device)?;
     let decoder = policy.decoder();
     let flops = FlopModel(decoder.flop_counts());
-    let text_ids = corpus_ids(policy.tokenizer(), config.prompt_tokens.max(config.train_prompt_tokens) * 64)?;
-    let mut rows = Vec::new();
+    let longest_prompt = config.prompt_tokens.max(config.prefill_prompt_tokens).max(config.train_prompt_tokens);
+    let text_ids = corpus_ids(policy.tokenizer(), longest_prompt * 64)?;
+    let mut rows = vec![prefill_row(&policy, &flops, &text_ids, config)?];
     for &batch in &config.batch_sizes {
         rows.push(generation_row(&policy, &flops, &text_ids, batch, config)?);
     }
     if config.train_steps > 0 {
-        rows.push(decoder.with_trainable(TrainingRow { flops: &flops, text_ids: &text_ids, config })?);
+        let row = |lora| TrainingRow { flops: &flops, text_ids: &text_ids, config, lora };
+        rows.push(decoder.with_trainable(row(None))?);
+        if config.lora_rank > 0 {
+            let lora = LoraConfig { rank: config.lora_rank, ..LoraConfig::default() };
+            rows.push(decoder.with_trainable(row(Some(lora)))?);
+        }
     }
     let ceiling_after = matmul_ceiling(config.matmul_size, config.matmul_repeats, device)?;
     let matmul_flops_per_second = ceiling_before.max(ceiling_after);
@@ -192,6 +227,7 @@ pub fn run_bench(config: &BenchConfig, device: &Device) -> Result<BenchTable, Be
         matmul_flops_per_second,
         matmul_size: config.matmul_size,
         rows,
+        peak_rss_bytes: peak_rss_bytes(),
     })
 }
 
@@ -199,6 +235,8 @@ fn validate(config: &BenchConfig) -> Result<(), BenchError> {
     let positive = [
         ("prompt_tokens", config.prompt_tokens),
         ("new_tokens", config.new_tokens),
+        ("prefill_requests", config.prefill_requests),
+        ("prefill_prompt_tokens", config.prefill_prompt_tokens),
         ("train_examples", config.train_examples),
         ("train_prompt_tokens", config.train_prompt_tokens),
         ("train_completion_tokens", config.train_completion_tokens),
@@ -233,7 +271,7 @@ fn matmul_ceiling(size: usize, repeats: usize, device: &Device) -> Result<f64, B
 
 /// The engine to measure and its description.
 fn bench_policy(config: &BenchConfig, device: &Device) -> Result<(LocalPolicy, String), BenchError> {
-    let max_batch_size = config.batch_sizes.iter().copied().max().unwrap_or(1);
+    let max_batch_size = config.batch_sizes.iter().copied().chain([config.prefill_requests]).max().unwrap_or(1);
     let engine = EngineConfig { max_batch_size, ..EngineConfig::default() };
     if let Some(dir) = &config.model_dir {
         let policy = LocalPolicy::load(dir, DType::F32, device, engine)?;
@@ -264,6 +302,75 @@ fn corpus_ids(tokenizer: &Tokenizer, len: usize) -> Result<Vec<u32>, BenchError>
     Ok(ids)
 }
 
+/// What `requests` concurrent requests gave: their completions, the wall time they took
+/// together, and the engine's counters before and after.
+struct Concurrent {
+    completions: Vec<Completion>,
+    seconds: f64,
+    before: EngineStats,
+    after: EngineStats,
+}
+
+/// `requests` concurrent requests, each a prompt of `prompt_tokens` from its own window of
+/// `text_ids` and asking for `max_tokens`, after one untimed request that warms the engine up.
+fn concurrent_requests(
+    policy: &LocalPolicy,
+    text_ids: &[u32],
+    requests: usize,
+    prompt_tokens: usize,
+    max_tokens: usize,
+) -> Result<Concurrent, BenchError> {
+    let prompt = |index: usize| {
+        let start = (index * 7) % (text_ids.len() - prompt_tokens);
+        text_ids[start..start + prompt_tokens].to_vec()
+    };
+    let params = |seed: u64| SamplingParams { max_tokens, seed, ..SamplingParams::default() };
+    policy.generate(prompt(0), &SamplingParams { max_tokens: max_tokens.min(4), ..params(0) })?;
+    let before = policy.stats();
+    let start = Instant::now();
+    let completions = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..requests)
+            .map(|index| scope.spawn(move || policy.generate(prompt(index), &params(index as u64))))
+            .collect();
+        handles.into_iter().map(|handle| handle.join().map_err(|_| BenchError::ThreadPanicked)).collect::<Vec<_>>()
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    let after = policy.stats();
+    let completions = completions.into_iter().map(|completion| Ok(completion??)).collect::<Result<_, BenchError>>()?;
+    Ok(Concurrent { completions, seconds, before, after })
+}
+
+/// `prefill_requests` concurrent requests of `prefill_prompt_tokens` each, asking for one
+/// token: the forward pass over the prompts, counted in prompt tokens.
+fn prefill_row(
+    policy: &LocalPolicy,
+    flops: &FlopModel,
+    text_ids: &[u32],
+    config: &BenchConfig,
+) -> Result<BenchRow, BenchError> {
+    let (requests, prompt_tokens) = (config.prefill_requests, config.prefill_prompt_tokens);
+    let Concurrent { completions, seconds, before, after } =
+        concurrent_requests(policy, text_ids, requests, prompt_tokens, 1)?;
+    let (mut tokens, mut model_flops) = (0, 0.0);
+    for completion in &completions {
+        tokens += completion.prompt_tokens;
+        model_flops += flops.generation(completion.prompt_tokens, completion.completion_tokens);
+    }
+    let prefill_calls = after.prefill_calls - before.prefill_calls;
+    let mean_rows = (after.prefill_rows - before.prefill_rows) as f64 / prefill_calls.max(1) as f64;
+    Ok(BenchRow {
+        workload: format!("prefill, {requests} requests"),
+        tokens,
+        seconds,
+        tokens_per_second: tokens as f64 / seconds,
+        flops_per_second: model_flops / seconds,
+        mfu: 0.0,
+        detail: format!(
+            "{requests} x {prompt_tokens} prompt tokens, 1 sampled; {prefill_calls} prefill calls of {mean_rows:.1} rows on average"
+        ),
+    })
+}
+
 /// `batch` concurrent requests, each continuing its own window of `text_ids`.
 fn generation_row(
     policy: &LocalPolicy,
@@ -272,25 +379,10 @@ fn generation_row(
     batch: usize,
     config: &BenchConfig,
 ) -> Result<BenchRow, BenchError> {
-    let prompt = |index: usize| {
-        let start = (index * 7) % (text_ids.len() - config.prompt_tokens);
-        text_ids[start..start + config.prompt_tokens].to_vec()
-    };
-    let params = |seed: u64| SamplingParams { max_tokens: config.new_tokens, seed, ..SamplingParams::default() };
-    policy.generate(prompt(0), &SamplingParams { max_tokens: 4, ..params(0) })?;
-    let before = policy.stats();
-    let start = Instant::now();
-    let completions = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..batch)
-            .map(|index| scope.spawn(move || policy.generate(prompt(index), &params(index as u64))))
-            .collect();
-        handles.into_iter().map(|handle| handle.join().map_err(|_| BenchError::ThreadPanicked)).collect::<Vec<_>>()
-    });
-    let seconds = start.elapsed().as_secs_f64();
-    let after = policy.stats();
+    let Concurrent { completions, seconds, before, after } =
+        concurrent_requests(policy, text_ids, batch, config.prompt_tokens, config.new_tokens)?;
     let (mut tokens, mut model_flops) = (0, 0.0);
-    for completion in completions {
-        let completion = completion??;
+    for completion in &completions {
         tokens += completion.completion_tokens;
         model_flops += flops.generation(completion.prompt_tokens, completion.completion_tokens);
     }
@@ -311,27 +403,28 @@ fn generation_row(
 }
 
 /// `train_steps` timed [`SftTrainer::step`]s on one mini-batch, after a warm-up step, of
-/// whichever architecture the engine serves ([`Decoder::with_trainable`]).
+/// whichever architecture the engine serves ([`Decoder::with_trainable`]): of all its weights,
+/// or of a new adapter of `lora` ([`TrainableModel::with_new_adapter`]).
 struct TrainingRow<'a> {
     flops: &'a FlopModel,
     text_ids: &'a [u32],
     config: &'a BenchConfig,
+    lora: Option<LoraConfig>,
 }
 
 impl WithTrainable for TrainingRow<'_> {
     type Output = Result<BenchRow, BenchError>;
 
     fn run<M: TrainableModel>(self, model: M) -> Self::Output {
-        training_row(model, self.flops, self.text_ids, self.config)
+        match &self.lora {
+            Some(lora) => training_row(model.with_new_adapter(lora, 0)?, &self),
+            None => training_row(model, &self),
+        }
     }
 }
 
-fn training_row<M: TrainableModel>(
-    model: M,
-    flops: &FlopModel,
-    text_ids: &[u32],
-    config: &BenchConfig,
-) -> Result<BenchRow, BenchError> {
+fn training_row<M: TrainableModel>(model: M, row: &TrainingRow<'_>) -> Result<BenchRow, BenchError> {
+    let TrainingRow { flops, text_ids, config, .. } = *row;
     let (prompt, completion) = (config.train_prompt_tokens, config.train_completion_tokens);
     let total = prompt + completion;
     let examples: Vec<SftExample> = (0..config.train_examples)
@@ -356,10 +449,14 @@ fn training_row<M: TrainableModel>(
     }
     let seconds = start.elapsed().as_secs_f64();
     let positions = config.train_steps * config.train_examples * (total - 1);
-    let model_flops = (config.train_steps * config.train_examples) as f64 * flops.training(total, completion);
+    let (weights, example_flops) = match &row.lora {
+        Some(lora) => (format!("LoRA rank {}", lora.rank), flops.lora_training(total, completion)),
+        None => ("full weights".to_string(), flops.training(total, completion)),
+    };
+    let model_flops = (config.train_steps * config.train_examples) as f64 * example_flops;
     let loss = last.map(|stats| stats.loss).unwrap_or(f64::NAN);
     Ok(BenchRow {
-        workload: format!("SFT step, {} examples", config.train_examples),
+        workload: format!("SFT step ({weights}), {} examples", config.train_examples),
         tokens: positions,
         seconds,
         tokens_per_second: positions as f64 / seconds,
@@ -388,6 +485,22 @@ impl FlopModel {
     fn training(&self, example_len: usize, completion: usize) -> f64 {
         3.0 * self.forward(example_len - 1, completion)
     }
+
+    fn lora_training(&self, example_len: usize, completion: usize) -> f64 {
+        2.0 * self.forward(example_len - 1, completion)
+    }
+}
+
+/// The process's peak resident set size in bytes, where `/proc/self/status` says it.
+fn peak_rss_bytes() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status").ok().as_deref().and_then(vm_hwm_bytes)
+}
+
+/// The `VmHWM:   123456 kB` line of a `/proc/<pid>/status`, in bytes.
+fn vm_hwm_bytes(status: &str) -> Option<u64> {
+    let value = status.lines().find_map(|line| line.strip_prefix("VmHWM:"))?;
+    let kib: u64 = value.trim().strip_suffix("kB")?.trim_end().parse().ok()?;
+    Some(kib * 1024)
 }
 
 #[cfg(test)]
@@ -403,6 +516,24 @@ mod tests {
         assert_eq!(flops.forward(3, 2), expected);
         assert_eq!(flops.generation(2, 2), expected);
         assert_eq!(flops.training(4, 2), 3.0 * expected);
+        assert_eq!(flops.lora_training(4, 2), 2.0 * expected);
+    }
+
+    #[test]
+    fn the_peak_resident_set_size_is_read_from_vm_hwm_in_bytes() {
+        assert_eq!(
+            vm_hwm_bytes("Name:\twhale\nVmPeak:\t  900 kB\nVmHWM:\t    1536 kB\nVmRSS:\t 1024 kB\n"),
+            Some(1536 * 1024)
+        );
+        assert_eq!(vm_hwm_bytes("Name:\twhale\nVmRSS:\t 1024 kB\n"), None, "no VmHWM line");
+        assert_eq!(vm_hwm_bytes("VmHWM:\t 12 MB\n"), None, "a unit other than kB");
+        if cfg!(target_os = "linux") {
+            let status = std::fs::read_to_string("/proc/self/status").expect("Linux has /proc/self/status");
+            let peak = vm_hwm_bytes(&status).expect("a VmHWM line");
+            assert!(peak > 1024 * 1024, "this test binary alone keeps more than 1 MiB resident: {peak}");
+            let later = peak_rss_bytes().expect("the same file read again");
+            assert!(later >= peak, "a high-water mark only rises: {later} after {peak}");
+        }
     }
 
     #[test]
@@ -411,5 +542,8 @@ mod tests {
         assert!(matches!(run_bench(&no_batches, &Device::Cpu), Err(BenchError::Config { key: "batch_sizes", .. })));
         let no_tokens = BenchConfig { new_tokens: 0, ..BenchConfig::default() };
         assert!(matches!(run_bench(&no_tokens, &Device::Cpu), Err(BenchError::Config { key: "new_tokens", .. })));
+        let no_prefill = BenchConfig { prefill_prompt_tokens: 0, ..BenchConfig::default() };
+        let refused = run_bench(&no_prefill, &Device::Cpu).expect_err("an empty prefill prompt");
+        assert!(refused.to_string().contains("`prefill_prompt_tokens`"), "{refused}");
     }
 }

@@ -396,32 +396,62 @@ fn bench_rows(table: &str) -> Vec<(String, f64)> {
 #[test]
 fn lm_bench_measures_a_random_qwen3_5_of_the_shape_asked_at_each_concurrency() {
     let home = tempfile::tempdir().expect("tempdir");
-    let args = ["lm", "bench", "--random", "--shape", "qwen3.5-tiny", "--batch-sizes", "1,3", "--new-tokens", "4"];
-    let table = succeed(home.path(), &[&args[..], &["--train-steps", "1"]].concat());
+    let args = [
+        &["lm", "bench", "--random", "--shape", "qwen3.5-tiny", "--batch-sizes", "1,3", "--new-tokens", "4"][..],
+        &["--prefill-tokens", "48", "--prefill-requests", "3"],
+    ]
+    .concat();
+    let table = succeed(home.path(), &[&args[..], &["--train-steps", "1", "--lora-rank", "4"]].concat());
     assert!(table.contains("model: random Qwen3.5 (64 wide, 4 layers), vocabulary 8192"), "{table}");
     let rows = bench_rows(&table);
     let workloads: Vec<&str> = rows.iter().map(|(workload, _)| workload.as_str()).collect();
-    assert_eq!(workloads, ["generate, 1 concurrent", "generate, 3 concurrent", "SFT step, 16 examples"], "{table}");
+    let expected = [
+        "prefill, 3 requests",
+        "generate, 1 concurrent",
+        "generate, 3 concurrent",
+        "SFT step (full weights), 16 examples",
+        "SFT step (LoRA rank 4), 16 examples",
+    ];
+    assert_eq!(workloads, expected, "{table}");
     assert!(rows.iter().all(|(_, tokens_per_second)| *tokens_per_second > 0.0), "{table}");
+    assert!(table.contains("| prefill, 3 requests | 144 |"), "3 x 48 prompt tokens: {table}");
     assert!(table.contains("1 steps of 16 x (32 prompt + 96 completion) tokens"), "{table}");
-    let loss: f64 =
-        table.split("loss ").nth(1).and_then(|rest| rest.split(' ').next()).expect("a loss").parse().unwrap();
-    // A fresh model spreads its probability about evenly: ln 8192 = 9.01.
-    assert!((8.5..9.5).contains(&loss), "{table}");
+    let losses: Vec<f64> = table
+        .split("loss ")
+        .skip(1)
+        .map(|rest| rest.split(' ').next().expect("a loss").parse().expect("a number"))
+        .collect();
+    // A fresh model spreads its probability about evenly: ln 8192 = 9.01; a fresh adapter
+    // starts where the weights it adapts are.
+    assert_eq!(losses.len(), 2, "{table}");
+    assert!(losses.iter().all(|loss| (8.5..9.5).contains(loss)), "{table}");
+    let peak_mib: f64 = table
+        .split("peak RSS (VmHWM): ")
+        .nth(1)
+        .and_then(|rest| rest.split(" MiB").next())
+        .expect("the peak RSS under the table")
+        .parse()
+        .expect("a number");
+    assert!(peak_mib > 1.0, "{table}");
 
     let untrained = succeed(home.path(), &[&args[..], &["--train-steps", "0"]].concat());
     let workloads: Vec<String> = bench_rows(&untrained).into_iter().map(|(workload, _)| workload).collect();
-    assert_eq!(workloads, ["generate, 1 concurrent", "generate, 3 concurrent"], "{untrained}");
+    assert_eq!(workloads, &expected[..3], "{untrained}");
+    let full_only = succeed(home.path(), &[&args[..], &["--train-steps", "1", "--lora-rank", "0"]].concat());
+    let workloads: Vec<String> = bench_rows(&full_only).into_iter().map(|(workload, _)| workload).collect();
+    assert_eq!(workloads, &expected[..4], "{full_only}");
 }
 
 #[test]
 fn lm_bench_refuses_flags_that_do_not_go_together() {
     let home = tempfile::tempdir().expect("tempdir");
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--shape", "qwen3.5-tiny"], "--random"),
         (&["--random", "--model", "dir"], "cannot be used with"),
         (&["--random", "--batch-sizes", "1,0"], "must be at least 1"),
         (&["--random", "--new-tokens", "0"], "must be at least 1"),
+        (&["--random", "--prefill-tokens", "0"], "--prefill-tokens"),
+        (&["--random", "--prompt-tokens", "0"], "--prompt-tokens"),
         (&["--random", "--shape", "qwen3.5-2b"], "qwen3.5-0.8b"),
     ];
     for (flags, said) in cases {

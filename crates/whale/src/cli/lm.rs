@@ -94,11 +94,14 @@ pub enum LmCommand {
         #[arg(long, default_value_t = EvalSpec::default().seed)]
         seed: u64,
     },
-    /// Measure generation and training speed (tokens/s, model FLOP/s, MFU) on this machine, in
-    /// f32: generation at each number of concurrent requests, then SFT steps.
+    /// Measure speed (tokens/s, model FLOP/s, MFU) on this machine, in f32: prefill of a batch
+    /// of long prompts, generation at each number of concurrent requests, then SFT steps of the
+    /// full weights and of a LoRA adapter; prints the process's peak RSS under the table (which
+    /// counts the conversion too when --model names a GGUF not converted before).
     Bench {
-        /// A checkpoint directory, Qwen3 or Qwen3.5 (default: the base model, pretrained first
-        /// if needed).
+        /// A checkpoint directory of any registered architecture (Qwen3, Llama, Qwen3.5), or a
+        /// GGUF file or `smollm2` (converted once into $WHALE_HOME/models) (default: the base
+        /// model, pretrained first if needed).
         #[arg(long, conflicts_with = "random")]
         model: Option<PathBuf>,
         /// Bench a fresh random model of --shape instead, built in memory (nothing to train or
@@ -116,12 +119,26 @@ pub enum LmCommand {
         /// The numbers of concurrent generation requests to time, comma-separated.
         #[arg(long, value_delimiter = ',', value_parser = positive, default_value = "1,8,64")]
         batch_sizes: Vec<usize>,
-        /// Tokens each generation request asks for, after a prompt of 32.
+        /// Prompt length of each generation request.
+        #[arg(long, value_parser = positive, default_value_t = BenchConfig::default().prompt_tokens)]
+        prompt_tokens: usize,
+        /// Tokens each generation request asks for, after its prompt of --prompt-tokens.
         #[arg(long, value_parser = positive, default_value_t = BenchConfig::default().new_tokens)]
         new_tokens: usize,
-        /// Timed SFT steps (16 examples of 128 tokens each); 0 leaves the training row out.
+        /// Prompt length of the prefill row's requests (each asks for one token).
+        #[arg(long, value_parser = positive, default_value_t = BenchConfig::default().prefill_prompt_tokens)]
+        prefill_tokens: usize,
+        /// Concurrent requests of the prefill row.
+        #[arg(long, value_parser = positive, default_value_t = BenchConfig::default().prefill_requests)]
+        prefill_requests: usize,
+        /// Timed SFT steps of each training row (16 examples of 128 tokens each); 0 leaves the
+        /// training rows out.
         #[arg(long, default_value_t = BenchConfig::default().train_steps)]
         train_steps: usize,
+        /// Rank of the adapter of the LoRA training row (alpha 16, all seven projections); 0
+        /// leaves that row out.
+        #[arg(long, default_value_t = BenchConfig::default().lora_rank)]
+        lora_rank: usize,
     },
     /// Write a random model as a checkpoint directory on an 8,192-token BPE trained on the
     /// synthetic corpus (seed 7), so that another server can load the same weights
@@ -382,7 +399,19 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             println!("mean@{samples} {}  pass@{samples} {}  maj@{samples} {}", scores.mean, scores.pass, scores.maj);
             Ok(ExitCode::SUCCESS)
         }
-        LmCommand::Bench { model, random, shape, device, batch_sizes, new_tokens, train_steps } => {
+        LmCommand::Bench {
+            model,
+            random,
+            shape,
+            device,
+            batch_sizes,
+            prompt_tokens,
+            new_tokens,
+            prefill_tokens,
+            prefill_requests,
+            train_steps,
+            lora_rank,
+        } => {
             let device = match device.as_str() {
                 "cpu" => candle_core::Device::Cpu,
                 "cuda" => candle_core::Device::new_cuda(0).context("--device cuda: cannot open CUDA device 0")?,
@@ -397,8 +426,12 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 model_dir,
                 random_qwen35: shape.and_then(RandomShape::qwen35_size),
                 batch_sizes,
+                prompt_tokens,
                 new_tokens,
+                prefill_requests,
+                prefill_prompt_tokens: prefill_tokens,
                 train_steps,
+                lora_rank,
                 ..BenchConfig::default()
             };
             print!("{}", run_bench(&config, &device)?);
