@@ -5,7 +5,9 @@
 //! request, and every layer above (the architectures of whale-lm, the engine's sampler, the
 //! trainer's loss) calls them. Data flow: a model's training pass calls [`rms_norm`], [`rope`],
 //! [`swiglu`], [`attention()`] and [`gather_rows`] on token rows, the trainer scores the logits
-//! with [`cross_entropy()`] and autograd runs each op's backward pass; a decoding step reads the
+//! with [`cross_entropy()`] and autograd runs each op's backward pass; a product with a
+//! frozen weight (a LoRA pass's base, a tied head) is [`frozen_weight_product`], whose backward
+//! pass skips the weight's gradient; a decoding step reads the
 //! sequences' caches with [`cached_attention()`]; the sampler scans logits with [`vectorised`];
 //! the `whale` binary and the examples call [`runtime::configure_cpu`] first thing.
 //!
@@ -24,6 +26,7 @@
 mod attention;
 mod cached_attention;
 mod cross_entropy;
+mod frozen_product;
 mod host;
 pub mod runtime;
 pub mod vectorised;
@@ -32,6 +35,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device, La
 use rayon::prelude::*;
 
 pub use cached_attention::{cached_attention, AttentionShape, CachedSequence};
+pub use frozen_product::frozen_weight_product;
 use host::{f32_slice, map_rows, on_host, PARALLEL_ELEMENTS};
 
 /// True when the fused kernels can run `x` (contiguity is arranged by the callers).

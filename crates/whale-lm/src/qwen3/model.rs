@@ -150,7 +150,10 @@ const SPLIT_MIN_WEIGHTS: usize = 1 << 14;
 /// weight: `gemm` computes that as independent dot products, one per output, on one thread.
 /// On the CPU each half of the outputs of such a product goes to its own thread
 /// ([`helper_thread`]); every output is the same dot product by the same kernel as before, so
-/// the result is the same to the last bit (a unit test holds it there).
+/// the result is the same to the last bit (a unit test holds it there). In a training pass, a
+/// constant weight (the base of a LoRA pass, a frozen head) is multiplied by
+/// [`kernels::frozen_weight_product`]: the same bits, and a backward pass that does not
+/// compute a gradient nobody reads.
 pub(crate) fn product(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
     let (out_dim, in_dim) = weight.dims2()?;
     let same_kernel = out_dim >= 2 * GEMV_MIN_OUTPUTS || (64..GEMV_MIN_OUTPUTS).contains(&out_dim);
@@ -162,6 +165,8 @@ pub(crate) fn product(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor
         && out_dim * in_dim >= SPLIT_MIN_WEIGHTS;
     if split {
         halved_product(x, weight)
+    } else if x.track_op() && !weight.track_op() {
+        kernels::frozen_weight_product(x, weight)
     } else {
         x.matmul(&weight.t()?)
     }
