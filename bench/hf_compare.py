@@ -7,7 +7,8 @@ with `AutoModelForCausalLM`:
   2. the logits of one sequence agree within 1e-4 (the proof that whale's checkpoints are
      real Hugging Face checkpoints and that the two implementations compute the same model),
      and so do they through a LoRA adapter that whale trains here and `peft` loads (the proof
-     that whale's adapters are real PEFT adapters);
+     that whale's adapters are real PEFT adapters); both are also set beside transformers in
+     float64, which shows how much of their difference is each one's own f32 rounding;
 then times, with the same prompts, sampling settings and batch:
   3. generation of 64 concurrent requests (whale's engine vs `model.generate` at batch 64; the
      median of 3 runs);
@@ -234,6 +235,16 @@ def padding_and_packing(torch, model, tokenizer, workload):
     return padded_positions, tokens, padded_loss, packed_loss
 
 
+def float64_logits(torch, model_dir, ids):
+    """The logits of `ids` from transformers in float64: the model both f32 implementations round,
+    so each one's distance to it says how much of their difference is its own rounding."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a whale / Hugging Face checkpoint directory")
@@ -274,6 +285,9 @@ def main():
     difference = (theirs - torch.tensor(ours["logits"])).abs().max().item()
     if not difference <= LOGITS_TOLERANCE:
         failures.append(f"logits differ by {difference:.3g} > {LOGITS_TOLERANCE}")
+    reference = float64_logits(torch, model_dir, workload["logits_input"])
+    theirs_error = (theirs.double() - reference).abs().max().item()
+    ours_error = (torch.tensor(ours["logits"]).double() - reference).abs().max().item()
     adapter_difference = (theirs_adapted - torch.tensor(ours["adapter_logits"])).abs().max().item()
     adapter_effect = (theirs_adapted - theirs).abs().max().item()
     if not adapter_difference <= LOGITS_TOLERANCE:
@@ -291,6 +305,8 @@ def main():
     print(f"chat template + tokenizer: {same_ids}/{len(workload['conversations'])} GSM8K prompts give identical ids")
     print(f"logits of a {len(workload['logits_input'])}-token sequence: max |whale - transformers| = {difference:.2e}"
           f" (tolerance {LOGITS_TOLERANCE:g})")
+    print(f"  against transformers in float64 (the same model without f32 rounding): max |transformers f32 - f64| = "
+          f"{theirs_error:.2e}, max |whale - f64| = {ours_error:.2e}")
     print(f"through whale's LoRA adapter loaded by peft {peft.__version__}: max |whale - transformers| = "
           f"{adapter_difference:.2e} (the adapter moves the logits by up to {adapter_effect:.2f})")
     ours_gen = ours["generate_tokens"] / ours["generate_seconds"]

@@ -12,11 +12,11 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 use whale_core::ChatMessage;
 use whale_engine::{EngineConfig, LocalPolicy};
-use whale_lm::{LoraAdapter, Qwen3Model};
+use whale_lm::{TrainableModel, WithTrainable};
 use whale_policy::SamplingParams;
 use whale_train::{SftExample, SftTrainer, TrainerConfig};
 
@@ -82,15 +82,8 @@ fn main() -> Result<(), BoxError> {
     let policy = LocalPolicy::load(model_dir, DType::F32, &Device::Cpu, engine)?;
     let chat_ids =
         workload.conversations.iter().map(|messages| policy.prompt_ids(messages)).collect::<Result<_, _>>()?;
-    let model = policy.served_model::<Qwen3Model>("hf_peer")?;
-    let logits = sequence_logits(&model, &workload.logits_input)?;
-    let adapter_logits = match &workload.adapter {
-        Some(dir) => {
-            let adapter = LoraAdapter::load_peft(dir, model.config(), DType::F32, &Device::Cpu)?;
-            Some(sequence_logits(&model.with_adapter(&adapter)?, &workload.logits_input)?)
-        }
-        None => None,
-    };
+    let (logits, adapter_logits) =
+        policy.decoder().with_trainable(SequenceLogits { ids: &workload.logits_input, adapter: &workload.adapter })?;
     let (generate_tokens, generate_seconds) = time_generation(&policy, &workload.generate)?;
     let (train_positions, train_seconds_per_step, train_loss) = time_training(&policy, &workload.train)?;
     let results = Results {
@@ -107,11 +100,30 @@ fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Logits `[T, vocab]` of one unpadded sequence, from the training forward pass.
-fn sequence_logits(model: &Qwen3Model, ids: &[u32]) -> Result<Vec<Vec<f32>>, BoxError> {
-    let input = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
-    let mask = Tensor::ones((1, ids.len()), DType::U32, &Device::Cpu)?;
-    Ok(model.forward_train(&input, &mask)?.squeeze(0)?.to_vec2()?)
+/// The logits `[T, vocab]` of one unpadded sequence from the training forward pass, and through
+/// the PEFT adapter in `adapter` when there is one, for whichever architecture is served.
+struct SequenceLogits<'a> {
+    ids: &'a [u32],
+    adapter: &'a Option<PathBuf>,
+}
+
+type Logits = Vec<Vec<f32>>;
+
+impl WithTrainable for SequenceLogits<'_> {
+    type Output = Result<(Logits, Option<Logits>), BoxError>;
+
+    fn run<M: TrainableModel>(self, model: M) -> Self::Output {
+        let plain = sequence_logits(&model, self.ids)?;
+        let adapted = match self.adapter {
+            Some(dir) => Some(sequence_logits(&model.with_saved_adapter(dir)?, self.ids)?),
+            None => None,
+        };
+        Ok((plain, adapted))
+    }
+}
+
+fn sequence_logits(model: &impl TrainableModel, ids: &[u32]) -> Result<Logits, BoxError> {
+    Ok(model.logits(&model.packed_hidden(&[ids])?)?.to_vec2()?)
 }
 
 /// All prompts generated at once by concurrent callers, after a short warm-up request; the
@@ -166,14 +178,30 @@ fn time_training(policy: &LocalPolicy, work: &TrainWorkload) -> Result<(usize, f
         max_seq_len: longest,
         ..TrainerConfig::default()
     };
-    let mut trainer = SftTrainer::new(policy.served_model::<Qwen3Model>("hf_peer")?, config)?;
-    trainer.step(&examples)?;
-    let start = Instant::now();
-    let mut loss = f64::NAN;
-    for _ in 0..work.steps {
-        loss = trainer.step(&examples)?.loss;
-    }
-    let seconds_per_step = start.elapsed().as_secs_f64() / work.steps.max(1) as f64;
+    let (seconds_per_step, loss) =
+        policy.decoder().with_trainable(TimedSteps { examples: &examples, config, steps: work.steps })?;
     let positions = examples.iter().map(|e| e.prompt.len() + e.completion.len() - 1).sum();
     Ok((positions, seconds_per_step, loss))
+}
+
+/// `steps` SFT steps after one warm-up step: seconds per step and the last loss.
+struct TimedSteps<'a> {
+    examples: &'a [SftExample],
+    config: TrainerConfig,
+    steps: usize,
+}
+
+impl WithTrainable for TimedSteps<'_> {
+    type Output = Result<(f64, f64), BoxError>;
+
+    fn run<M: TrainableModel>(self, model: M) -> Self::Output {
+        let mut trainer = SftTrainer::new(model, self.config)?;
+        trainer.step(self.examples)?;
+        let start = Instant::now();
+        let mut loss = f64::NAN;
+        for _ in 0..self.steps {
+            loss = trainer.step(self.examples)?.loss;
+        }
+        Ok((start.elapsed().as_secs_f64() / self.steps.max(1) as f64, loss))
+    }
 }
