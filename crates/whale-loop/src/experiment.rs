@@ -14,7 +14,7 @@
 //! retried from its recorded rollouts.
 
 use crate::condition::Condition;
-use crate::config::RunConfig;
+use crate::config::{RunConfig, WeightConfig};
 use crate::lock::{DirLock, LockError};
 use crate::metrics_row::{MetricsRow, RowKind};
 use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE, STATE_FILE};
@@ -339,7 +339,9 @@ impl Experiment {
         Self::assemble(dir, lock, config, state, verbosity)
     }
 
-    /// Creates the run, or resumes it when `root` already holds this config's run.
+    /// Creates the run, or resumes it when `root` already holds this config's run
+    /// ([`Self::check_stored_config`]); a new `keep_phase_weights` is stored and holds from the
+    /// next weight phase on.
     pub fn create_or_resume(
         config: RunConfig,
         root: &Path,
@@ -350,14 +352,30 @@ impl Experiment {
         if !root.join(STATE_FILE).is_file() {
             return Self::create_with(config, root, verbosity, base_evals);
         }
+        Self::check_stored_config(&config, root)?;
+        let mut experiment = Self::resume(root, verbosity)?;
+        if experiment.config.weights.keep_phase_weights != config.weights.keep_phase_weights {
+            crate::run_dir::write_atomic(&experiment.dir.path(CONFIG_FILE), config.to_toml()?.as_bytes())?;
+            experiment.config.weights.keep_phase_weights = config.weights.keep_phase_weights;
+        }
+        Ok(experiment)
+    }
+
+    /// Whether the run in `root` is a run of `config`: its `config.toml` may differ in
+    /// `keep_phase_weights` alone, which changes what a run keeps and not what it computes.
+    pub fn check_stored_config(config: &RunConfig, root: &Path) -> Result<(), ExperimentError> {
+        let config = config.clone().for_condition();
         let stored = RunConfig::load(&root.join(CONFIG_FILE))?;
+        let keep = config.weights.keep_phase_weights;
+        let stored =
+            RunConfig { weights: WeightConfig { keep_phase_weights: keep, ..stored.weights.clone() }, ..stored };
         if stored != config {
             return Err(ExperimentError::Mismatch {
                 dir: root.to_path_buf(),
                 reason: "its config.toml differs from the one given".to_string(),
             });
         }
-        Self::resume(root, verbosity)
+        Ok(())
     }
 
     fn assemble(

@@ -121,9 +121,11 @@ pub fn compare(
         let started = Instant::now();
         let dir = root.join(arm.name());
         let state = RunDir::open(&dir).and_then(|d| d.read_state()).ok();
-        if !state.as_ref().is_some_and(|s| s.finished) {
-            let run_config = arm.config(config);
-            let wrap = |source| CompareError::Run { arm, source };
+        let run_config = arm.config(config);
+        let wrap = |source| CompareError::Run { arm, source };
+        if state.as_ref().is_some_and(|s| s.finished) {
+            Experiment::check_stored_config(&run_config, &dir).map_err(wrap)?;
+        } else {
             let mut experiment =
                 Experiment::create_or_resume(run_config, &dir, verbosity, base_evals.clone()).map_err(wrap)?;
             experiment.run().map_err(wrap)?;

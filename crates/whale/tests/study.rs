@@ -298,3 +298,39 @@ fn a_result_file_of_another_config_is_refused_naming_the_file() {
     }
     assert_eq!(std::fs::read(&file).expect("the result file"), written, "a refused file is left as it was");
 }
+
+#[test]
+fn a_study_that_would_lose_the_coupling_weights_stops_before_running_and_finished_runs_must_match_the_config() {
+    let (_dir, root) = fixture();
+    let config = std::fs::read_to_string(root.join("tiny.toml")).expect("config");
+    let lean = config.replace("[weights]\n", "[weights]\nkeep_phase_weights = false\n");
+    std::fs::write(root.join("tiny.toml"), &lean).expect("lean config");
+    let both = ["--seeds", "1", "--conditions", "whale,weight-only"];
+    let output = study_of(&root, "runs", &both).stderr(Stdio::piped()).output().expect("whale runs");
+    assert!(!output.status.success(), "a study whose coupling matrix cannot be computed ran");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`tiny`") && stderr.contains("keep_phase_weights = false"), "{stderr}");
+    assert!(!root.join("runs/study/tiny").exists(), "nothing runs before the check");
+
+    let weight_only = ["--seeds", "1", "--conditions", "weight-only"];
+    assert!(study_of(&root, "runs", &weight_only).status().expect("whale runs").success(), "no matrix, no check");
+    let run = root.join("runs/study/tiny/seed-0/weight-only");
+    let state = std::fs::read(run.join("state.json")).expect("state");
+
+    std::fs::write(root.join("tiny.toml"), &config).expect("config keeping them");
+    let elsewhere = root.join("results-both");
+    let args = [&both[..], &["--results", elsewhere.to_str().expect("utf-8 path")]].concat();
+    let output = study_of(&root, "runs", &args).stderr(Stdio::piped()).output().expect("whale runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(std::fs::read(run.join("state.json")).expect("state"), state, "the finished run is not run again");
+    assert!(elsewhere.join("tiny-seed-0.json").is_file());
+
+    let changed = config.replace("learning_rate = 0.001", "learning_rate = 0.002");
+    std::fs::write(root.join("tiny.toml"), changed).expect("another learning rate");
+    let fresh = root.join("results-changed");
+    let args = [&both[..], &["--results", fresh.to_str().expect("utf-8 path")]].concat();
+    let output = study_of(&root, "runs", &args).stderr(Stdio::piped()).output().expect("whale runs");
+    assert!(!output.status.success(), "a finished run of another config was counted");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("config.toml differs") && stderr.contains("seed-0/whale"), "{stderr}");
+}

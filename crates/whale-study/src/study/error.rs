@@ -30,6 +30,13 @@ pub enum StudyError {
     Refused { path: PathBuf, reason: String },
     #[error("two configs are both named `{0}`: a study keeps one directory per config name")]
     DuplicateName(String),
+    #[error(
+        "config `{0}`: `[weights] keep_phase_weights = false`, but the study scores every harness a \
+         WHALE run accepted under the weights of each of its phases (the coupling matrix), which that \
+         setting throws away; set it to true (a merged copy of the model per weight phase; it changes \
+         what a run keeps, not what it computes), or leave whale out with --conditions"
+    )]
+    PhaseWeightsOff(String),
     #[error(transparent)]
     Lock(#[from] LockError),
 }

@@ -76,9 +76,12 @@ pub fn quick(mut config: RunConfig) -> RunConfig {
 /// comparison and coupling matrix under its own directory's lock too.
 pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) -> Result<Study, StudyError> {
     check_names(&plan.configs)?;
+    let has_whale = plan.arms.contains(&Arm::from(Condition::Whale));
+    if has_whale {
+        check_phase_weights(&plan.configs)?;
+    }
     let _lock = DirLock::create(root)?;
     let pending = pending(plan, results)?;
-    let has_whale = plan.arms.contains(&Arm::from(Condition::Whale));
     let bar = progress_bar((pending.len() * (1 + usize::from(has_whale))) as u64, verbosity.progress);
     for config in &pending {
         let (name, seed) = (config.name.clone(), config.seed);
@@ -152,6 +155,16 @@ fn check_names(configs: &[RunConfig]) -> Result<(), StudyError> {
         }
     }
     Ok(())
+}
+
+/// Before anything runs: every config trained in-process keeps the phase weights its WHALE
+/// run's coupling matrix is scored under, so that a study does not stop hours in, at its first
+/// matrix.
+fn check_phase_weights(configs: &[RunConfig]) -> Result<(), StudyError> {
+    match configs.iter().find(|c| c.weights.trainer.is_none() && !c.weights.keep_phase_weights) {
+        Some(config) => Err(StudyError::PhaseWeightsOff(config.name.clone())),
+        None => Ok(()),
+    }
 }
 
 fn seeded(config: &RunConfig, seed: u64, quick_run: bool) -> RunConfig {
