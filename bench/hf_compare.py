@@ -12,11 +12,14 @@ with `AutoModelForCausalLM`:
 then times, with the same prompts, sampling settings and batch:
   3. generation of 64 concurrent requests (whale's engine vs `model.generate` at batch 64; the
      median of 3 runs);
-  4. one training step (completion-only cross-entropy, AdamW, clipping at 1.0);
+  4. one training step (completion-only cross-entropy, AdamW, clipping at 1.0) of the full
+     weights, and one of a fresh LoRA adapter on all seven projections (whale's against
+     transformers + peft);
 and reports how much of the padded micro-batches is padding, and the first micro-batch's loss
 in transformers padded and packed through position_ids (equal if its packing keeps examples apart).
 
-Usage: python3 bench/hf_compare.py [--model DIR] [--max-tokens N] [--train-examples N]
+Usage: python3 bench/hf_compare.py [--model DIR] [--max-tokens N] [--train-examples N] [--lora-rank R]
+                                  [--torch-threads N]
 The first run creates bench/.venv and installs torch, transformers, safetensors and peft from
 PyPI into it (set WHALE_HF_VENV to reuse another virtual environment). Without --model it uses the
 default base model, pretraining it first if it is not cached. Exits 1 when a check fails.
@@ -35,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("WHALE_HF_VENV", REPO / "bench" / ".venv"))
 PACKAGES = ["torch", "transformers", "safetensors", "peft"]
 LOGITS_TOLERANCE = 1e-4
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 INSTRUCTION = "\nGive the final answer after ####."
 
 
@@ -113,7 +117,7 @@ def build_workload(tokenizer, args):
         "generate": {"prompts": chat_ids, "max_tokens": args.max_tokens, "temperature": 1.0, "top_k": 20, "top_p": 1.0,
                      "repeats": args.repeats},
         "train": {"examples": examples, "micro_batch": args.micro_batch, "steps": args.train_steps,
-                  "learning_rate": 1e-5},
+                  "learning_rate": 1e-5, "lora_rank": args.lora_rank or None, "lora_alpha": 2.0 * args.lora_rank},
     }
 
 
@@ -170,8 +174,8 @@ def time_training(torch, model, tokenizer, workload):
                for i in range(0, len(examples), spec["micro_batch"])]
     total = sum(len(e["completion"]) for e in examples)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec["learning_rate"], betas=(0.9, 0.999), eps=1e-8,
-                                  weight_decay=0.0)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=spec["learning_rate"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
     def step():
         optimizer.zero_grad()
@@ -182,7 +186,7 @@ def time_training(torch, model, tokenizer, workload):
                                                        labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
             (summed / total).backward()
             loss_sum += summed.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         return loss_sum / total
 
@@ -193,6 +197,19 @@ def time_training(torch, model, tokenizer, workload):
     seconds = (time.perf_counter() - start) / spec["steps"]
     positions = sum(len(e["prompt"]) + len(e["completion"]) - 1 for e in examples)
     return positions, seconds, loss
+
+
+def time_lora_training(torch, model_dir, tokenizer, workload):
+    """[`time_training`] of a fresh peft adapter of the workload's rank and alpha on the seven
+    projections whale's adapters target, the base frozen."""
+    import peft
+    import transformers
+
+    spec = workload["train"]
+    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = peft.LoraConfig(r=spec["lora_rank"], lora_alpha=spec["lora_alpha"], lora_dropout=0.0,
+                             target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    return time_training(torch, peft.get_peft_model(base, config), tokenizer, workload)
 
 
 def padded(torch, examples, pad):
@@ -256,12 +273,19 @@ def main():
     parser.add_argument("--train-completion-tokens", type=int, default=96)
     parser.add_argument("--train-steps", type=int, default=3, help="timed training steps (after one warm-up)")
     parser.add_argument("--repeats", type=int, default=3, help="timed generation runs; the median counts")
+    parser.add_argument("--lora-rank", type=int, default=16,
+                        help="rank of the adapter of the LoRA training step (alpha twice it); 0 leaves it out")
+    parser.add_argument("--torch-threads", type=int,
+                        help="torch's intra-op threads (default: torch's own choice); on 2 vCPUs 1 can be faster")
     args = parser.parse_args()
     ensure_venv()
 
     import peft
     import torch
     import transformers
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
 
     model_dir = args.model or default_model()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
@@ -297,6 +321,7 @@ def main():
 
     hf_gen_tokens, hf_gen_seconds = time_generation(torch, model, tokenizer, workload)
     hf_positions, hf_step_seconds, hf_loss = time_training(torch, model, tokenizer, workload)
+    hf_lora = time_lora_training(torch, model_dir, tokenizer, workload) if args.lora_rank else None
     padded_positions, tokens, padded_loss, packed_loss = padding_and_packing(torch, model.eval(), tokenizer, workload)
 
     params = sum(p.numel() for p in model.parameters())
@@ -321,6 +346,13 @@ def main():
     print(f"| training step, {args.train_examples} examples in micro-batches of {args.micro_batch}: tokens/s "
           f"| {ours_train:.0f} ({ours['train_seconds_per_step']:.3f} s/step, loss {ours['train_loss']:.3f}) "
           f"| {hf_train:.0f} ({hf_step_seconds:.3f} s/step, loss {hf_loss:.3f}) | {ours_train / hf_train:.2f}x |")
+    if hf_lora:
+        ours_lora = ours["train_positions"] / ours["lora_train_seconds_per_step"]
+        theirs_lora = hf_lora[0] / hf_lora[1]
+        print(f"| LoRA rank {args.lora_rank} training step, the same batch: tokens/s "
+              f"| {ours_lora:.0f} ({ours['lora_train_seconds_per_step']:.3f} s/step, loss {ours['lora_train_loss']:.3f}) "
+              f"| {theirs_lora:.0f} with peft ({hf_lora[1]:.3f} s/step, loss {hf_lora[2]:.3f}) "
+              f"| {ours_lora / theirs_lora:.2f}x |")
     print(f"training micro-batches padded: {padded_positions} positions for {tokens} tokens "
           f"({1 - tokens / padded_positions:.0%} padding; whale packs the tokens end to end)")
     print(f"transformers' packing (position_ids, no attention mask), first micro-batch: mean loss "

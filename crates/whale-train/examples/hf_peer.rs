@@ -7,7 +7,7 @@
 //! token sequence to compute logits for (also through a LoRA adapter, when it names one), the
 //! prompts of a concurrent generation run and the examples of a training step. The output holds
 //! the rendered token ids, the logits, the generated token count and time, and the training time
-//! per step.
+//! per step, of the full weights and, when the workload gives a rank, of a fresh LoRA adapter.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -16,7 +16,7 @@ use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 use whale_core::ChatMessage;
 use whale_engine::{EngineConfig, LocalPolicy};
-use whale_lm::{TrainableModel, WithTrainable};
+use whale_lm::{LoraConfig, TrainableModel, WithTrainable};
 use whale_policy::SamplingParams;
 use whale_train::{SftExample, SftTrainer, TrainerConfig};
 
@@ -48,6 +48,10 @@ struct TrainWorkload {
     micro_batch: usize,
     steps: usize,
     learning_rate: f64,
+    /// The rank (and alpha) of a fresh adapter on all seven projections to time a LoRA step of;
+    /// none leaves that timing out.
+    lora_rank: Option<usize>,
+    lora_alpha: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -66,6 +70,8 @@ struct Results {
     train_positions: usize,
     train_seconds_per_step: f64,
     train_loss: f64,
+    lora_train_seconds_per_step: Option<f64>,
+    lora_train_loss: Option<f64>,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -85,7 +91,13 @@ fn main() -> Result<(), BoxError> {
     let (logits, adapter_logits) =
         policy.decoder().with_trainable(SequenceLogits { ids: &workload.logits_input, adapter: &workload.adapter })?;
     let (generate_tokens, generate_seconds) = time_generation(&policy, &workload.generate)?;
-    let (train_positions, train_seconds_per_step, train_loss) = time_training(&policy, &workload.train)?;
+    let (train_positions, train_seconds_per_step, train_loss) = time_training(&policy, &workload.train, None)?;
+    let lora = workload.train.lora_rank.map(|rank| LoraConfig {
+        rank,
+        alpha: workload.train.lora_alpha.unwrap_or(2.0 * rank as f64),
+        ..LoraConfig::default()
+    });
+    let lora_timing = lora.map(|lora| time_training(&policy, &workload.train, Some(lora))).transpose()?;
     let results = Results {
         chat_ids,
         logits,
@@ -95,6 +107,8 @@ fn main() -> Result<(), BoxError> {
         train_positions,
         train_seconds_per_step,
         train_loss,
+        lora_train_seconds_per_step: lora_timing.map(|(_, seconds, _)| seconds),
+        lora_train_loss: lora_timing.map(|(_, _, loss)| loss),
     };
     std::fs::write(out_path, serde_json::to_vec(&results)?)?;
     Ok(())
@@ -163,8 +177,13 @@ fn time_generation(policy: &LocalPolicy, work: &GenerateWorkload) -> Result<(usi
     Ok((tokens, times[times.len() / 2]))
 }
 
-/// Seconds per SFT step over the whole batch, after one warm-up step.
-fn time_training(policy: &LocalPolicy, work: &TrainWorkload) -> Result<(usize, f64, f64), BoxError> {
+/// Seconds per SFT step over the whole batch, after one warm-up step: of the full weights, or of a
+/// fresh adapter of `lora`.
+fn time_training(
+    policy: &LocalPolicy,
+    work: &TrainWorkload,
+    lora: Option<LoraConfig>,
+) -> Result<(usize, f64, f64), BoxError> {
     let examples: Vec<SftExample> = work
         .examples
         .iter()
@@ -179,22 +198,28 @@ fn time_training(policy: &LocalPolicy, work: &TrainWorkload) -> Result<(usize, f
         ..TrainerConfig::default()
     };
     let (seconds_per_step, loss) =
-        policy.decoder().with_trainable(TimedSteps { examples: &examples, config, steps: work.steps })?;
+        policy.decoder().with_trainable(TimedSteps { examples: &examples, config, steps: work.steps, lora })?;
     let positions = examples.iter().map(|e| e.prompt.len() + e.completion.len() - 1).sum();
     Ok((positions, seconds_per_step, loss))
 }
 
-/// `steps` SFT steps after one warm-up step: seconds per step and the last loss.
+/// `steps` SFT steps after one warm-up step, of the model or of a fresh adapter of `lora` on
+/// it: seconds per step and the last loss.
 struct TimedSteps<'a> {
     examples: &'a [SftExample],
     config: TrainerConfig,
     steps: usize,
+    lora: Option<LoraConfig>,
 }
 
 impl WithTrainable for TimedSteps<'_> {
     type Output = Result<(f64, f64), BoxError>;
 
     fn run<M: TrainableModel>(self, model: M) -> Self::Output {
+        let model = match &self.lora {
+            Some(lora) => model.with_new_adapter(lora, 0)?,
+            None => model,
+        };
         let mut trainer = SftTrainer::new(model, self.config)?;
         trainer.step(self.examples)?;
         let start = Instant::now();
