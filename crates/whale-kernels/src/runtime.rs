@@ -52,3 +52,24 @@ fn keep_freed_memory() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn keep_freed_memory() {}
+
+/// Hands the memory freed since the last call back to the kernel (glibc's `malloc_trim`, every
+/// arena): the counterpart of [`configure_cpu`]'s thresholds, for the end of a unit of work.
+/// Kept freed memory serves the next operation of a pass, but across passes of other shapes
+/// (a training step, then generation, then the next step's copies of the weights) a process
+/// that never trims grew without bound: a SmolLM2 run by about a gigabyte per weight step,
+/// until the kernel killed it.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn release_freed_memory() {
+    extern "C" {
+        fn malloc_trim(pad: usize) -> i32;
+    }
+    // SAFETY: malloc_trim only returns free pages of glibc's heaps to the kernel; it takes a
+    // plain integer and touches no memory of ours.
+    unsafe {
+        malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn release_freed_memory() {}

@@ -485,6 +485,8 @@ impl Experiment {
     /// to write, while it still holds this experiment (and so the directory's lock).
     pub fn run(&mut self) -> Result<RunOutcome, ExperimentError> {
         while !self.state.finished {
+            // Between units, the memory the last one freed goes back ([`whale_kernels::runtime`]).
+            whale_kernels::runtime::release_freed_memory();
             let next = self.scheduler.next(&self.state.outcomes, self.spent());
             let last_eval = self.state.last_eval_at;
             if let Some(reason) = self.eval_schedule().due(&self.state.outcomes, last_eval, next) {

@@ -251,6 +251,7 @@ pub fn compute(run: &DirLock, progress: bool) -> Result<Coupling, CouplingError>
             bar.set_message(format!("{} under v{}", &row.id, column.version));
             coupling.cells.push(score(&setting, harness, &policy, row, column.version)?);
             write_atomic(&path, serde_json::to_string_pretty(&coupling).unwrap_or_default().as_bytes())?;
+            whale_kernels::runtime::release_freed_memory();
             bar.inc(1);
         }
     }
