@@ -311,6 +311,14 @@ struct Concurrent {
     after: EngineStats,
 }
 
+/// The tokens a row counts (`counted` of each completion) and the model FLOPs of generating
+/// every completion, prompt included.
+fn totals(completions: &[Completion], flops: &FlopModel, counted: impl Fn(&Completion) -> usize) -> (usize, f64) {
+    let tokens = completions.iter().map(&counted).sum();
+    let model_flops = completions.iter().map(|c| flops.generation(c.prompt_tokens, c.completion_tokens)).sum();
+    (tokens, model_flops)
+}
+
 /// `requests` concurrent requests, each a prompt of `prompt_tokens` from its own window of
 /// `text_ids` and asking for `max_tokens`, after one untimed request that warms the engine up.
 fn concurrent_requests(
@@ -351,11 +359,7 @@ fn prefill_row(
     let (requests, prompt_tokens) = (config.prefill_requests, config.prefill_prompt_tokens);
     let Concurrent { completions, seconds, before, after } =
         concurrent_requests(policy, text_ids, requests, prompt_tokens, 1)?;
-    let (mut tokens, mut model_flops) = (0, 0.0);
-    for completion in &completions {
-        tokens += completion.prompt_tokens;
-        model_flops += flops.generation(completion.prompt_tokens, completion.completion_tokens);
-    }
+    let (tokens, model_flops) = totals(&completions, flops, |completion| completion.prompt_tokens);
     let prefill_calls = after.prefill_calls - before.prefill_calls;
     let mean_rows = (after.prefill_rows - before.prefill_rows) as f64 / prefill_calls.max(1) as f64;
     Ok(BenchRow {
@@ -381,11 +385,7 @@ fn generation_row(
 ) -> Result<BenchRow, BenchError> {
     let Concurrent { completions, seconds, before, after } =
         concurrent_requests(policy, text_ids, batch, config.prompt_tokens, config.new_tokens)?;
-    let (mut tokens, mut model_flops) = (0, 0.0);
-    for completion in &completions {
-        tokens += completion.completion_tokens;
-        model_flops += flops.generation(completion.prompt_tokens, completion.completion_tokens);
-    }
+    let (tokens, model_flops) = totals(&completions, flops, |completion| completion.completion_tokens);
     let decode_calls = (after.decode_calls - before.decode_calls).max(1);
     let mean_batch = (after.decode_rows - before.decode_rows) as f64 / decode_calls as f64;
     Ok(BenchRow {
