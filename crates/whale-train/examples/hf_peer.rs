@@ -3,11 +3,13 @@
 //!
 //! `cargo run --release -p whale-train --example hf_peer -- MODEL_DIR WORKLOAD.json OUT.json`
 //!
-//! The workload (written by the script) holds chat conversations to render and tokenize, one
-//! token sequence to compute logits for (also through a LoRA adapter, when it names one), the
-//! prompts of a concurrent generation run and the examples of a training step. The output holds
-//! the rendered token ids, the logits, the generated token count and time, and the training time
-//! per step, of the full weights and, when the workload gives a rank, of a fresh LoRA adapter.
+//! The workload (written by the script) holds chat conversations to render and tokenize, and
+//! optionally: one token sequence to compute logits for (also through a LoRA adapter, when it
+//! names one), prompts to decode greedily, the prompts of a concurrent generation run and the
+//! examples of a training step. The output holds the rendered token ids and, for each part the
+//! workload has, the logits, the greedy token ids, the generated token count and time, and the
+//! training time per step, of the full weights and, when the workload gives a rank, of a fresh
+//! LoRA adapter. `bench/smollm2_greedy.py` sends only conversations and greedy prompts.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -23,11 +25,20 @@ use whale_train::{SftExample, SftTrainer, TrainerConfig};
 #[derive(Deserialize)]
 struct Workload {
     conversations: Vec<Vec<ChatMessage>>,
-    logits_input: Vec<u32>,
+    logits_input: Option<Vec<u32>>,
     /// A PEFT adapter directory to compute the same logits through.
     adapter: Option<PathBuf>,
-    generate: GenerateWorkload,
-    train: TrainWorkload,
+    greedy: Option<GreedyWorkload>,
+    generate: Option<GenerateWorkload>,
+    train: Option<TrainWorkload>,
+}
+
+/// Prompts decoded greedily (temperature 0), all at once through the batching engine as rollouts
+/// are, each until its end-of-turn token or `max_tokens`.
+#[derive(Deserialize)]
+struct GreedyWorkload {
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
 }
 
 #[derive(Deserialize)]
@@ -63,13 +74,14 @@ struct TrainExample {
 #[derive(Serialize)]
 struct Results {
     chat_ids: Vec<Vec<u32>>,
-    logits: Vec<Vec<f32>>,
+    logits: Option<Vec<Vec<f32>>>,
     adapter_logits: Option<Vec<Vec<f32>>>,
-    generate_tokens: usize,
-    generate_seconds: f64,
-    train_positions: usize,
-    train_seconds_per_step: f64,
-    train_loss: f64,
+    greedy_ids: Option<Vec<Vec<u32>>>,
+    generate_tokens: Option<usize>,
+    generate_seconds: Option<f64>,
+    train_positions: Option<usize>,
+    train_seconds_per_step: Option<f64>,
+    train_loss: Option<f64>,
     lora_train_seconds_per_step: Option<f64>,
     lora_train_loss: Option<f64>,
 }
@@ -83,30 +95,52 @@ fn main() -> Result<(), BoxError> {
         return Err("usage: hf_peer MODEL_DIR WORKLOAD.json OUT.json".into());
     };
     let workload: Workload = serde_json::from_slice(&std::fs::read(workload_path)?)?;
-    let max_batch_size = workload.generate.prompts.len().max(1);
+    let concurrent = |prompts: &[Vec<u32>]| prompts.len().max(1);
+    let max_batch_size = [
+        workload.generate.as_ref().map(|g| concurrent(&g.prompts)),
+        workload.greedy.as_ref().map(|g| concurrent(&g.prompts)),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+    .unwrap_or(1);
     let engine = EngineConfig { max_batch_size, ..EngineConfig::default() };
     let policy = LocalPolicy::load(model_dir, DType::F32, &Device::Cpu, engine)?;
     let chat_ids =
         workload.conversations.iter().map(|messages| policy.prompt_ids(messages)).collect::<Result<_, _>>()?;
-    let (logits, adapter_logits) =
-        policy.decoder().with_trainable(SequenceLogits { ids: &workload.logits_input, adapter: &workload.adapter })?;
-    let (generate_tokens, generate_seconds) = time_generation(&policy, &workload.generate)?;
-    let (train_positions, train_seconds_per_step, train_loss) = time_training(&policy, &workload.train, None)?;
-    let lora = workload.train.lora_rank.map(|rank| LoraConfig {
-        rank,
-        alpha: workload.train.lora_alpha.unwrap_or(2.0 * rank as f64),
-        ..LoraConfig::default()
-    });
-    let lora_timing = lora.map(|lora| time_training(&policy, &workload.train, Some(lora))).transpose()?;
+    let (logits, adapter_logits) = match &workload.logits_input {
+        Some(ids) => {
+            let (plain, adapted) =
+                policy.decoder().with_trainable(SequenceLogits { ids, adapter: &workload.adapter })?;
+            (Some(plain), adapted)
+        }
+        None => (None, None),
+    };
+    let greedy_ids = workload.greedy.as_ref().map(|work| greedy(&policy, work)).transpose()?;
+    let generation = workload.generate.as_ref().map(|work| time_generation(&policy, work)).transpose()?;
+    let training = workload.train.as_ref().map(|work| time_training(&policy, work, None)).transpose()?;
+    let lora_timing = match &workload.train {
+        Some(work) => work
+            .lora_rank
+            .map(|rank| LoraConfig {
+                rank,
+                alpha: work.lora_alpha.unwrap_or(2.0 * rank as f64),
+                ..LoraConfig::default()
+            })
+            .map(|lora| time_training(&policy, work, Some(lora)))
+            .transpose()?,
+        None => None,
+    };
     let results = Results {
         chat_ids,
         logits,
         adapter_logits,
-        generate_tokens,
-        generate_seconds,
-        train_positions,
-        train_seconds_per_step,
-        train_loss,
+        greedy_ids,
+        generate_tokens: generation.map(|(tokens, _)| tokens),
+        generate_seconds: generation.map(|(_, seconds)| seconds),
+        train_positions: training.map(|(positions, _, _)| positions),
+        train_seconds_per_step: training.map(|(_, seconds, _)| seconds),
+        train_loss: training.map(|(_, _, loss)| loss),
         lora_train_seconds_per_step: lora_timing.map(|(_, seconds, _)| seconds),
         lora_train_loss: lora_timing.map(|(_, _, loss)| loss),
     };
@@ -138,6 +172,21 @@ impl WithTrainable for SequenceLogits<'_> {
 
 fn sequence_logits(model: &impl TrainableModel, ids: &[u32]) -> Result<Logits, BoxError> {
     Ok(model.logits(&model.packed_hidden(&[ids])?)?.to_vec2()?)
+}
+
+/// The greedy token ids of every prompt (end-of-turn token included when it came), decoded
+/// concurrently.
+fn greedy(policy: &LocalPolicy, work: &GreedyWorkload) -> Result<Vec<Vec<u32>>, BoxError> {
+    let params = SamplingParams { temperature: 0.0, max_tokens: work.max_tokens, ..SamplingParams::default() };
+    let completions = std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            work.prompts.iter().map(|prompt| scope.spawn(|| policy.generate(prompt.clone(), &params))).collect();
+        handles.into_iter().map(|handle| handle.join()).collect::<Vec<_>>()
+    });
+    completions
+        .into_iter()
+        .map(|completion| Ok(completion.map_err(|_| "a generation thread panicked")??.token_ids))
+        .collect()
 }
 
 /// All prompts generated at once by concurrent callers, after a short warm-up request; the

@@ -9,7 +9,9 @@
 //! rounds alternate between the two so that a moment of contention on a shared machine hits
 //! both. With `ignore_eos` every reply runs to `max_tokens` on both, so both generate the same
 //! number of tokens. Tokens/s is the completion tokens of all rounds over their wall time;
-//! latencies are per request, p50 and p99 by nearest rank.
+//! latencies are per request, p50 and p99 by nearest rank. A request is one synthetic question,
+//! after `prompt_words` words of synthetic context when that is set (a longer prompt puts
+//! prefill in the measurement); the table gives the mean prompt length each server counted.
 
 use std::fmt;
 use std::io::{BufRead, BufReader};
@@ -43,6 +45,8 @@ pub struct ServeBenchSettings {
     /// Generate to `max_tokens` past end-of-sequence tokens (vLLM's and llama.cpp's
     /// `ignore_eos`), so every reply has the same length on both paths.
     pub ignore_eos: bool,
+    /// Words of synthetic context before each question (0: the question alone).
+    pub prompt_words: usize,
     /// Compare with this server instead of the in-process engine.
     pub peer: Option<Peer>,
     /// The `whale` executable to start the server with.
@@ -78,6 +82,8 @@ pub struct PathRow {
     pub path: String,
     pub requests: usize,
     pub tokens: usize,
+    /// Prompt tokens per request, as the server counted them (0 when it does not say).
+    pub mean_prompt_tokens: f64,
     pub seconds: f64,
     pub tokens_per_second: f64,
     pub p50_ms: f64,
@@ -117,13 +123,23 @@ impl fmt::Display for ServeBenchTable {
             if self.ignore_eos { "exactly" } else { "up to" },
             self.max_tokens
         )?;
-        writeln!(f, "| path | requests | tokens | seconds | tokens/s | p50 latency (ms) | p99 latency (ms) |")?;
-        writeln!(f, "|---|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(
+            f,
+            "| path | requests | prompt tokens (mean) | tokens | seconds | tokens/s | p50 latency (ms) | p99 latency (ms) |"
+        )?;
+        writeln!(f, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
         for row in [&self.whale, &self.other] {
             writeln!(
                 f,
-                "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} |",
-                row.path, row.requests, row.tokens, row.seconds, row.tokens_per_second, row.p50_ms, row.p99_ms
+                "| {} | {} | {:.0} | {} | {:.2} | {:.1} | {:.0} | {:.0} |",
+                row.path,
+                row.requests,
+                row.mean_prompt_tokens,
+                row.tokens,
+                row.seconds,
+                row.tokens_per_second,
+                row.p50_ms,
+                row.p99_ms
             )?;
         }
         if self.against_peer {
@@ -165,13 +181,13 @@ pub fn run(settings: &ServeBenchSettings) -> Result<ServeBenchTable, ServeBenchE
             (Box::new(local), "in-process `LocalPolicy`".to_string())
         }
     };
-    let warm_up = requests(1, 0, settings.max_tokens.min(4), settings.ignore_eos);
+    let warm_up = requests(1, 0, settings.max_tokens.min(4), settings);
     for policy in [&remote as &dyn Policy, other.as_ref()] {
         round(policy, &warm_up)?;
     }
     let (mut whale, mut others) = (Samples::default(), Samples::default());
     for index in 0..settings.rounds {
-        let batch = requests(settings.requests, index * settings.requests, settings.max_tokens, settings.ignore_eos);
+        let batch = requests(settings.requests, index * settings.requests, settings.max_tokens, settings);
         whale.add(round(&remote, &batch)?);
         others.add(round(other.as_ref(), &batch)?);
     }
@@ -216,25 +232,41 @@ pub fn write_random_model(dir: &Path) -> Result<String, ServeBenchError> {
     Ok(description)
 }
 
-/// `count` chat requests with distinct questions and seeds from `first`.
-fn requests(count: usize, first: usize, max_tokens: usize, ignore_eos: bool) -> Vec<ChatRequest> {
+/// `count` chat requests with distinct questions (each after its own context of
+/// `settings.prompt_words` words) and seeds from `first`.
+fn requests(count: usize, first: usize, max_tokens: usize, settings: &ServeBenchSettings) -> Vec<ChatRequest> {
     let lines = whale_lm::random::synthetic_corpus(first + count, 13);
+    let mut context_lines = whale_lm::random::SyntheticText::new(29 + first as u64);
     lines[first..]
         .iter()
         .enumerate()
         .map(|(index, line)| {
             let question = line.split_inclusive('?').next().unwrap_or(line);
+            let context = words_of(&mut context_lines, settings.prompt_words);
+            let content = if context.is_empty() { question.to_string() } else { format!("{context}\n\n{question}") };
             ChatRequest {
-                messages: vec![ChatMessage::new("user", question)],
+                messages: vec![ChatMessage::new("user", &content)],
                 params: SamplingParams {
                     max_tokens,
                     seed: (first + index) as u64,
-                    ignore_eos,
+                    ignore_eos: settings.ignore_eos,
                     ..SamplingParams::default()
                 },
             }
         })
         .collect()
+}
+
+/// Whole lines of `text` until they hold at least `words` words (none for 0).
+fn words_of(text: &mut whale_lm::random::SyntheticText, words: usize) -> String {
+    let mut taken: Vec<String> = Vec::new();
+    let mut count = 0;
+    while count < words {
+        let Some(line) = text.next() else { break };
+        count += line.split_whitespace().count();
+        taken.push(line);
+    }
+    taken.join(" ")
 }
 
 /// One round's outcome.
@@ -269,6 +301,7 @@ fn round(policy: &dyn Policy, batch: &[ChatRequest]) -> Result<RoundResult, Serv
 struct Samples {
     seconds: f64,
     tokens: usize,
+    prompt_tokens: usize,
     latencies_ms: Vec<f64>,
 }
 
@@ -277,6 +310,7 @@ impl Samples {
         self.seconds += round.seconds;
         for (completion, latency) in round.completions {
             self.tokens += completion.completion_tokens;
+            self.prompt_tokens += completion.prompt_tokens;
             self.latencies_ms.push(latency);
         }
     }
@@ -287,6 +321,7 @@ impl Samples {
             path,
             requests: self.latencies_ms.len(),
             tokens: self.tokens,
+            mean_prompt_tokens: self.prompt_tokens as f64 / self.latencies_ms.len().max(1) as f64,
             seconds: self.seconds,
             tokens_per_second: self.tokens as f64 / self.seconds,
             p50_ms: nearest_rank(&self.latencies_ms, 0.50),
@@ -372,11 +407,31 @@ mod tests {
 
     #[test]
     fn bench_requests_differ_and_are_reproducible() {
-        let batch = requests(4, 8, 16, true);
-        assert_eq!(batch, requests(4, 8, 16, true));
+        let settings = |prompt_words| ServeBenchSettings {
+            model_dir: None,
+            requests: 4,
+            rounds: 1,
+            max_tokens: 16,
+            ignore_eos: true,
+            prompt_words,
+            peer: None,
+            whale: PathBuf::new(),
+        };
+        let batch = requests(4, 8, 16, &settings(0));
+        assert_eq!(batch, requests(4, 8, 16, &settings(0)));
         assert!(batch.iter().all(|r| r.params.ignore_eos));
         assert_eq!(batch.iter().map(|r| r.params.seed).collect::<Vec<_>>(), [8, 9, 10, 11]);
         assert!(batch.iter().all(|r| r.messages[0].content.ends_with('?') && r.params.max_tokens == 16));
         assert_ne!(batch[0].messages, batch[1].messages);
+        let long = requests(4, 8, 16, &settings(150));
+        assert_eq!(long, requests(4, 8, 16, &settings(150)));
+        for (short, long) in batch.iter().zip(&long) {
+            let (short, long) = (&short.messages[0].content, &long.messages[0].content);
+            assert!(
+                long.ends_with(short.as_str())
+                    && long.split_whitespace().count() >= 150 + short.split_whitespace().count()
+            );
+        }
+        assert_ne!(long[0].messages, long[1].messages);
     }
 }

@@ -65,6 +65,10 @@ enum ServeCommand {
         /// Completion tokens each request asks for.
         #[arg(long, default_value_t = 64)]
         max_tokens: usize,
+        /// Words of synthetic context before each request's question, for longer prompts (the
+        /// table prints the mean prompt tokens each server counted); 0 sends the question alone.
+        #[arg(long, default_value_t = 0)]
+        prompt_words: usize,
     },
 }
 
@@ -123,7 +127,17 @@ struct ServeOptions {
 
 pub fn run(args: ServeArgs) -> Result<ExitCode> {
     match args.command {
-        Some(ServeCommand::Bench { peer, peer_model, ignore_eos, model, random, requests, rounds, max_tokens }) => {
+        Some(ServeCommand::Bench {
+            peer,
+            peer_model,
+            ignore_eos,
+            model,
+            random,
+            requests,
+            rounds,
+            max_tokens,
+            prompt_words,
+        }) => {
             let peer = peer.map(|base_url| Peer {
                 base_url,
                 model: peer_model
@@ -135,7 +149,8 @@ pub fn run(args: ServeArgs) -> Result<ExitCode> {
                 (None, false) => cached_base_model(),
             };
             let whale = std::env::current_exe().context("cannot find the whale executable")?;
-            let settings = ServeBenchSettings { model_dir, requests, rounds, max_tokens, ignore_eos, peer, whale };
+            let settings =
+                ServeBenchSettings { model_dir, requests, rounds, max_tokens, ignore_eos, prompt_words, peer, whale };
             print!("{}", serve_bench::run(&settings)?);
             Ok(ExitCode::SUCCESS)
         }
