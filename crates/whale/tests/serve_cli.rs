@@ -217,7 +217,7 @@ fn serve_bench_measures_whale_serve_beside_a_peer_server_token_for_token() {
         .args(["serve", "bench", "--model"])
         .arg(dir.path())
         .args(["--peer", &peer.base_url, "--peer-model", "the-peer", "--ignore-eos"])
-        .args(["--requests", "3", "--rounds", "2", "--max-tokens", "7"])
+        .args(["--requests", "3", "--rounds", "2", "--max-tokens", "7", "--prompt-words", "20"])
         .output()
         .expect("whale runs");
     let text = String::from_utf8_lossy(&output.stdout);
@@ -226,9 +226,13 @@ fn serve_bench_measures_whale_serve_beside_a_peer_server_token_for_token() {
     let rows: Vec<&str> =
         text.lines().filter(|line| line.starts_with("| `whale serve`") || line.starts_with("| peer:")).collect();
     assert_eq!(rows.len(), 2, "{text}");
+    let mut prompt_tokens = Vec::new();
     for row in rows {
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-        assert_eq!((cells[2], cells[3]), ("6", "42"), "6 requests of exactly 7 tokens: {row}");
+        assert_eq!((cells[2], cells[4]), ("6", "42"), "6 requests of exactly 7 tokens: {row}");
+        prompt_tokens.push(cells[3].parse::<f64>().expect("the mean prompt tokens"));
     }
+    assert_eq!(prompt_tokens[0], prompt_tokens[1], "the same prompts on both paths: {text}");
+    assert!(prompt_tokens[0] > 20.0, "20 words of context and a question: {text}");
     assert!(text.contains(&peer.base_url), "the peer is named: {text}");
 }
