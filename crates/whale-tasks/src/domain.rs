@@ -80,3 +80,41 @@ pub trait TaskDomain: Sync {
     /// Which bottleneck the study tests for this domain.
     fn bottleneck(&self) -> Bottleneck;
 }
+
+/// The trait methods a domain answers with its folder's free functions of the same names
+/// (`load`, `parse_record`, `generate`, `write_native`, `public_view`, `gold_actions`), which
+/// tests and other crates also call. Invoked inside each domain's `impl TaskDomain`, so the
+/// three domains do not each spell out the same forwarding.
+macro_rules! folder_functions {
+    () => {
+        fn load(&self, path: &::std::path::Path) -> $crate::LoadReport {
+            super::load(path)
+        }
+
+        fn parse_record(
+            &self,
+            value: &::serde_json::Value,
+            file: &::std::path::Path,
+            line: usize,
+        ) -> ::std::result::Result<::whale_core::Task, $crate::RecordError> {
+            super::parse_record(value, file, line)
+        }
+
+        fn generate(&self, n: usize, seed: u64, difficulty: u32) -> ::std::vec::Vec<::whale_core::Task> {
+            super::generate(n, seed, difficulty)
+        }
+
+        fn write_native(&self, tasks: &[::whale_core::Task], out: &mut dyn ::std::io::Write) -> ::std::io::Result<()> {
+            super::write_native(tasks, out)
+        }
+
+        fn public_view(&self, task: &::whale_core::Task) -> ::serde_json::Value {
+            super::public_view(task)
+        }
+
+        fn gold_actions(&self, task: &::whale_core::Task) -> ::std::vec::Vec<::std::string::String> {
+            super::gold_actions(task)
+        }
+    };
+}
+pub(crate) use folder_functions;

@@ -3,12 +3,9 @@
 
 use super::{calculate, MathEpisode};
 use crate::{
-    Bottleneck, CorpusSource, Environment, EnvironmentError, Episode, EpisodeFactory, LoadReport, PredictionScore,
-    RecordError, TaskDomain,
+    Bottleneck, CorpusSource, Environment, EnvironmentError, Episode, EpisodeFactory, PredictionScore, TaskDomain,
 };
 use serde_json::Value;
-use std::io::Write;
-use std::path::Path;
 use whale_core::{Domain, Task};
 use whale_math_answer::{extract_answer, DEFAULT_ORDER};
 
@@ -35,21 +32,7 @@ impl TaskDomain for MathDomain {
         Domain::Math
     }
 
-    fn load(&self, path: &Path) -> LoadReport {
-        super::load(path)
-    }
-
-    fn parse_record(&self, value: &Value, file: &Path, line: usize) -> Result<Task, RecordError> {
-        super::parse_record(value, file, line)
-    }
-
-    fn generate(&self, n: usize, seed: u64, difficulty: u32) -> Vec<Task> {
-        super::generate(n, seed, difficulty)
-    }
-
-    fn write_native(&self, tasks: &[Task], out: &mut dyn Write) -> std::io::Result<()> {
-        super::write_native(tasks, out)
-    }
+    crate::domain::folder_functions!();
 
     fn native_extension(&self) -> &'static str {
         "jsonl"
@@ -57,14 +40,6 @@ impl TaskDomain for MathDomain {
 
     fn gold_field(&self) -> &'static str {
         "answer"
-    }
-
-    fn public_view(&self, task: &Task) -> Value {
-        super::public_view(task)
-    }
-
-    fn gold_actions(&self, task: &Task) -> Vec<String> {
-        super::gold_actions(task)
     }
 
     fn score(&self, task: &Task, prediction: &str) -> PredictionScore {
