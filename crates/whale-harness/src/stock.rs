@@ -45,7 +45,7 @@ macro_rules! domain {
 }
 
 /// Every stock harness, by domain, the plain one first.
-pub const STOCK_HARNESSES: [StockHarness; 16] = [
+pub const STOCK_HARNESSES: [StockHarness; 17] = [
     stock!(math, "plain"),
     stock!(math, "calculator"),
     stock!(math, "vote"),
@@ -62,6 +62,7 @@ pub const STOCK_HARNESSES: [StockHarness; 16] = [
     stock!(qa, "rewrite"),
     stock!(qa, "two-hop"),
     stock!(qa, "passages"),
+    stock!(qa, "fewshot"),
 ];
 
 /// The stock harness called `name` (`math/plain`).
