@@ -101,11 +101,17 @@ def train_adapter(model_dir, records, scratch):
     return adapter
 
 
+def template_ids(tokenizer, conversation):
+    """The prompt ids of `conversation` with the generation prompt, as transformers renders them
+    (a plain list, whether this transformers returns a list or an encoding)."""
+    ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+
+
 def build_workload(tokenizer, args):
     records = gsm8k(args.batch)
     conversations = [conversation(r) for r in records]
-    chat_ids = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in conversations]
-    chat_ids = [list(ids["input_ids"]) if isinstance(ids, dict) or hasattr(ids, "keys") else list(ids) for ids in chat_ids]
+    chat_ids = [template_ids(tokenizer, c) for c in conversations]
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     examples = []
     for ids, record in zip(chat_ids[: args.train_examples], records):

@@ -39,16 +39,14 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_compare import REPO, ensure_venv, eos_ids, run_whale, shared_data  # noqa: E402
+from hf_compare import ensure_venv, eos_ids, gsm8k, run_whale, shared_data, template_ids  # noqa: E402
 
 LLAMA_VENV = Path(os.environ.get("WHALE_LLAMA_VENV", Path.home() / ".cache" / "whale-venvs" / "llama-cpp"))
 PORT = 8323
 
 
 def math_prompts(count):
-    with open(shared_data() / "math" / "gsm8k" / "test.jsonl", encoding="utf-8") as lines:
-        records = [json.loads(line) for line in lines if line.strip()][:count]
-    return [r["question"] + "\nGive the final answer after ####." for r in records]
+    return [r["question"] + "\nGive the final answer after ####." for r in gsm8k(count)]
 
 
 def qa_prompts(count):
@@ -147,6 +145,9 @@ class LlamaServer:
 
 def llama_server_binary(given):
     if given:
+        if not os.access(given, os.X_OK):
+            print(f"--llama-server {given}: not an executable file", file=sys.stderr)
+            sys.exit(2)
         return given
     python = LLAMA_VENV / "bin" / "python"
     if not python.exists():
@@ -191,6 +192,7 @@ def main():
                         help="skip transformers' greedy decoding (its tokenizer is still checked)")
     args = parser.parse_args()
     ensure_venv(__file__)
+    server = llama_server_binary(args.llama_server)
 
     import torch
     import transformers
@@ -205,10 +207,7 @@ def main():
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     eos = eos_ids(tokenizer, model.config)
     conversations = [[{"role": "user", "content": text}] for prompts in domains.values() for text in prompts]
-    reference_ids = []
-    for conversation in conversations:
-        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
-        reference_ids.append(list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids))
+    reference_ids = [template_ids(tokenizer, conversation) for conversation in conversations]
     failures = []
     with tempfile.TemporaryDirectory() as scratch:
         workload = {"conversations": conversations, "greedy": {"prompts": reference_ids, "max_tokens": args.max_tokens}}
@@ -244,7 +243,6 @@ def main():
         gap = lambda i, prefix: logit_gap(torch, model, reference_ids[i], prefix)  # noqa: E731
         if theirs is not None:
             report_differences("transformers", ours["greedy_ids"], theirs, eos, gap)
-        server = llama_server_binary(args.llama_server)
         if server is None:
             print("llama.cpp: skipped (no --llama-server and no venv from scripts/llama-cpp-venv.sh)")
         else:

@@ -79,7 +79,8 @@ start_vllm() {
     local py
     py=$("$ROOT/scripts/vllm-venv.sh" | tail -1)
     port_free 8321
-    setsid env VLLM_CPU_KVCACHE_SPACE="${WHALE_PEER_VLLM_KV_GB:-1}" timeout 3600 "$py" -m vllm.entrypoints.openai.api_server \
+    setsid env VLLM_CPU_KVCACHE_SPACE="${WHALE_PEER_VLLM_KV_GB:-1}" \
+        timeout 3600 "$py" -m vllm.entrypoints.openai.api_server \
         --model "$MODEL" --served-model-name peer --host 127.0.0.1 --port 8321 --dtype float32 --seed 0 \
         --no-enable-chunked-prefill --max-num-batched-tokens 32768 --max-model-len 2048 \
         --max-num-seqs 64 >"$WORK/vllm.log" 2>&1 &
@@ -150,7 +151,8 @@ for peer in $PEERS; do
         rounds=$ROUNDS
         [ "$requests" = 1 ] && rounds=$((ROUNDS * 3))
         "$WHALE" serve bench --model "$MODEL" --peer "$url" --peer-model peer --ignore-eos \
-            --requests "$requests" --rounds "$rounds" --max-tokens "$TOKENS" --prompt-words "$PROMPT_WORDS" | tee "$WORK/$NAME-$peer-$requests.txt"
+            --requests "$requests" --rounds "$rounds" --max-tokens "$TOKENS" --prompt-words "$PROMPT_WORDS" \
+            | tee "$WORK/$NAME-$peer-$requests.txt"
         SUMMARY+=("$peer, $requests concurrent: $(grep 'whale serve / peer' "$WORK/$NAME-$peer-$requests.txt")")
     done
     stop_last

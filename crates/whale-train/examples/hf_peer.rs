@@ -119,18 +119,16 @@ fn main() -> Result<(), BoxError> {
     let greedy_ids = workload.greedy.as_ref().map(|work| greedy(&policy, work)).transpose()?;
     let generation = workload.generate.as_ref().map(|work| time_generation(&policy, work)).transpose()?;
     let training = workload.train.as_ref().map(|work| time_training(&policy, work, None)).transpose()?;
-    let lora_timing = match &workload.train {
-        Some(work) => work
-            .lora_rank
-            .map(|rank| LoraConfig {
-                rank,
-                alpha: work.lora_alpha.unwrap_or(2.0 * rank as f64),
-                ..LoraConfig::default()
-            })
-            .map(|lora| time_training(&policy, work, Some(lora)))
-            .transpose()?,
-        None => None,
-    };
+    let lora_timing = workload
+        .train
+        .as_ref()
+        .and_then(|work| {
+            let rank = work.lora_rank?;
+            let lora =
+                LoraConfig { rank, alpha: work.lora_alpha.unwrap_or(2.0 * rank as f64), ..LoraConfig::default() };
+            Some(time_training(&policy, work, Some(lora)))
+        })
+        .transpose()?;
     let results = Results {
         chat_ids,
         logits,
