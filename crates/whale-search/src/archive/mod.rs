@@ -132,14 +132,16 @@ impl Archive {
         last.map_or(1, |n| n + 1)
     }
 
-    /// Enters the first incumbent. Seeding again with the same source is a no-op (a resumed
-    /// run); with another source it is an error.
+    /// Enters the first incumbent. Seeding again with the source it was seeded with is a no-op
+    /// (a resumed run, whose incumbent may since have been replaced by a search); with another
+    /// source it is an error.
     pub fn seed(&mut self, source: &str, hypothesis: &str) -> Result<Candidate, ArchiveError> {
-        if let Some(incumbent) = self.incumbent() {
-            return if incumbent.meta.hash == content_hash(source) {
-                Ok(incumbent.clone())
+        if let Some(seeded) = self.seeded_ref() {
+            let seeded = self.resolve(&seeded)?;
+            return if seeded.meta.hash == content_hash(source) {
+                Ok(seeded.clone())
             } else {
-                Err(ArchiveError::AlreadySeeded { id: incumbent.meta.id.clone() })
+                Err(ArchiveError::AlreadySeeded { id: seeded.meta.id.clone() })
             };
         }
         let draft = CandidateDraft { source, hypothesis, parent: None, proposer: "seed", rejection: None };
@@ -286,6 +288,13 @@ impl Archive {
         self.root.join(RESULTS).join(hash).join(format!("w{weights_version}"))
     }
 
+    fn seeded_ref(&self) -> Option<CandidateRef> {
+        self.events.iter().find_map(|e| match e {
+            SummaryEvent::Seeded { candidate } => Some(candidate.clone()),
+            _ => None,
+        })
+    }
+
     fn incumbent_ref(&self) -> Option<CandidateRef> {
         self.events.iter().rev().find_map(|e| match e {
             SummaryEvent::Seeded { candidate } | SummaryEvent::Concluded { incumbent: candidate, .. } => {
@@ -387,6 +396,30 @@ mod tests {
         assert_eq!(reopened.incumbent(), Some(&seed));
         assert_eq!(reopened.next_iteration(), 1);
         assert!(dir.path().join("README.md").exists() && dir.path().join("harness-api.md").exists());
+    }
+
+    #[test]
+    fn a_resumed_search_seeds_again_after_its_incumbent_was_replaced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut archive = Archive::open(dir.path()).expect("open");
+        let seed = archive.seed(SOURCE, "start").expect("seed");
+        let draft = CandidateDraft {
+            source: "export function solve(task, ctx) { return \"2\"; }\n",
+            hypothesis: "answer 2",
+            parent: Some("c0000"),
+            proposer: "test",
+            rejection: None,
+        };
+        let better = archive.add_candidate(1, draft).expect("candidate");
+        let concluded =
+            SummaryEvent::Concluded { iteration: 1, weights_version: 0, incumbent: better.reference(), new_best: true };
+        archive.append(concluded).expect("conclude");
+        let mut reopened = Archive::open(dir.path()).expect("reopen");
+        assert_eq!(reopened.seed(SOURCE, "start").expect("the same seed"), seed);
+        assert_eq!(reopened.incumbent(), Some(&better));
+        assert_eq!(reopened.next_iteration(), 2);
+        let other = reopened.seed("export function solve() {}\n", "other");
+        assert!(matches!(other, Err(ArchiveError::AlreadySeeded { id }) if id == "c0000"));
     }
 
     #[test]
