@@ -145,6 +145,59 @@ fn a_whale_run_killed_at_random_moments_ends_as_if_never_interrupted() {
     assert_same_result(&fixture, "straight", "killed");
 }
 
+/// Whether an archive's summary records a search iteration that replaced the incumbent.
+fn accepted_a_harness(run: &Path) -> bool {
+    let summary = std::fs::read_to_string(run.join("archive/summary.jsonl")).unwrap_or_default();
+    summary.lines().any(|line| line.contains("\"new_best\":true"))
+}
+
+/// A whale fixture whose proposer is a command that always proposes the starting harness
+/// without its instruction line: as successful (never, on the tiny model) and shorter, so the
+/// Pareto rule accepts it at the first search iteration.
+fn accepting_fixture() -> Fixture {
+    let fixture = fixture("whale");
+    let shorter = HARNESS.replace("\\nGive the final answer after ####.", "");
+    let pending = serde_json::json!([{ "source": shorter, "hypothesis": "a shorter prompt" }]);
+    let proposal = fixture.root.join("proposal.json");
+    std::fs::write(&proposal, pending.to_string()).expect("proposal");
+    let config = std::fs::read_to_string(&fixture.config).expect("config").replace(
+        "[search]\n",
+        &format!(
+            "[search]\nproposer = \"command\"\ncommand = {{ command = \"cp '{}' pending.json\" }}\n",
+            proposal.display()
+        ),
+    );
+    std::fs::write(&fixture.config, config).expect("config");
+    fixture
+}
+
+/// Killed the moment its archive records an accepted harness, then resumed: the resumed search
+/// is seeded with the harness the run started from, not the one it has accepted since.
+#[test]
+fn a_whale_run_killed_after_its_search_accepted_a_harness_ends_as_if_never_interrupted() {
+    let fixture = accepting_fixture();
+    run_to_end(&fixture, "straight");
+    let straight = fixture.root.join("straight/r");
+    let summary = std::fs::read_to_string(straight.join("archive/summary.jsonl")).expect("summary");
+    assert!(accepted_a_harness(&straight), "the fixture's search accepts a harness:\n{summary}");
+    let run = fixture.root.join("killed/r");
+    let mut child = whale()
+        .args(["run", "--quiet", "--runs"])
+        .arg(fixture.root.join("killed"))
+        .arg(&fixture.config)
+        .spawn()
+        .expect("whale starts");
+    while !accepted_a_harness(&run) && child.try_wait().expect("poll").is_none() {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(child.try_wait().expect("poll").is_none(), "the run ended before the kill");
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let status = whale().args(["run", "--quiet", "--resume"]).arg(&run).status().expect("whale resumes");
+    assert!(status.success(), "the resumed run failed");
+    assert_same_result(&fixture, "straight", "killed");
+}
+
 fn whale_output(args: &[&str], dir: &Path) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_whale")).args(args).arg(dir).output().expect("whale runs");
     assert!(output.status.success(), "whale {args:?}: {}", String::from_utf8_lossy(&output.stderr));
