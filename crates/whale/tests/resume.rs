@@ -228,6 +228,21 @@ fn the_archive_and_report_commands_read_a_finished_run() {
     assert!(page.contains("<svg") && page.contains("Best and final"));
 }
 
+/// whale-adaptive picks each phase from what the last ones moved; a resumed run must pick the
+/// same phases from its stored outcomes.
+#[test]
+fn a_whale_adaptive_run_killed_at_random_moments_ends_as_if_never_interrupted() {
+    let fixture = fixture("whale-adaptive");
+    let typical = run_to_end(&fixture, "straight");
+    let state = common::untimed_file(&fixture.root.join("straight/r/state.json"));
+    let phases: Vec<&str> =
+        state["outcomes"].as_array().expect("outcomes").iter().flat_map(|o| o["phase"].as_str()).collect();
+    assert!(phases.contains(&"weights") && phases.contains(&"search"), "the run chose both phases: {phases:?}");
+    let landed = run_with_kills(&fixture, "killed", 4, typical, 41);
+    assert!(landed >= 1, "no kill landed before the run ended");
+    assert_same_result(&fixture, "straight", "killed");
+}
+
 #[test]
 fn a_fast_slow_run_killed_at_random_moments_ends_as_if_never_interrupted() {
     let fixture = fixture("fast-slow");
