@@ -113,7 +113,8 @@ fn unit_lower_inverse(a: &Tensor, heads: usize, len: usize) -> candle_core::Resu
         return substitution_inverse(a, heads, len);
     }
     let blocks = len / BLOCK;
-    let block = |i: usize, j: usize| a.narrow(1, i * BLOCK, BLOCK)?.narrow(2, j * BLOCK, BLOCK);
+    // Copied out of `a`: CUDA's matmul takes no row stride other than the row's length.
+    let block = |i: usize, j: usize| a.narrow(1, i * BLOCK, BLOCK)?.narrow(2, j * BLOCK, BLOCK)?.contiguous();
     let diagonal = Tensor::cat(&(0..blocks).map(|i| block(i, i)).collect::<candle_core::Result<Vec<_>>>()?, 0)?;
     let inverted = substitution_inverse(&diagonal, blocks * heads, BLOCK)?;
     let zero = Tensor::zeros((heads, BLOCK, BLOCK), a.dtype(), a.device())?;
@@ -144,7 +145,7 @@ fn substitution_inverse(a: &Tensor, heads: usize, len: usize) -> candle_core::Re
         vec![identity.narrow(0, 0, 1)?.unsqueeze(0)?.broadcast_as((heads, 1, len))?.contiguous()?];
     for i in 1..len {
         let above = Tensor::cat(&rows, 1)?; // [H, i, L]
-        let coefficients = a.narrow(1, i, 1)?.narrow(2, 0, i)?; // [H, 1, i]
+        let coefficients = a.narrow(1, i, 1)?.narrow(2, 0, i)?.contiguous()?; // [H, 1, i], contiguous for CUDA
         let unit = identity.narrow(0, i, 1)?.unsqueeze(0)?;
         rows.push(coefficients.matmul(&above)?.neg()?.broadcast_add(&unit)?);
     }
