@@ -303,6 +303,13 @@ pub struct WeightConfig {
     pub mini_batch: usize,
     /// Examples per forward/backward pass (gradient accumulation within a mini-batch).
     pub micro_batch: usize,
+    /// At most this many tokens (prompts plus completions) in one forward/backward pass: a
+    /// micro-batch that would hold more closes early. A pass's memory grows with its tokens,
+    /// and a harness that lengthens the prompts lengthens every example after it. Absent: no
+    /// cap, `micro_batch` examples whatever their length. The gradient is the same either way,
+    /// up to float rounding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batch_tokens: Option<usize>,
     pub learning_rate: f64,
     pub warmup_steps: u64,
     pub weight_decay: f64,
@@ -350,6 +357,7 @@ impl Default for WeightConfig {
             reward_threshold: 0.5,
             mini_batch: 32,
             micro_batch: 16,
+            micro_batch_tokens: None,
             learning_rate: 1e-4,
             warmup_steps: 0,
             weight_decay: 0.0,
@@ -581,6 +589,7 @@ impl RunConfig {
             ("weights.rollouts_per_task", self.weights.rollouts_per_task as u64),
             ("weights.mini_batch", self.weights.mini_batch as u64),
             ("weights.micro_batch", self.weights.micro_batch as u64),
+            ("weights.micro_batch_tokens", self.weights.micro_batch_tokens.unwrap_or(1) as u64),
             ("weights.checkpoint_every", self.weights.checkpoint_every),
             ("search.candidates", self.search.candidates as u64),
             ("search.population", self.search.population as u64),
@@ -659,6 +668,11 @@ impl RunConfig {
                     .to_string();
                 return Err(("weights.policy_gradient", reason));
             }
+        }
+        if self.weights.trainer.is_some() && self.weights.micro_batch_tokens.is_some() {
+            let reason =
+                "caps the passes of whale's own trainer; an external trainer ([weights.trainer]) sizes its own";
+            return Err(("weights.micro_batch_tokens", reason.to_string()));
         }
         if self.weights.trainer.is_some() && self.weights.lora.is_some() {
             let reason = "configures whale's own trainer; an external trainer ([weights.trainer]) takes its LoRA \
@@ -739,6 +753,21 @@ mod tests {
         let error = parse("[model]\ndtype = \"fp16\"\n").expect_err("dtype");
         assert!(error.to_string().contains("model.dtype") && error.to_string().contains("fp16"), "{error}");
         parse("[model]\ndtype = \"bf16\"\n").expect("bf16");
+    }
+
+    /// The token cap is whale's own trainer's; absent, it is not written, so that the configs
+    /// (and the study result files' hashes of them) of runs before it stay as they were.
+    #[test]
+    fn the_micro_batch_token_cap_is_positive_optional_and_not_for_external_trainers() {
+        let capped = parse("[weights]\nmicro_batch_tokens = 3072\n").expect("a cap");
+        assert_eq!(capped.weights.micro_batch_tokens, Some(3072));
+        assert!(capped.to_toml().expect("toml").contains("micro_batch_tokens = 3072"));
+        assert!(!RunConfig::default().to_toml().expect("toml").contains("micro_batch_tokens"));
+        let error = parse("[weights]\nmicro_batch_tokens = 0\n").expect_err("zero");
+        assert!(error.to_string().contains("weights.micro_batch_tokens"), "{error}");
+        let external = "[weights]\nmicro_batch_tokens = 3072\n[weights.trainer]\ncommand = [\"train\", \"{data}\", \"{output}\"]\n";
+        let error = parse(external).expect_err("an external trainer");
+        assert!(error.to_string().contains("weights.micro_batch_tokens"), "{error}");
     }
 
     /// What `[model]` selects, checked without a GPU. A config naming `cuda` loads in any build

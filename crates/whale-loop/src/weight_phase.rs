@@ -214,6 +214,7 @@ pub fn trainer_config(config: &WeightConfig, pad_token_id: u32) -> TrainerConfig
         weight_decay: config.weight_decay,
         max_grad_norm: Some(config.max_grad_norm),
         micro_batch_size: config.micro_batch,
+        micro_batch_tokens: config.micro_batch_tokens,
         max_seq_len: config.max_seq_len,
         pad_token_id,
         ..TrainerConfig::default()

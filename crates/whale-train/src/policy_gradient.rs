@@ -19,7 +19,7 @@
 //! only the training pass applies). Where the clipped term is the smaller one its gradient is zero, so each token's
 //! term is built from a mask decided on the forward pass's values.
 
-use crate::trainer::{scored_cross_entropy, SftBatch, SftExample, SftTrainer, TrainError};
+use crate::trainer::{micro_batch_ranges, scored_cross_entropy, SftBatch, SftExample, SftTrainer, TrainError};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use whale_lm::trainable::TrainableModel;
@@ -281,10 +281,11 @@ impl<M: TrainableModel> SftTrainer<M> {
         let mut order: Vec<&PgExample> = examples.iter().collect();
         order.sort_by_key(|example| std::cmp::Reverse(example.prompt.len() + example.completion.len()));
         let (pad, max_seq_len) = (self.config().pad_token_id, self.config().max_seq_len);
+        let lengths: Vec<usize> = order.iter().map(|e| e.prompt.len() + e.completion.len()).collect();
         let mut batches = Vec::new();
         let mut truncated = 0;
-        for chunk in order.chunks(self.config().micro_batch_size) {
-            let (batch, cut) = PgBatch::new(chunk, pad, max_seq_len)?;
+        for range in micro_batch_ranges(&lengths, self.config()) {
+            let (batch, cut) = PgBatch::new(&order[range], pad, max_seq_len)?;
             truncated += cut;
             batches.push(batch);
         }

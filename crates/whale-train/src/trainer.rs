@@ -70,6 +70,9 @@ pub struct TrainerConfig {
     pub max_grad_norm: Option<f64>,
     /// Examples per forward/backward pass; a step accumulates gradients over its mini-batch.
     pub micro_batch_size: usize,
+    /// At most this many tokens (each example's, cut to `max_seq_len`) in one pass: a
+    /// micro-batch that would hold more closes early ([`micro_batch_ranges`]). `None`: no cap.
+    pub micro_batch_tokens: Option<usize>,
     /// Examples longer than this (prompt plus completion) are cut to it from the end: they lose
     /// the end of their completion, or all of it when the prompt alone is this long.
     pub max_seq_len: usize,
@@ -89,6 +92,7 @@ impl Default for TrainerConfig {
             weight_decay: 0.0,
             max_grad_norm: Some(1.0),
             micro_batch_size: 8,
+            micro_batch_tokens: None,
             max_seq_len: 2048,
             pad_token_id: 0,
         }
@@ -107,6 +111,7 @@ impl TrainerConfig {
             ("weight_decay", self.weight_decay.is_finite() && self.weight_decay >= 0.0),
             ("max_grad_norm", self.max_grad_norm.is_none_or(|n| n.is_finite() && n > 0.0)),
             ("micro_batch_size", self.micro_batch_size > 0),
+            ("micro_batch_tokens", self.micro_batch_tokens != Some(0)),
             ("max_seq_len", self.max_seq_len >= 2),
         ];
         if let Some((key, _)) = checks.iter().find(|(_, ok)| !ok) {
@@ -548,9 +553,11 @@ impl<M: TrainableModel> SftTrainer<M> {
     fn micro_batches(&self, examples: &[SftExample]) -> (Vec<SftBatch>, usize) {
         let mut order: Vec<&SftExample> = examples.iter().collect();
         order.sort_by_key(|example| std::cmp::Reverse(example.prompt.len() + example.completion.len()));
+        let lengths: Vec<usize> = order.iter().map(|e| e.prompt.len() + e.completion.len()).collect();
         let mut truncated = 0;
-        let batches = order
-            .chunks(self.config.micro_batch_size)
+        let batches = micro_batch_ranges(&lengths, &self.config)
+            .into_iter()
+            .map(|range| &order[range])
             .map(|chunk| {
                 let chunk: Vec<SftExample> = chunk.iter().map(|&e| e.clone()).collect();
                 let (batch, cut) = SftBatch::from_examples(&chunk, self.config.pad_token_id, self.config.max_seq_len);
@@ -652,6 +659,30 @@ impl<M: TrainableModel> SftTrainer<M> {
 
 /// The seed of the adapter dropout masks of one micro-batch: a function of the update number
 /// and the micro-batch's place in it, so that a resumed run draws the same masks.
+/// The micro-batches of examples of `lengths` (in training order) as index ranges: runs of
+/// `micro_batch_size`, each closed early where the next example would take its tokens (each
+/// cut to `max_seq_len`) past `micro_batch_tokens`. An example over the cap alone is a
+/// micro-batch of its own. Without a cap, or when no run goes over it, these are the plain
+/// runs of `micro_batch_size`.
+pub(crate) fn micro_batch_ranges(lengths: &[usize], config: &TrainerConfig) -> Vec<std::ops::Range<usize>> {
+    let cap = config.micro_batch_tokens.unwrap_or(usize::MAX);
+    let mut ranges = Vec::new();
+    let (mut start, mut tokens) = (0, 0);
+    for (index, length) in lengths.iter().enumerate() {
+        let length = (*length).min(config.max_seq_len);
+        let full = index - start == config.micro_batch_size.max(1);
+        if index > start && (full || tokens + length > cap) {
+            ranges.push(start..index);
+            (start, tokens) = (index, 0);
+        }
+        tokens += length;
+    }
+    if start < lengths.len() {
+        ranges.push(start..lengths.len());
+    }
+    ranges
+}
+
 fn dropout_seed(step: u64, micro_batch: usize) -> u64 {
     const SALT: u64 = 0x10A4_D40F_0000_0001;
     SALT ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (micro_batch as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
@@ -664,4 +695,31 @@ fn global_norm(grads: &[Option<Tensor>]) -> candle_core::Result<f64> {
         squares += f64::from(grad.sqr()?.sum_all()?.to_scalar::<f32>()?);
     }
     Ok(squares.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranges(lengths: &[usize], size: usize, cap: Option<usize>) -> Vec<std::ops::Range<usize>> {
+        let config =
+            TrainerConfig { micro_batch_size: size, micro_batch_tokens: cap, max_seq_len: 1000, ..Default::default() };
+        micro_batch_ranges(lengths, &config)
+    }
+
+    #[test]
+    fn without_a_cap_or_under_it_the_runs_are_those_of_the_micro_batch_size() {
+        let lengths = [9, 8, 7, 6, 5, 4, 3];
+        assert_eq!(ranges(&lengths, 3, None), [0..3, 3..6, 6..7]);
+        assert_eq!(ranges(&lengths, 3, Some(24)), [0..3, 3..6, 6..7]);
+        assert!(ranges(&[], 3, Some(5)).is_empty());
+    }
+
+    #[test]
+    fn a_run_over_the_cap_closes_early_and_a_long_example_stands_alone() {
+        assert_eq!(ranges(&[900, 900, 900, 900, 450, 450, 450, 450], 8, Some(3072)), [0..3, 3..8]);
+        assert_eq!(ranges(&[5000, 10, 10], 8, Some(100)), [0..1, 1..3]);
+        // Lengths count as cut to max_seq_len (1000 here): two of 4000 fit a cap of 2000.
+        assert_eq!(ranges(&[4000, 4000, 10], 8, Some(2000)), [0..2, 2..3]);
+    }
 }

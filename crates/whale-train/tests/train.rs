@@ -131,6 +131,28 @@ fn gradient_accumulation_matches_one_big_batch() {
     }
 }
 
+/// A token cap splits the passes (the first micro-batch of 4 holds 38 tokens here) and leaves
+/// the update what it was, up to rounding.
+#[test]
+fn a_token_cap_on_micro_batches_changes_the_passes_not_the_update() {
+    let data = examples(5, 8);
+    let mut plain = SftTrainer::new(tiny_model(false, 59), config()).unwrap();
+    let mut capped =
+        SftTrainer::new(tiny_model(false, 59), TrainerConfig { micro_batch_tokens: Some(12), ..config() }).unwrap();
+    for _ in 0..2 {
+        let (a, b) = (plain.step(&data).unwrap(), capped.step(&data).unwrap());
+        assert_eq!(a.tokens, b.tokens);
+        assert!((a.loss - b.loss).abs() < 1e-5, "{} vs {}", a.loss, b.loss);
+    }
+    let (x, y) = (weights_of(plain.model()), weights_of(capped.model()));
+    for (name, values) in &x {
+        let diff = max_abs_diff(values, &y[name]);
+        assert!(diff < 1e-5, "{name}: {diff}");
+    }
+    let zero = SftTrainer::new(tiny_model(false, 59), TrainerConfig { micro_batch_tokens: Some(0), ..config() });
+    assert!(matches!(zero, Err(TrainError::Config { key, .. }) if key == "micro_batch_tokens"));
+}
+
 #[test]
 fn a_resumed_run_continues_exactly() {
     let data = [examples(4, 4), examples(5, 4), examples(6, 4), examples(7, 4)];
