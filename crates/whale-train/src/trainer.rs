@@ -657,8 +657,6 @@ impl<M: TrainableModel> SftTrainer<M> {
     }
 }
 
-/// The seed of the adapter dropout masks of one micro-batch: a function of the update number
-/// and the micro-batch's place in it, so that a resumed run draws the same masks.
 /// The micro-batches of examples of `lengths` (in training order) as index ranges: runs of
 /// `micro_batch_size`, each closed early where the next example would take its tokens (each
 /// cut to `max_seq_len`) past `micro_batch_tokens`. An example over the cap alone is a
@@ -683,6 +681,8 @@ pub(crate) fn micro_batch_ranges(lengths: &[usize], config: &TrainerConfig) -> V
     ranges
 }
 
+/// The seed of the adapter dropout masks of one micro-batch: a function of the update number
+/// and the micro-batch's place in it, so that a resumed run draws the same masks.
 fn dropout_seed(step: u64, micro_batch: usize) -> u64 {
     const SALT: u64 = 0x10A4_D40F_0000_0001;
     SALT ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (micro_batch as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
