@@ -26,6 +26,7 @@
 #       Qwen3.5 (`whale lm random --shape qwen3.5-tiny`) and generated tasks, with the offline
 #       proposer instead of the agent (no LLM server there): killed with SIGKILL after its first
 #       checkpoint, resumed with `whale run --resume`, and finished.
+# They run in the order (a), (b), (d), (c): the checks of correctness before the speeds.
 # --cpu runs every step on the CPU with the CPU build in target/release (built if needed): the
 # device test compares the CPU with itself, and (c) measures the CPU once, on the tiny Qwen3.5.
 # Work files go to WHALE_GPU_CHECK_DIR (default: a new directory under /tmp).
@@ -164,55 +165,8 @@ done <"$WORK/device.tsv"
 [ "$status" -eq 0 ] || grep -q FAIL "$WORK/device.tsv" ||
     row "(a, b) the device test" "exit $status; $(why "$WORK/device.log")" "exit 0" FAIL
 
-# (c): generation tokens/s at 1 and 64 concurrent requests (prompts of 32 tokens; the time
-# includes the prefill), on the device and on the CPU beside it. The lent machine benches
-# Qwen3.5-0.8B's layer shape; the dry run the tiny one, which takes seconds.
-# The CPU figure is sized to stay well under a minute there: measured here on 2 shared cores,
-# building the 0.8B-shaped model takes 25 s of one core (the lent machine: 15-25 s), a decode step
-# at 1 request 0.4 s (memory bound, 2 GB of f32 weights a step: assumed 30-60 GB/s there, so
-# 35-70 ms), and 64 requests of 8 new tokens 206 s, mostly their 2,048 prompt tokens (assumed
-# 10-16 times faster on 16 idle cores with AVX-512: 15-25 s). Hence 16 new tokens on the CPU, 64
-# on CUDA, and no SFT steps (--train-steps 0: minutes in f32 on the CPU).
-if [ "$MODE" = gpu ]; then SHAPE=qwen3.5-0.8b CPU_NEW_TOKENS=16; else SHAPE=qwen3.5-tiny CPU_NEW_TOKENS=64; fi
-bench() { # device, new tokens, most seconds -> "tps1 tps64", or nothing
-    local log=$WORK/bench-$1.log status
-    timeout "$(limit "$3")" "$WHALE" lm bench --random --shape "$SHAPE" --device "$1" --batch-sizes 1,64 \
-        --new-tokens "$2" --train-steps 0 >"$WORK/bench-$1.txt" 2>"$log"
-    status=$?
-    if [ $status -ne 0 ]; then
-        grep -q '^error' "$log" || echo "error: exit $status$([ $status = 124 ] && echo ', out of time')" >>"$log"
-        return 0
-    fi
-    awk -F'|' '/generate, 1 concurrent/ { one = $5 } /generate, 64 concurrent/ { many = $5 }
-        END { if (one != "" && many != "") print one, many }' "$WORK/bench-$1.txt" | tr -s ' '
-}
-log "(c) whale lm bench --shape $SHAPE on $DEVICE"
-if [ "$DEVICE" = cuda ]; then
-    measured=$(bench cuda 64 150)
-    log "(c) whale lm bench --shape $SHAPE on the CPU"
-    cpu=$(bench cpu $CPU_NEW_TOKENS 100)
-else
-    measured=$(bench cpu $CPU_NEW_TOKENS 120)
-    cpu=$measured
-fi
-parameters=$(grep -o -m1 '[0-9.]*M parameters' "$WORK/bench-$DEVICE.txt" 2>/dev/null)
-for i in 1 2; do
-    concurrent=$([ $i = 1 ] && echo 1 || echo 64)
-    got=$(awk -v i=$i '{ print $i }' <<<"$measured")
-    base=$(awk -v i=$i '{ print $i }' <<<"$cpu")
-    check="(c) tokens/s, $concurrent concurrent, random $SHAPE${parameters:+ ($parameters)}"
-    if [ -n "$got" ] && [ -n "$base" ]; then
-        if [ "$DEVICE" = cuda ]; then figures="cuda $got (64 new tokens), cpu $base ($CPU_NEW_TOKENS)"; else
-            figures="cpu $got"
-        fi
-        row "$check" "$figures" "measured" ok
-    else
-        failed=$([ -z "$got" ] && echo "$DEVICE" || echo cpu)
-        row "$check" "no $failed figure; $(why "$WORK/bench-$failed.log")" "measured" FAIL
-    fi
-done
-
-# (d): a run, killed with SIGKILL after its first checkpoint, resumed to the end.
+# (d): a run, killed with SIGKILL after its first checkpoint, resumed to the end. Before (c):
+# on the first lent H200 (2026-12-04) (c) ran first and (d)'s resume ran out of the 9 minutes.
 log "(d) whale run on $DEVICE, killed and resumed"
 "$WHALE" lm random --shape qwen3.5-tiny -o "$WORK/qwen35" >/dev/null 2>"$WORK/random.log" ||
     { row "(d) whale lm random --shape qwen3.5-tiny" "$(why "$WORK/random.log")" "" FAIL; finish; }
@@ -305,4 +259,53 @@ if [ "$status" -eq 0 ] && [[ $summary == finished=True* ]]; then
 else
     row "(d) resumed with whale run --resume" "exit $status ${summary:-}; $(why "$WORK/run.log")" "finished" FAIL
 fi
+
+# (c): generation tokens/s at 1 and 64 concurrent requests (prompts of 32 tokens; the time
+# includes the prefill), on the device and on the CPU beside it. The lent machine benches
+# Qwen3.5-0.8B's layer shape; the dry run the tiny one, which takes seconds.
+# The CPU figure is sized to stay well under a minute there: measured here on 2 shared cores,
+# building the 0.8B-shaped model takes 25 s of one core (the lent machine: 15-25 s), a decode step
+# at 1 request 0.4 s (memory bound, 2 GB of f32 weights a step: assumed 30-60 GB/s there, so
+# 35-70 ms), and 64 requests of 8 new tokens 206 s, mostly their 2,048 prompt tokens (assumed
+# 10-16 times faster on 16 idle cores with AVX-512: 15-25 s). Hence 16 new tokens on the CPU, 64
+# on CUDA, and no SFT steps (--train-steps 0: minutes in f32 on the CPU).
+if [ "$MODE" = gpu ]; then SHAPE=qwen3.5-0.8b CPU_NEW_TOKENS=16; else SHAPE=qwen3.5-tiny CPU_NEW_TOKENS=64; fi
+bench() { # device, new tokens, most seconds -> "tps1 tps64", or nothing
+    local log=$WORK/bench-$1.log status
+    timeout "$(limit "$3")" "$WHALE" lm bench --random --shape "$SHAPE" --device "$1" --batch-sizes 1,64 \
+        --new-tokens "$2" --train-steps 0 >"$WORK/bench-$1.txt" 2>"$log"
+    status=$?
+    if [ $status -ne 0 ]; then
+        grep -q '^error' "$log" || echo "error: exit $status$([ $status = 124 ] && echo ', out of time')" >>"$log"
+        return 0
+    fi
+    awk -F'|' '/generate, 1 concurrent/ { one = $5 } /generate, 64 concurrent/ { many = $5 }
+        END { if (one != "" && many != "") print one, many }' "$WORK/bench-$1.txt" | tr -s ' '
+}
+log "(c) whale lm bench --shape $SHAPE on $DEVICE"
+if [ "$DEVICE" = cuda ]; then
+    measured=$(bench cuda 64 150)
+    log "(c) whale lm bench --shape $SHAPE on the CPU"
+    cpu=$(bench cpu $CPU_NEW_TOKENS 100)
+else
+    measured=$(bench cpu $CPU_NEW_TOKENS 120)
+    cpu=$measured
+fi
+parameters=$(grep -o -m1 '[0-9.]*M parameters' "$WORK/bench-$DEVICE.txt" 2>/dev/null)
+for i in 1 2; do
+    concurrent=$([ $i = 1 ] && echo 1 || echo 64)
+    got=$(awk -v i=$i '{ print $i }' <<<"$measured")
+    base=$(awk -v i=$i '{ print $i }' <<<"$cpu")
+    check="(c) tokens/s, $concurrent concurrent, random $SHAPE${parameters:+ ($parameters)}"
+    if [ -n "$got" ] && [ -n "$base" ]; then
+        if [ "$DEVICE" = cuda ]; then figures="cuda $got (64 new tokens), cpu $base ($CPU_NEW_TOKENS)"; else
+            figures="cpu $got"
+        fi
+        row "$check" "$figures" "measured" ok
+    else
+        failed=$([ -z "$got" ] && echo "$DEVICE" || echo cpu)
+        row "$check" "no $failed figure; $(why "$WORK/bench-$failed.log")" "measured" FAIL
+    fi
+done
+
 finish
