@@ -326,6 +326,13 @@ impl Experiment {
             return Err(RunDirError::NotARun(root.to_path_buf()).into());
         }
         let lock = DirLock::acquire(root)?;
+        if let Some(previous) = lock.interrupted() {
+            eprintln!(
+                "note: the last process to write {} ({previous}) did not end normally (killed: SIGKILL, \
+                 out of memory, a machine that went down); resuming after its last completed unit",
+                root.display()
+            );
+        }
         let dir = RunDir::create(root)?;
         let config = RunConfig::load(&dir.path(CONFIG_FILE))?;
         let state = if dir.has_state() { dir.read_state()? } else { RunState::new(config.condition) };

@@ -35,6 +35,7 @@ pub enum LockError {
 pub struct DirLock {
     dir: PathBuf,
     file: File,
+    interrupted: Option<String>,
 }
 
 impl DirLock {
@@ -55,8 +56,9 @@ impl DirLock {
             }
             Err(TryLockError::Error(source)) => return Err(failed(source)),
         }
+        let interrupted = holder(&mut file);
         write_holder(&mut file).map_err(failed)?;
-        Ok(Self { dir: dir.to_path_buf(), file })
+        Ok(Self { dir: dir.to_path_buf(), file, interrupted })
     }
 
     /// Creates `dir` (and its parents) if it is missing, then [`Self::acquire`]s it.
@@ -68,6 +70,13 @@ impl DirLock {
     /// The locked directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The line of the last process that wrote this directory, when it did not end normally: a
+    /// lock dropped clears its line, so a line left behind means its holder was killed (SIGKILL,
+    /// the kernel's out-of-memory killer, a machine that went down). `None` otherwise.
+    pub fn interrupted(&self) -> Option<&str> {
+        self.interrupted.as_deref()
     }
 }
 
@@ -113,6 +122,18 @@ mod tests {
         drop(first);
         assert_eq!(fs::read_to_string(dir.join(LOCK_FILE)).expect("lock file"), "");
         DirLock::acquire(&dir).expect("the lock once released");
+    }
+
+    #[test]
+    fn a_line_left_by_a_killed_holder_is_reported_once() {
+        let root = tempfile::tempdir().expect("tempdir");
+        drop(DirLock::acquire(root.path()).expect("a clean first holder"));
+        assert_eq!(DirLock::acquire(root.path()).expect("again").interrupted(), None, "it ended normally");
+        fs::write(root.path().join(LOCK_FILE), "pid 4242: whale study qa.toml\n").expect("a killed holder's line");
+        let lock = DirLock::acquire(root.path()).expect("the lock");
+        assert_eq!(lock.interrupted(), Some("pid 4242: whale study qa.toml"));
+        drop(lock);
+        assert_eq!(DirLock::acquire(root.path()).expect("again").interrupted(), None);
     }
 
     #[test]

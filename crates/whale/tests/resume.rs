@@ -193,8 +193,11 @@ fn a_whale_run_killed_after_its_search_accepted_a_harness_ends_as_if_never_inter
     assert!(child.try_wait().expect("poll").is_none(), "the run ended before the kill");
     child.kill().expect("SIGKILL");
     child.wait().expect("reaped");
-    let status = whale().args(["run", "--quiet", "--resume"]).arg(&run).status().expect("whale resumes");
-    assert!(status.success(), "the resumed run failed");
+    let resumed =
+        whale().args(["run", "--quiet", "--resume"]).arg(&run).stderr(Stdio::piped()).output().expect("whale resumes");
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "the resumed run failed: {stderr}");
+    assert!(stderr.contains("did not end normally"), "the resume says the last writer was killed: {stderr}");
     assert_same_result(&fixture, "straight", "killed");
 }
 
