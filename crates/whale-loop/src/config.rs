@@ -762,6 +762,8 @@ mod tests {
         let capped = parse("[weights]\nmicro_batch_tokens = 3072\n").expect("a cap");
         assert_eq!(capped.weights.micro_batch_tokens, Some(3072));
         assert!(capped.to_toml().expect("toml").contains("micro_batch_tokens = 3072"));
+        let trainer = crate::weight_phase::trainer_config(&capped.weights, 0);
+        assert_eq!(trainer.micro_batch_tokens, Some(3072), "the cap reaches whale's trainer");
         assert!(!RunConfig::default().to_toml().expect("toml").contains("micro_batch_tokens"));
         let error = parse("[weights]\nmicro_batch_tokens = 0\n").expect_err("zero");
         assert!(error.to_string().contains("weights.micro_batch_tokens"), "{error}");

@@ -122,3 +122,23 @@ fn a_resumed_adapter_run_continues_exactly() {
     plain.step(&data[0]).unwrap();
     assert!(matches!(plain.save_adapter(dir.path(), "base"), Err(TrainError::Mode(_))));
 }
+
+/// Adapter dropout draws its masks per pass, so a step cut into other passes draws other masks:
+/// the loss of a step moves when a token cap splits its micro-batches, and only then (the
+/// equality of the update without dropout is `train.rs`'s test).
+#[test]
+fn a_token_cap_reaches_the_passes_of_a_step() {
+    let base = tiny_model(true, 11);
+    let config = LoraConfig { dropout: 0.3, ..lora(4, &ALL) };
+    let data = examples(17, 8);
+    let first_loss = |micro_batch_tokens| {
+        let adapter = adapter_for(&base, config.clone(), 13);
+        let model = base.with_adapter(&adapter).unwrap();
+        let mut trainer = SftTrainer::new(model, TrainerConfig { micro_batch_tokens, ..trainer_config() }).unwrap();
+        trainer.step(&data).unwrap().loss
+    };
+    let plain = first_loss(None);
+    assert_eq!(first_loss(None), plain, "the same passes draw the same masks");
+    assert_eq!(first_loss(Some(1_000)), plain, "a cap no micro-batch reaches changes nothing");
+    assert_ne!(first_loss(Some(12)), plain, "a cap of 12 tokens splits the micro-batches of 4");
+}
