@@ -268,7 +268,8 @@ fi
 # at 1 request 0.4 s (memory bound, 2 GB of f32 weights a step: assumed 30-60 GB/s there, so
 # 35-70 ms), and 64 requests of 8 new tokens 206 s, mostly their 2,048 prompt tokens (assumed
 # 10-16 times faster on 16 idle cores with AVX-512: 15-25 s). Hence 16 new tokens on the CPU, 64
-# on CUDA, and no SFT steps (--train-steps 0: minutes in f32 on the CPU).
+# on CUDA, and no SFT steps (--train-steps 0: minutes in f32 on the CPU). Those assumptions
+# did not hold on the first lent H200 (2026-12-04): the CPU bench ran past its 100 s there.
 if [ "$MODE" = gpu ]; then SHAPE=qwen3.5-0.8b CPU_NEW_TOKENS=16; else SHAPE=qwen3.5-tiny CPU_NEW_TOKENS=64; fi
 bench() { # device, new tokens, most seconds -> "tps1 tps64", or nothing
     local log=$WORK/bench-$1.log status
