@@ -689,7 +689,7 @@ fn logprobs_under<M: TrainableModel>(
     settings: &TrainerConfig,
 ) -> Result<Vec<Vec<f32>>, TrainError> {
     let plain: Vec<SftExample> = examples.iter().map(JournalExample::to_example).collect();
-    completion_logprobs(model, &plain, settings.pad_token_id, settings.micro_batch_size)
+    completion_logprobs(model, &plain, settings)
 }
 
 /// The report of a step's rollouts, before any training: no update, no loss.

@@ -19,7 +19,9 @@
 //! only the training pass applies). Where the clipped term is the smaller one its gradient is zero, so each token's
 //! term is built from a mask decided on the forward pass's values.
 
-use crate::trainer::{micro_batch_ranges, scored_cross_entropy, SftBatch, SftExample, SftTrainer, TrainError};
+use crate::trainer::{
+    micro_batch_ranges, scored_cross_entropy, SftBatch, SftExample, SftTrainer, TrainError, TrainerConfig,
+};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use whale_lm::trainable::TrainableModel;
@@ -294,19 +296,22 @@ impl<M: TrainableModel> SftTrainer<M> {
 }
 
 /// The log-probabilities `model` gives each completion token of `examples` (no update), one
-/// vector per example: what a reference model contributes to the KL penalty.
+/// vector per example: what a reference model contributes to the KL penalty. Passes hold at
+/// most `config.micro_batch_size` examples and `config.micro_batch_tokens` tokens, as a
+/// training step's do ([`micro_batch_ranges`]; examples are not cut to `max_seq_len` here): a
+/// pass without a graph still holds its logits, a row of the vocabulary per token.
 pub fn completion_logprobs<M: TrainableModel>(
     model: &M,
     examples: &[SftExample],
-    pad_token_id: u32,
-    micro_batch: usize,
+    config: &TrainerConfig,
 ) -> Result<Vec<Vec<f32>>, TrainError> {
     if let Some(index) = examples.iter().position(|e| e.prompt.is_empty()) {
         return Err(TrainError::Batch(format!("example {index}: the prompt is empty")));
     }
     let mut out = Vec::with_capacity(examples.len());
-    for chunk in examples.chunks(micro_batch.max(1)) {
-        let (batch, _) = SftBatch::from_examples(chunk, pad_token_id, usize::MAX);
+    for range in logprob_passes(examples, config) {
+        let chunk = &examples[range];
+        let (batch, _) = SftBatch::from_examples(chunk, config.pad_token_id, usize::MAX);
         let values = if batch.tokens() == 0 { Vec::new() } else { token_logprobs(model, &batch)?.to_vec1::<f32>()? };
         let mut values = values.into_iter();
         for example in chunk {
@@ -314,4 +319,31 @@ pub fn completion_logprobs<M: TrainableModel>(
         }
     }
     Ok(out)
+}
+
+/// The examples of each pass of [`completion_logprobs`]: [`micro_batch_ranges`] of their
+/// whole lengths.
+fn logprob_passes(examples: &[SftExample], config: &TrainerConfig) -> Vec<std::ops::Range<usize>> {
+    let lengths: Vec<usize> = examples.iter().map(|e| e.prompt.len() + e.completion.len()).collect();
+    micro_batch_ranges(&lengths, &TrainerConfig { max_seq_len: usize::MAX, ..config.clone() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(prompt: usize, completion: usize) -> SftExample {
+        SftExample { prompt: vec![1; prompt], completion: vec![2; completion] }
+    }
+
+    #[test]
+    fn reference_passes_keep_to_the_token_cap_on_whole_lengths() {
+        let examples = [example(300, 20), example(600, 40), example(100, 10), example(900, 30), example(50, 5)];
+        let config = TrainerConfig { micro_batch_size: 4, max_seq_len: 512, ..TrainerConfig::default() };
+        assert_eq!(logprob_passes(&examples, &config), vec![0..4, 4..5], "no cap: runs of micro_batch_size");
+        let capped = TrainerConfig { micro_batch_tokens: Some(1024), ..config };
+        // 320 + 640 = 960; + 110 would pass 1,024; 110 + 930 would too (the lengths are not cut
+        // to max_seq_len here: the pass reads whole examples).
+        assert_eq!(logprob_passes(&examples, &capped), vec![0..2, 2..3, 3..5]);
+    }
 }

@@ -10,7 +10,7 @@ use common::*;
 use std::collections::HashMap;
 use whale_lm::{DenseSettings, Qwen3Model};
 use whale_train::policy_gradient::{surrogate_loss, token_logprobs, PgBatch};
-use whale_train::{PgExample, PgObjective, SftTrainer, TrainerConfig};
+use whale_train::{completion_logprobs, PgExample, PgObjective, SftExample, SftTrainer, TrainerConfig};
 
 fn log_softmax_at(row: &[f64], token: u32) -> f64 {
     let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -197,4 +197,26 @@ fn mismatched_log_probabilities_and_empty_prompts_are_refused() {
     assert!(error.to_string().contains("1 behaviour log-probabilities for 2 completion tokens"), "{error}");
     let empty = PgExample { prompt: vec![], behaviour: vec![-1.0, -1.0], ..example };
     assert!(PgBatch::new(&[&empty], 0, 64).expect_err("empty prompt").to_string().contains("prompt is empty"));
+}
+
+#[test]
+fn reference_log_probabilities_are_the_same_in_capped_passes_and_match_f64() {
+    let model = tiny_model(false, 31);
+    let config = model.settings().clone();
+    let weights = weights_of(&model);
+    let examples = off_policy_examples(&config, &weights);
+    let plain: Vec<SftExample> =
+        examples.iter().map(|e| SftExample { prompt: e.prompt.clone(), completion: e.completion.clone() }).collect();
+    let whole = completion_logprobs(&model, &plain, &trainer_config()).expect("logprobs");
+    // The three examples are 7, 10 and 13 tokens long: a cap of 12 gives each its own pass.
+    let capped = TrainerConfig { micro_batch_tokens: Some(12), ..trainer_config() };
+    let split = completion_logprobs(&model, &plain, &capped).expect("logprobs");
+    for ((example, whole), split) in examples.iter().zip(&whole).zip(&split) {
+        let exact = logprobs_f64(&config, &weights, example);
+        assert_eq!(whole.len(), example.completion.len());
+        for ((w, s), e) in whole.iter().zip(split).zip(&exact) {
+            assert!((w - s).abs() < 1e-5, "capped {s} vs whole {w}");
+            assert!((f64::from(*w) - e).abs() < 1e-4, "{w} vs f64 {e}");
+        }
+    }
 }

@@ -218,6 +218,8 @@ pub struct SftSettings {
     pub learning_rate: f64,
     /// Examples per optimizer step.
     pub batch_size: usize,
+    /// At most this many tokens in one pass ([`TrainerConfig::micro_batch_tokens`]).
+    pub micro_batch_tokens: Option<usize>,
     /// Shuffles the examples each epoch (and draws a new adapter's initial matrices).
     pub seed: u64,
     /// Train a new LoRA adapter with these settings instead of the whole model.
@@ -359,6 +361,7 @@ fn trainer_for<M: TrainableModel>(
         warmup_steps: 1,
         pad_token_id: codec.tokenizer.specials().endoftext,
         max_seq_len: model.max_position_embeddings(),
+        micro_batch_tokens: settings.micro_batch_tokens,
         ..TrainerConfig::default()
     };
     Ok(match (&settings.resume_adapter, &settings.lora) {
@@ -418,8 +421,7 @@ fn policy_gradient_epochs<M: TrainableModel>(
 ) -> Result<(f64, f64), LmError> {
     let plain: Vec<SftExample> =
         examples.iter().map(|e| SftExample { prompt: e.prompt.clone(), completion: e.completion.clone() }).collect();
-    let pad = trainer.config().pad_token_id;
-    let old = completion_logprobs(trainer.model(), &plain, pad, trainer.config().micro_batch_size)?;
+    let old = completion_logprobs(trainer.model(), &plain, trainer.config())?;
     for (example, old) in examples.iter_mut().zip(old) {
         example.behaviour = old;
     }

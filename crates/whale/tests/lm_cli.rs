@@ -300,6 +300,22 @@ fn lm_train_with_lora_writes_a_peft_adapter_that_resumes_merges_and_samples() {
     };
     assert_eq!(tensors(&second), tensors(&straight), "the resumed run ends where the straight one does");
 
+    // --micro-batch-tokens 1 gives every example a pass of its own: the same update to float
+    // rounding; with adapter dropout, whose masks are drawn per pass, another one.
+    let largest_gap = |a: &Path, b: &Path| {
+        let pairs = tensors(a).into_iter().zip(tensors(b));
+        pairs.flat_map(|((_, x), (_, y))| x.into_iter().zip(y).map(|(x, y)| (x - y).abs())).fold(0.0f32, f32::max)
+    };
+    let two_epochs = [&lora[..], &["--epochs", "2"]].concat();
+    let capped = home.path().join("capped");
+    train(&capped, &[&two_epochs[..], &["--micro-batch-tokens", "1"]].concat());
+    assert!(largest_gap(&capped, &straight) < 1e-5, "capped passes moved the adapter");
+    let dropout = ["--lora-dropout", "0.3"];
+    let (whole, split) = (home.path().join("dropout"), home.path().join("dropout-capped"));
+    train(&whole, &[&two_epochs[..], &dropout].concat());
+    train(&split, &[&two_epochs[..], &dropout, &["--micro-batch-tokens", "1"]].concat());
+    assert!(largest_gap(&whole, &split) > 1e-4, "the cap did not reach the passes");
+
     let examples = examples_of(&data, &base);
     let base_model = load_model(&base, DType::F32, &Device::Cpu).expect("base");
     let adapter = LoraAdapter::load_peft(&straight, base_model.config(), DType::F32, &Device::Cpu).expect("adapter");

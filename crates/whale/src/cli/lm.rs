@@ -176,6 +176,12 @@ pub enum LmCommand {
         /// Examples per optimizer step.
         #[arg(long, default_value_t = 16)]
         batch: usize,
+        /// At most this many tokens in one forward and backward pass: a step's passes of 8
+        /// examples close early where the next example would go past it (the same update, up
+        /// to float rounding, in less memory). Without it, a pass holds 8 examples whatever
+        /// their length.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        micro_batch_tokens: Option<u64>,
         /// Shuffles the examples (each epoch from the seed and the updates done before it) and
         /// draws a new adapter's initial matrices.
         #[arg(long, default_value_t = 0)]
@@ -455,6 +461,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             epochs,
             lr,
             batch,
+            micro_batch_tokens,
             seed,
             lora_rank,
             lora_alpha,
@@ -483,6 +490,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 epochs,
                 learning_rate: lr,
                 batch_size: batch,
+                micro_batch_tokens: micro_batch_tokens.map(|cap| cap as usize),
                 seed,
                 lora,
                 resume_adapter,
