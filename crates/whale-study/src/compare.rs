@@ -106,6 +106,17 @@ pub struct Comparison {
     pub seconds: Vec<(Arm, f64)>,
 }
 
+/// Where an arm of a comparison stands, for whoever shows progress ([`compare_with`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ArmEvent {
+    /// The arm starts running, or resumes; `index` counts from 0 among `total`.
+    Started { arm: Arm, index: usize, total: usize },
+    /// The arm's run finished in this invocation, after `seconds`.
+    Finished { arm: Arm, seconds: f64 },
+    /// The arm had finished before: it was kept, not run.
+    Kept { arm: Arm },
+}
+
 /// Runs (or resumes, or keeps) each of `arms` under `root` and writes `root/report.html`,
 /// holding `root`'s lock throughout (and each run's while it runs).
 pub fn compare(
@@ -114,10 +125,21 @@ pub fn compare(
     arms: &[Arm],
     verbosity: Verbosity,
 ) -> Result<Comparison, CompareError> {
+    compare_with(config, root, arms, verbosity, &mut |_| {})
+}
+
+/// [`compare`], telling `on_arm` when each arm starts and ends.
+pub fn compare_with(
+    config: &RunConfig,
+    root: &Path,
+    arms: &[Arm],
+    verbosity: Verbosity,
+    on_arm: &mut dyn FnMut(ArmEvent),
+) -> Result<Comparison, CompareError> {
     let _lock = DirLock::create(root)?;
     let mut seconds = Vec::new();
     let mut base_evals: Vec<EvalMemo> = Vec::new();
-    for &arm in arms {
+    for (index, &arm) in arms.iter().enumerate() {
         let started = Instant::now();
         let dir = root.join(arm.name());
         let state = RunDir::open(&dir).and_then(|d| d.read_state()).ok();
@@ -125,11 +147,14 @@ pub fn compare(
         let wrap = |source| CompareError::Run { arm, source };
         if state.as_ref().is_some_and(|s| s.finished) {
             Experiment::check_stored_config(&run_config, &dir).map_err(wrap)?;
+            on_arm(ArmEvent::Kept { arm });
         } else {
+            on_arm(ArmEvent::Started { arm, index, total: arms.len() });
             let mut experiment =
                 Experiment::create_or_resume(run_config, &dir, verbosity, base_evals.clone()).map_err(wrap)?;
             experiment.run().map_err(wrap)?;
             report::write_run_report(experiment.dir()).map_err(|source| CompareError::RunReport { arm, source })?;
+            on_arm(ArmEvent::Finished { arm, seconds: started.elapsed().as_secs_f64() });
         }
         let state = RunDir::open(&dir).and_then(|d| d.read_state()).ok();
         for memo in state.into_iter().flat_map(|s| s.evals).filter(|m| m.weights_version == 0) {

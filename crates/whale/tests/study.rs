@@ -54,9 +54,16 @@ fn study(root: &Path, runs: &str) -> Command {
 
 /// `whale study ARGS` of `tiny.toml` into `root/runs`, its output discarded.
 fn study_of(root: &Path, runs: &str, args: &[&str]) -> Command {
+    let mut command = shown_study_of(root, runs, args);
+    command.arg("--quiet");
+    command
+}
+
+/// [`study_of`] without `--quiet`: with its progress on stderr.
+fn shown_study_of(root: &Path, runs: &str, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
     command
-        .args(["study", "--quiet", "--runs"])
+        .args(["study", "--runs"])
         .arg(root.join(runs))
         .args(args)
         .arg(root.join("tiny.toml"))
@@ -65,12 +72,22 @@ fn study_of(root: &Path, runs: &str, args: &[&str]) -> Command {
     command
 }
 
-/// The study's text as `whale study` prints it: without the CPU line a run starts with and the
-/// paths and wall time it ends with.
+/// The study's text as `whale study` prints it ([`text_of`]).
 fn report_text(command: &mut Command) -> String {
+    text_of(&succeeded(command))
+}
+
+/// Runs `command` with its output captured; it must succeed.
+fn succeeded(command: &mut Command) -> std::process::Output {
     let output = command.stdout(Stdio::piped()).stderr(Stdio::piped()).output().expect("whale runs");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let stdout = String::from_utf8(output.stdout).expect("utf-8");
+    output
+}
+
+/// The study's text in a `whale study` output: without the CPU line a run starts with and the
+/// paths and wall time it ends with.
+fn text_of(output: &std::process::Output) -> String {
+    let stdout = String::from_utf8(output.stdout.clone()).expect("utf-8");
     let lines = stdout.lines().skip_while(|line| line.starts_with("cpu: "));
     lines.take_while(|line| !line.starts_with("results: ")).map(|line| format!("{line}\n")).collect()
 }
@@ -238,10 +255,21 @@ fn a_study_split_over_two_machines_reports_what_one_uninterrupted_study_reports(
     let b_results = root.join("b/study/results");
     std::fs::create_dir_all(&b_results).expect("results dir");
     std::fs::copy(&from_a, b_results.join("tiny-seed-0.json")).expect("copied");
-    let b_text = report_text(&mut study_of(&root, "b", &both));
+    let b_output = succeeded(&mut shown_study_of(&root, "b", &both));
     assert!(!root.join("b/study/tiny/seed-0").exists(), "seed 0 came from machine A's file");
     assert!(root.join("b/study/tiny/seed-1/whale/state.json").is_file(), "seed 1 ran on machine B");
-    assert_eq!(b_text, whole_text, "machine B's study of both seeds");
+    assert_eq!(text_of(&b_output), whole_text, "machine B's study of both seeds");
+    // Its stderr is no terminal: the progress is a line per arm and matrix, seed 1's alone.
+    let progress = String::from_utf8_lossy(&b_output.stderr);
+    for line in [
+        "] tiny seed 1: whale (1 of 3)\n",
+        "] tiny seed 1: weight-only (2 of 3)\n",
+        "] tiny seed 1: harness-only finished in ",
+        "] tiny seed 1: coupling matrix\n",
+    ] {
+        assert!(progress.contains(line), "{line:?} in {progress}");
+    }
+    assert!(progress.lines().all(|line| !line.contains("seed 0")), "{progress}");
 
     let file = common::read_json(&from_a);
     assert_eq!((file["config"].as_str(), file["seed"].as_u64()), (Some("tiny"), Some(0)));

@@ -30,10 +30,11 @@ pub use statistics::{
 pub use summary::{domain_study, DomainStudy, SeedProvenance, Study};
 pub use verdicts::{alternating_beats_sequential, bottleneck, whale_beats_the_baselines, Status, Verdict};
 
-use crate::compare::{self, Arm};
+use crate::compare::{self, Arm, ArmEvent};
 use crate::coupling::{self, Coupling, CouplingError, COUPLING_FILE};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use result::Expected;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use whale_loop::condition::Condition;
@@ -83,13 +84,15 @@ pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) 
     let _lock = DirLock::create(root)?;
     let pending = pending(plan, results)?;
     let bar = progress_bar((pending.len() * (1 + usize::from(has_whale))) as u64, verbosity.progress);
+    let progress =
+        Progress { bar: &bar, lines: verbosity.progress && !std::io::stderr().is_terminal(), since: Instant::now() };
     for config in &pending {
         let (name, seed) = (config.name.clone(), config.seed);
         let started = Instant::now();
-        bar.set_message(format!("{name} seed {seed}"));
         let dir = seed_dir(root, &name, seed);
         let quiet = Verbosity { progress: false };
-        compare::compare(config, &dir, &plan.arms, quiet).map_err(|source| StudyError::Compare {
+        let mut on_arm = |event| progress.arm(&name, seed, event);
+        compare::compare_with(config, &dir, &plan.arms, quiet, &mut on_arm).map_err(|source| StudyError::Compare {
             config: name.clone(),
             seed,
             source: Box::new(source),
@@ -97,7 +100,7 @@ pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) 
         bar.inc(1);
         let mut matrix = None;
         if has_whale {
-            bar.set_message(format!("{name} seed {seed}: coupling matrix"));
+            progress.say(format!("{name} seed {seed}: coupling matrix"));
             let whale = dir.join(Condition::Whale.as_str());
             matrix = Some(coupling_of(&whale).map_err(|source| StudyError::Coupling {
                 config: name.clone(),
@@ -178,6 +181,37 @@ fn seeded(config: &RunConfig, seed: u64, quick_run: bool) -> RunConfig {
 
 fn seed_dir(root: &Path, config: &str, seed: u64) -> PathBuf {
     root.join(config).join(format!("seed-{seed}"))
+}
+
+/// Where the study stands: the bar's message on a terminal; elsewhere (a log file, `nohup`),
+/// where the bar does not draw, a line per arm and matrix with the time since the study began,
+/// so that a study of hours shows which run it is in.
+struct Progress<'a> {
+    bar: &'a ProgressBar,
+    lines: bool,
+    since: Instant,
+}
+
+impl Progress<'_> {
+    fn say(&self, message: String) {
+        if self.lines {
+            let minutes = self.since.elapsed().as_secs() / 60;
+            eprintln!("study [{}h{:02}m] {message}", minutes / 60, minutes % 60);
+        }
+        self.bar.set_message(message);
+    }
+
+    fn arm(&self, name: &str, seed: u64, event: ArmEvent) {
+        match event {
+            ArmEvent::Started { arm, index, total } => {
+                self.say(format!("{name} seed {seed}: {} ({} of {total})", arm.name(), index + 1))
+            }
+            ArmEvent::Finished { arm, seconds } => {
+                self.say(format!("{name} seed {seed}: {} finished in {:.0} min", arm.name(), seconds / 60.0))
+            }
+            ArmEvent::Kept { .. } => {}
+        }
+    }
 }
 
 fn progress_bar(total: u64, show: bool) -> ProgressBar {
