@@ -9,10 +9,17 @@
 
 use super::vectorised::{self, dot, exp};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Multiply-adds (of scores and of values) below which a call stays on the calling thread:
 /// a one-sequence decoding step's few pairs cost less than waking another thread.
 const PARALLEL_PRODUCTS: usize = 1 << 17;
+
+/// Pieces of work per thread a parallel call aims for at least: a prefill of one sequence has
+/// as few (sequence, key-value head) pairs as the model has key-value heads (3 for SmolLM2),
+/// which two threads share unevenly, so each pair's queries are then cut into ranges of about
+/// equal work ([`query_ranges`]).
+const PIECES_PER_THREAD: usize = 4;
 
 /// One sequence's cached keys and values of one layer, `[kv_heads, capacity, head_dim]` each,
 /// holding `past + chunk` tokens: the `chunk` tokens this step feeds come last.
@@ -39,33 +46,95 @@ pub struct AttentionShape {
 /// at positions `0..=past + t`. Returns `[B, heads, steps, head_dim]`; the rows of padded
 /// queries (`t >= chunk`) are zeros.
 pub fn cached_attention(queries: &[f32], sequences: &[CachedSequence<'_>], shape: AttentionShape) -> Vec<f32> {
+    let products: usize =
+        sequences.iter().map(|s| s.chunk * (s.past + s.chunk)).sum::<usize>() * shape.heads * shape.head_dim;
+    if products < PARALLEL_PRODUCTS {
+        return attention_in_pieces(queries, sequences, shape, None);
+    }
+    let pairs = sequences.len() * shape.kv_heads;
+    let pieces = (PIECES_PER_THREAD * rayon::current_num_threads()).div_ceil(pairs.max(1));
+    attention_in_pieces(queries, sequences, shape, Some(pieces))
+}
+
+/// [`cached_attention`] on this thread (`None`), or on rayon's pool with each pair's queries cut
+/// into `Some(pieces)` ranges. Every query's output is computed alone, by the same arithmetic
+/// in the same order, so the pieces change no bit (a unit test holds them there).
+fn attention_in_pieces(
+    queries: &[f32],
+    sequences: &[CachedSequence<'_>],
+    shape: AttentionShape,
+    pieces: Option<usize>,
+) -> Vec<f32> {
     let AttentionShape { heads, kv_heads, steps, head_dim, .. } = shape;
-    let groups = heads / kv_heads;
-    let block = groups * steps * head_dim;
+    let per_pair = heads / kv_heads * steps;
+    let block = per_pair * head_dim;
     let mut out = vec![0f32; sequences.len() * heads * steps * head_dim];
-    let attend = |(pair, out): (usize, &mut [f32])| {
+    let attend = |pair: usize, first: usize, out: &mut [f32]| {
         let (row, kv_head) = (pair / kv_heads, pair % kv_heads);
         let queries = &queries[pair * block..(pair + 1) * block];
-        attend_pair(queries, &sequences[row], kv_head, shape, out);
+        attend_pair(queries, &sequences[row], kv_head, shape, first, out);
     };
-    let products: usize = sequences.iter().map(|s| s.chunk * (s.past + s.chunk)).sum::<usize>() * heads * head_dim;
-    if products < PARALLEL_PRODUCTS {
-        out.chunks_mut(block).enumerate().for_each(attend);
-    } else {
-        out.par_chunks_mut(block).enumerate().for_each(attend);
+    let Some(pieces) = pieces else {
+        out.chunks_mut(block).enumerate().for_each(|(pair, out)| attend(pair, 0, out));
+        return out;
+    };
+    let mut items = Vec::new();
+    let mut rest = out.as_mut_slice();
+    for pair in 0..sequences.len() * kv_heads {
+        for range in query_ranges(&sequences[pair / kv_heads], per_pair, steps, pieces) {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(range.len() * head_dim);
+            items.push((pair, range.start, piece));
+            rest = tail;
+        }
     }
+    items.into_par_iter().for_each(|(pair, first, out)| attend(pair, first, out));
     out
+}
+
+/// The queries `0..per_pair` of one pair (`[groups, steps]` in order) cut into about `pieces`
+/// contiguous ranges of equal work: query `(g, t)` reads `past + t + 1` keys, or none
+/// when `t` is past the sequence's chunk (padding).
+fn query_ranges(sequence: &CachedSequence<'_>, per_pair: usize, steps: usize, pieces: usize) -> Vec<Range<usize>> {
+    let work = |index: usize| {
+        let step = index % steps;
+        if step < sequence.chunk {
+            sequence.past + step + 1
+        } else {
+            0
+        }
+    };
+    let total: usize = (0..per_pair).map(work).sum();
+    let share = total.div_ceil(pieces.max(1)).max(1);
+    let mut ranges = Vec::new();
+    let (mut start, mut done) = (0, 0);
+    for index in 0..per_pair {
+        done += work(index);
+        if done >= share * (ranges.len() + 1) && index + 1 < per_pair {
+            ranges.push(start..index + 1);
+            start = index + 1;
+        }
+    }
+    ranges.push(start..per_pair);
+    ranges
 }
 
 /// The `groups` query heads that share key-value head `kv_head` of one sequence, in AVX2's
 /// eight-float registers where the CPU has them ([`vectorised::has_avx2`]).
-fn attend_pair(queries: &[f32], sequence: &CachedSequence<'_>, kv_head: usize, shape: AttentionShape, out: &mut [f32]) {
+/// `out` holds the outputs of the pair's queries from index `first` on.
+fn attend_pair(
+    queries: &[f32],
+    sequence: &CachedSequence<'_>,
+    kv_head: usize,
+    shape: AttentionShape,
+    first: usize,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if vectorised::has_avx2() {
         // SAFETY: the CPU has AVX2, the one feature `attend_pair_avx2` is compiled for.
-        return unsafe { attend_pair_avx2(queries, sequence, kv_head, shape, out) };
+        return unsafe { attend_pair_avx2(queries, sequence, kv_head, shape, first, out) };
     }
-    attend_pair_with(queries, sequence, kv_head, shape, out)
+    attend_pair_with(queries, sequence, kv_head, shape, first, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -75,9 +144,10 @@ fn attend_pair_avx2(
     sequence: &CachedSequence<'_>,
     kv_head: usize,
     shape: AttentionShape,
+    first: usize,
     out: &mut [f32],
 ) {
-    attend_pair_with(queries, sequence, kv_head, shape, out)
+    attend_pair_with(queries, sequence, kv_head, shape, first, out)
 }
 
 #[inline(always)]
@@ -86,6 +156,7 @@ fn attend_pair_with(
     sequence: &CachedSequence<'_>,
     kv_head: usize,
     shape: AttentionShape,
+    first: usize,
     out: &mut [f32],
 ) {
     let d = shape.head_dim;
@@ -93,7 +164,8 @@ fn attend_pair_with(
     let keys = &sequence.keys[start..start + (sequence.past + sequence.chunk) * d];
     let values = &sequence.values[start..start + (sequence.past + sequence.chunk) * d];
     let mut weights = Vec::with_capacity(sequence.past + sequence.chunk);
-    for (index, (query, out)) in queries.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
+    let queries = queries[first * d..].chunks_exact(d);
+    for (index, (query, out)) in (first..).zip(queries.zip(out.chunks_exact_mut(d))) {
         let step = index % shape.steps;
         if step >= sequence.chunk {
             continue;
@@ -152,6 +224,27 @@ mod tests {
     }
 
     #[test]
+    fn a_prefill_s_queries_are_cut_into_contiguous_ranges_of_about_equal_work() {
+        // One sequence's prefill of 40 tokens into a cache of 64, 3 query heads a key-value head,
+        // queries padded to 48 steps.
+        let (keys, values) = (vec![0f32; 64 * 4], vec![0f32; 64 * 4]);
+        let sequence = CachedSequence { keys: &keys, values: &values, capacity: 64, past: 0, chunk: 40 };
+        let work =
+            |range: &Range<usize>| range.clone().map(|i| if i % 48 < 40 { i % 48 + 1 } else { 0 }).sum::<usize>();
+        for pieces in [1, 2, 3, 8] {
+            let ranges = query_ranges(&sequence, 3 * 48, 48, pieces);
+            assert_eq!(ranges.first().map(|r| r.start), Some(0));
+            assert_eq!(ranges.last().map(|r| r.end), Some(3 * 48));
+            assert!(ranges.windows(2).all(|w| w[0].end == w[1].start), "{ranges:?}");
+            assert!(ranges.iter().all(|r| !r.is_empty()), "{ranges:?}");
+            let busy: Vec<usize> = ranges.iter().map(work).filter(|&w| w > 0).collect();
+            assert_eq!(busy.len(), pieces, "{pieces} pieces: {ranges:?}");
+            let share = (3 * 820usize).div_ceil(pieces);
+            assert!(busy.iter().all(|&w| w < share + 40), "{pieces} pieces of {share}: {busy:?}");
+        }
+    }
+
+    #[test]
     fn attention_over_caches_of_different_lengths_matches_a_plain_f64_computation() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let shape = AttentionShape { heads: 4, kv_heads: 2, steps: 3, head_dim: 20, scale: 0.3 };
@@ -175,13 +268,18 @@ mod tests {
         let padded = &ours[((4 + 1) * 3 + 1) * 20..][..20];
         assert!(padded.iter().all(|&v| v == 0.0));
         assert!(expected.iter().any(|v| v.abs() > 0.5), "the outputs are not trivially small");
+        let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for pieces in [None, Some(1), Some(2), Some(5)] {
+            let cut = attention_in_pieces(&queries, &sequences, shape, pieces);
+            assert_eq!(bits(&cut), bits(&ours), "{pieces:?} pieces a pair");
+        }
         // The AVX2 copy (where the CPU has AVX2) gives the baseline's bits.
         for (row, sequence) in sequences.iter().enumerate() {
             for kv_head in 0..2 {
                 let block = &queries[(row * 2 + kv_head) * 2 * 3 * 20..][..2 * 3 * 20];
                 let (mut dispatched, mut baseline) = (vec![0f32; block.len()], vec![0f32; block.len()]);
-                attend_pair(block, sequence, kv_head, shape, &mut dispatched);
-                attend_pair_with(block, sequence, kv_head, shape, &mut baseline);
+                attend_pair(block, sequence, kv_head, shape, 0, &mut dispatched);
+                attend_pair_with(block, sequence, kv_head, shape, 0, &mut baseline);
                 assert_eq!(
                     dispatched.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     baseline.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
