@@ -132,10 +132,14 @@ fn transposed_product(x: &Tensor, weight: &Tensor, transposed: &Tensor) -> candl
     }
 }
 
-/// Most bytes of the transposed copies of [`DenseModel::for_decoding`]: they double the
-/// projections' memory, which a model of a few million parameters does not notice and one of
-/// billions on the CPU might not have.
-const DECODING_COPY_MAX_BYTES: usize = 1 << 30;
+/// Most bytes of the transposed copies of [`DenseModel::for_decoding`]: about a CPU's last-level
+/// cache. The copies pay while a step's projections stay in the caches between steps, where
+/// `gemm` reads a copy as it lies and would otherwise pack `W` anew on every call. Projections
+/// that stream from memory are read once per product when packed, more than once from an
+/// unpacked copy: SmolLM2's 420 MB decoded 11-13% faster at 8 and 64 concurrent sequences
+/// without copies, while products over 13 MB of cached weights ran faster with them at 8 rows
+/// (docs/benchmarks.md).
+const DECODING_COPY_MAX_BYTES: usize = 32 << 20;
 
 /// Outputs of a one-row product from which `gemm` computes it with its matrix-vector kernel;
 /// below, with another kernel. A product is split only where the whole and both halves take the
@@ -613,11 +617,16 @@ impl<C: DenseConfig> DenseModel<C> {
     /// one (the engine does, at whale-engine's `LocalPolicy::set_weights_version`). Elsewhere, or
     /// where a copy cannot be made, a clone without copies.
     pub fn for_decoding(&self) -> Self {
+        self.for_decoding_within(DECODING_COPY_MAX_BYTES)
+    }
+
+    /// [`Self::for_decoding`] with copies of at most `max_bytes` in all.
+    fn for_decoding_within(&self, max_bytes: usize) -> Self {
         let mut model = self.clone();
         let mut projections: Vec<&mut Projection> =
             model.layers.iter_mut().flat_map(|layer| layer.projections_mut().map(|(_, p)| p)).collect();
         let bytes: usize = projections.iter().map(|p| p.weight.elem_count() * self.dtype.size_in_bytes()).sum();
-        let eligible = self.device.is_cpu() && self.dtype == DType::F32 && bytes <= DECODING_COPY_MAX_BYTES;
+        let eligible = self.device.is_cpu() && self.dtype == DType::F32 && bytes <= max_bytes;
         let copies = eligible
             .then(|| projections.iter().map(|p| p.weight.t()?.contiguous()).collect::<candle_core::Result<Vec<_>>>())
             .and_then(Result::ok);
@@ -900,6 +909,13 @@ mod tests {
             .flat_map(DecoderLayer::projections_mut)
             .all(|(_, p)| p.transposed.is_some()));
         assert_eq!(logits(&decoding), logits(&model));
+        let mut uncopied = model.for_decoding_within(0);
+        assert!(uncopied
+            .layers
+            .iter_mut()
+            .flat_map(DecoderLayer::projections_mut)
+            .all(|(_, p)| p.transposed.is_none()));
+        assert_eq!(logits(&uncopied), logits(&model));
         let (_, gate) =
             model.named_parameters().into_iter().find(|(name, _)| name.ends_with("1.mlp.gate_proj.weight")).unwrap();
         gate.set(&gate.as_tensor().affine(-2.0, 0.0).unwrap()).unwrap();
