@@ -259,7 +259,8 @@ fn a_study_split_over_two_machines_reports_what_one_uninterrupted_study_reports(
     assert!(!root.join("b/study/tiny/seed-0").exists(), "seed 0 came from machine A's file");
     assert!(root.join("b/study/tiny/seed-1/whale/state.json").is_file(), "seed 1 ran on machine B");
     assert_eq!(text_of(&b_output), whole_text, "machine B's study of both seeds");
-    // Its stderr is no terminal: the progress is a line per arm and matrix, seed 1's alone.
+    // Its stderr is no terminal: the progress is a line per arm and matrix, seed 1's alone, and
+    // each run's line per unit.
     let progress = String::from_utf8_lossy(&b_output.stderr);
     for line in [
         "] tiny seed 1: whale (1 of 3)\n",
@@ -268,6 +269,12 @@ fn a_study_split_over_two_machines_reports_what_one_uninterrupted_study_reports(
         "] tiny seed 1: coupling matrix\n",
     ] {
         assert!(progress.contains(line), "{line:?} in {progress}");
+    }
+    for (run, unit) in
+        [("whale", "] weight step 2: "), ("weight-only", "] eval (End): "), ("harness-only", "] search iteration 1: ")]
+    {
+        let prefix = format!("[{run} ");
+        assert!(progress.lines().any(|l| l.starts_with(&prefix) && l.contains(unit)), "{run}{unit} in {progress}");
     }
     assert!(progress.lines().all(|line| !line.contains("seed 0")), "{progress}");
 

@@ -90,9 +90,10 @@ pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) 
         let (name, seed) = (config.name.clone(), config.seed);
         let started = Instant::now();
         let dir = seed_dir(root, &name, seed);
-        let quiet = Verbosity { progress: false };
+        // A run's own lines (one per unit) go to a log, not under the bar on a terminal.
+        let arms = Verbosity { progress: progress.lines };
         let mut on_arm = |event| progress.arm(&name, seed, event);
-        compare::compare_with(config, &dir, &plan.arms, quiet, &mut on_arm).map_err(|source| StudyError::Compare {
+        compare::compare_with(config, &dir, &plan.arms, arms, &mut on_arm).map_err(|source| StudyError::Compare {
             config: name.clone(),
             seed,
             source: Box::new(source),
@@ -185,7 +186,7 @@ fn seed_dir(root: &Path, config: &str, seed: u64) -> PathBuf {
 
 /// Where the study stands: the bar's message on a terminal; elsewhere (a log file, `nohup`),
 /// where the bar does not draw, a line per arm and matrix with the time since the study began,
-/// so that a study of hours shows which run it is in.
+/// and each run's line per unit, so that a study of hours shows which run it is in and how far.
 struct Progress<'a> {
     bar: &'a ProgressBar,
     lines: bool,
