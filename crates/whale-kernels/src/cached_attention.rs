@@ -5,7 +5,8 @@
 //! step, a mask, and products over the padding (together about a fifth of a 64-sequence decode
 //! step of the 5.25M model, measured). Here each (sequence, key-value head) pair reads its own
 //! cache where it lies, once the step's chunk has been written into it, and the pairs run on
-//! rayon's pool. No gradient: decoding only.
+//! rayon's pool (a prefill of one prompt has as few pairs as key-value heads, so its pairs are
+//! cut into ranges of queries). No gradient: decoding only.
 
 use super::vectorised::{self, dot, exp};
 use rayon::prelude::*;
