@@ -37,7 +37,9 @@ enum Command {
     /// runs/NAME/ (study.json, report.html, figures/*.png), with the coupling matrix of every
     /// WHALE run and a verdict on each of the paper's three findings. Resumable: run it again
     /// after a kill. Each finished (config, seed) writes a result file to runs/NAME/results/;
-    /// one study grows across machines by copying those files into one `--results DIR`.
+    /// one study grows across machines by copying those files into one `--results DIR`. On a
+    /// terminal it draws a progress bar; into a log (`nohup`, a redirect) it writes a line per
+    /// run started and finished, per coupling matrix, and each run's line per unit.
     Study(run::StudyArgs),
     /// The coupling matrix of a finished run: every harness its search accepted, scored on the
     /// test split (mean@k, the run's own rollout seeds) under every weights the run held at a
