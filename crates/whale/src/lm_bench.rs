@@ -64,6 +64,9 @@ pub struct BenchConfig {
     /// `prefill_prompt_tokens` asking for one token.
     pub prefill_requests: usize,
     pub prefill_prompt_tokens: usize,
+    /// Most prompt tokens the engine prefills in one pass (a run config's `[model]
+    /// max_prefill_tokens`).
+    pub max_prefill_tokens: usize,
     /// Examples of each timed SFT step, all of the same prompt and completion lengths.
     pub train_examples: usize,
     pub train_prompt_tokens: usize,
@@ -92,6 +95,7 @@ impl Default for BenchConfig {
             new_tokens: 64,
             prefill_requests: 8,
             prefill_prompt_tokens: 256,
+            max_prefill_tokens: EngineConfig::default().max_prefill_tokens,
             train_examples: 16,
             train_prompt_tokens: 32,
             train_completion_tokens: 96,
@@ -237,6 +241,7 @@ fn validate(config: &BenchConfig) -> Result<(), BenchError> {
         ("new_tokens", config.new_tokens),
         ("prefill_requests", config.prefill_requests),
         ("prefill_prompt_tokens", config.prefill_prompt_tokens),
+        ("max_prefill_tokens", config.max_prefill_tokens),
         ("train_examples", config.train_examples),
         ("train_prompt_tokens", config.train_prompt_tokens),
         ("train_completion_tokens", config.train_completion_tokens),
@@ -272,7 +277,8 @@ fn matmul_ceiling(size: usize, repeats: usize, device: &Device) -> Result<f64, B
 /// The engine to measure and its description.
 fn bench_policy(config: &BenchConfig, device: &Device) -> Result<(LocalPolicy, String), BenchError> {
     let max_batch_size = config.batch_sizes.iter().copied().chain([config.prefill_requests]).max().unwrap_or(1);
-    let engine = EngineConfig { max_batch_size, ..EngineConfig::default() };
+    let engine =
+        EngineConfig { max_batch_size, max_prefill_tokens: config.max_prefill_tokens, ..EngineConfig::default() };
     if let Some(dir) = &config.model_dir {
         let policy = LocalPolicy::load(dir, DType::F32, device, engine)?;
         return Ok((policy, dir.display().to_string()));
@@ -545,5 +551,7 @@ mod tests {
         let no_prefill = BenchConfig { prefill_prompt_tokens: 0, ..BenchConfig::default() };
         let refused = run_bench(&no_prefill, &Device::Cpu).expect_err("an empty prefill prompt");
         assert!(refused.to_string().contains("`prefill_prompt_tokens`"), "{refused}");
+        let no_pass = BenchConfig { max_prefill_tokens: 0, ..BenchConfig::default() };
+        assert!(matches!(run_bench(&no_pass, &Device::Cpu), Err(BenchError::Config { key: "max_prefill_tokens", .. })));
     }
 }

@@ -414,7 +414,7 @@ fn lm_bench_measures_a_random_qwen3_5_of_the_shape_asked_at_each_concurrency() {
     let home = tempfile::tempdir().expect("tempdir");
     let args = [
         &["lm", "bench", "--random", "--shape", "qwen3.5-tiny", "--batch-sizes", "1,3", "--new-tokens", "4"][..],
-        &["--prefill-tokens", "48", "--prefill-requests", "3"],
+        &["--prefill-tokens", "48", "--prefill-requests", "3", "--max-prefill-tokens", "96"],
     ]
     .concat();
     let table = succeed(home.path(), &[&args[..], &["--train-steps", "1", "--lora-rank", "4"]].concat());
@@ -431,6 +431,7 @@ fn lm_bench_measures_a_random_qwen3_5_of_the_shape_asked_at_each_concurrency() {
     assert_eq!(workloads, expected, "{table}");
     assert!(rows.iter().all(|(_, tokens_per_second)| *tokens_per_second > 0.0), "{table}");
     assert!(table.contains("| prefill, 3 requests | 144 |"), "3 x 48 prompt tokens: {table}");
+    assert!(table.contains("2 prefill calls of 1.5 rows on average"), "96 tokens a pass: {table}");
     assert!(table.contains("1 steps of 16 x (32 prompt + 96 completion) tokens"), "{table}");
     let losses: Vec<f64> = table
         .split("loss ")
@@ -461,13 +462,14 @@ fn lm_bench_measures_a_random_qwen3_5_of_the_shape_asked_at_each_concurrency() {
 #[test]
 fn lm_bench_refuses_flags_that_do_not_go_together() {
     let home = tempfile::tempdir().expect("tempdir");
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["--shape", "qwen3.5-tiny"], "--random"),
         (&["--random", "--model", "dir"], "cannot be used with"),
         (&["--random", "--batch-sizes", "1,0"], "must be at least 1"),
         (&["--random", "--new-tokens", "0"], "must be at least 1"),
         (&["--random", "--prefill-tokens", "0"], "--prefill-tokens"),
         (&["--random", "--prompt-tokens", "0"], "--prompt-tokens"),
+        (&["--random", "--max-prefill-tokens", "0"], "--max-prefill-tokens"),
         (&["--random", "--shape", "qwen3.5-2b"], "qwen3.5-0.8b"),
     ];
     for (flags, said) in cases {

@@ -131,6 +131,10 @@ pub enum LmCommand {
         /// Concurrent requests of the prefill row.
         #[arg(long, value_parser = positive, default_value_t = BenchConfig::default().prefill_requests)]
         prefill_requests: usize,
+        /// Most prompt tokens prefilled in one pass, as a run config's `[model]
+        /// max_prefill_tokens` (several prompts share a pass up to it).
+        #[arg(long, value_parser = positive, default_value_t = BenchConfig::default().max_prefill_tokens)]
+        max_prefill_tokens: usize,
         /// Timed SFT steps of each training row (16 examples of 128 tokens each); 0 leaves the
         /// training rows out.
         #[arg(long, default_value_t = BenchConfig::default().train_steps)]
@@ -415,6 +419,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             new_tokens,
             prefill_tokens,
             prefill_requests,
+            max_prefill_tokens,
             train_steps,
             lora_rank,
         } => {
@@ -436,6 +441,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 new_tokens,
                 prefill_requests,
                 prefill_prompt_tokens: prefill_tokens,
+                max_prefill_tokens,
                 train_steps,
                 lora_rank,
                 ..BenchConfig::default()
