@@ -265,7 +265,8 @@ fn a_study_split_over_two_machines_reports_what_one_uninterrupted_study_reports(
     for line in [
         "] tiny seed 1: whale (1 of 3)\n",
         "] tiny seed 1: weight-only (2 of 3)\n",
-        "] tiny seed 1: harness-only finished in ",
+        "] tiny seed 1: harness-only finished (",
+        " min in this process)\n",
         "] tiny seed 1: coupling matrix\n",
     ] {
         assert!(progress.contains(line), "{line:?} in {progress}");

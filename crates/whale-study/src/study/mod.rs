@@ -208,7 +208,8 @@ impl Progress<'_> {
                 self.say(format!("{name} seed {seed}: {} ({} of {total})", arm.name(), index + 1))
             }
             ArmEvent::Finished { arm, seconds } => {
-                self.say(format!("{name} seed {seed}: {} finished in {:.0} min", arm.name(), seconds / 60.0))
+                let minutes = seconds / 60.0;
+                self.say(format!("{name} seed {seed}: {} finished ({minutes:.0} min in this process)", arm.name()))
             }
             ArmEvent::Kept { .. } => {}
         }
