@@ -1,9 +1,9 @@
 //! What a quantized base would buy SmolLM2's rollouts on this CPU: the products of its
 //! decoding step timed in f32 and through candle's quantized kernels (`QMatMul`) on the same
 //! weights quantized to each GGUF type that fits the shape, at 1 to 256 rows (concurrent
-//! sequences). f32 is timed both ways whale multiplies: from `W^T` made contiguous (`copy`:
-//! a decoding step's projections of two rows or more) and from `W` as stored (`plain`: the
-//! head, and any product of one row, which whale also splits over two threads).
+//! sequences). f32 is timed as whale multiplies SmolLM2's weights: from `W` as stored (its
+//! projections pass the size up to which whale decodes from `W^T` copies; a product of one row
+//! whale also splits over two threads, which this leaves out).
 //!
 //! `cargo run --release -p whale-lm --example quantized_products [-- ROWS,ROWS,...]`
 //!
@@ -49,20 +49,18 @@ fn main() -> Result<(), BoxError> {
             shapes.push(shape);
         }
     }
-    println!("{:>5} {:>13} {:>9} {:>9} {}", "rows", "product", "f32 copy", "plain", types_header());
+    println!("{:>5} {:>13} {:>16} {}", "rows", "product", "f32 GFLOP/s", types_header());
     let mut step_seconds = Vec::new();
     for &m in &rows {
         let mut per_shape = Vec::new();
         for &(n, k) in &shapes {
             let timing = time_shape(m, n, k)?;
-            let (copy, plain) = (timing.copy.1, timing.plain.1);
-            println!("{m:>5} {:>13} {copy:>9.1} {plain:>9.1} {}", format!("{n} x {k}"), timing.row());
+            println!("{m:>5} {:>13} {:>16.1} {}", format!("{n} x {k}"), timing.f32.1, timing.row());
             per_shape.push(((n, k), timing));
         }
-        step_seconds.push((m, step_time(m, &per_shape)));
+        step_seconds.push((m, step_time(&per_shape)));
     }
-    println!("\none decoding step's products (30 layers and the head), ms; f32 as whale takes it (copy for the");
-    println!("projections from two rows up, plain otherwise), and for shapes a type does not fit");
+    println!("\none decoding step's products (30 layers and the head), ms; f32 for shapes a type does not fit");
     println!("{:>5} {:>10} {}", "rows", "f32", types_header());
     for (m, seconds) in step_seconds {
         let cells: Vec<String> = seconds[1..].iter().map(|s| format!("{:>10.2}", s * 1e3)).collect();
@@ -75,11 +73,10 @@ fn types_header() -> String {
     TYPES.iter().map(|t| format!("{:>10}", format!("{t:?}"))).collect::<Vec<_>>().join(" ")
 }
 
-/// One product shape at one row count: seconds and GFLOP/s in f32 from the copy and from `W`,
-/// and per type that fits, GFLOP/s, seconds and the largest difference from f32.
+/// One product shape at one row count: seconds and GFLOP/s in f32, and per type that fits,
+/// GFLOP/s, seconds and the largest difference from f32.
 struct Timing {
-    copy: (f64, f64),
-    plain: (f64, f64),
+    f32: (f64, f64),
     quantized: Vec<Option<(f64, f64, f32)>>,
 }
 
@@ -96,11 +93,9 @@ impl Timing {
 fn time_shape(m: usize, n: usize, k: usize) -> Result<Timing, BoxError> {
     let device = Device::Cpu;
     let weight = Tensor::randn(0f32, 0.05, (n, k), &device)?;
-    let transposed = weight.t()?.contiguous()?;
     let x = Tensor::randn(0f32, 1.0, (m, k), &device)?;
-    let exact = x.matmul(&transposed)?;
-    let copy = time(m, n, k, || x.matmul(&transposed))?;
-    let plain = time(m, n, k, || x.matmul(&weight.t()?))?;
+    let exact = x.matmul(&weight.t()?)?;
+    let f32 = time(m, n, k, || x.matmul(&weight.t()?))?;
     let mut quantized = Vec::new();
     for dtype in TYPES {
         if !k.is_multiple_of(dtype.block_size()) {
@@ -112,7 +107,7 @@ fn time_shape(m: usize, n: usize, k: usize) -> Result<Timing, BoxError> {
         let (seconds, gflops) = time(m, n, k, || product.forward(&x))?;
         quantized.push(Some((gflops, seconds, gap)));
     }
-    Ok(Timing { copy, plain, quantized })
+    Ok(Timing { f32, quantized })
 }
 
 /// Seconds per call and GFLOP/s of `product`, after one call to warm up.
@@ -132,15 +127,14 @@ fn time(
     Ok((seconds, 2.0 * (m * n * k) as f64 / seconds / 1e9))
 }
 
-/// Seconds of one decoding step's products at `rows`: f32, then each type (f32 where it does
-/// not fit).
-fn step_time(rows: usize, per_shape: &[((usize, usize), Timing)]) -> Vec<f64> {
+/// Seconds of one decoding step's products: f32, then each type (f32 where it does not fit).
+fn step_time(per_shape: &[((usize, usize), Timing)]) -> Vec<f64> {
     let of = |shape: (usize, usize)| &per_shape.iter().find(|(s, _)| *s == shape).expect("timed").1;
     let mut seconds = vec![0.0; TYPES.len() + 1];
-    let products = LAYER.iter().map(|&s| (s, LAYERS, rows >= 2)).chain([(HEAD, 1, false)]);
-    for (shape, count, from_copy) in products {
+    let products = LAYER.iter().map(|&s| (s, LAYERS)).chain([(HEAD, 1)]);
+    for (shape, count) in products {
         let timing = of(shape);
-        let f32_seconds = if from_copy { timing.copy.0 } else { timing.plain.0 };
+        let f32_seconds = timing.f32.0;
         seconds[0] += f32_seconds * count as f64;
         for (t, q) in timing.quantized.iter().enumerate() {
             seconds[t + 1] += q.map_or(f32_seconds, |(_, s, _)| s) * count as f64;

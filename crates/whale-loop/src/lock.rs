@@ -6,8 +6,9 @@
 //! or study directory holds its lock while it writes, and a second one fails at once, before it
 //! writes anything, naming the process that holds it. The lock is the kernel's (`flock`), not
 //! the file's existence: a killed process, `kill -9` included, releases it, so nothing stale
-//! is ever left to clean up. The file's text (the holder's pid and command line) only serves
-//! the error message. The descriptor is close-on-exec, so a trainer or server a run starts does
+//! is ever left to clean up. The file's text (the holder's pid and command line) serves the
+//! error message, and, left behind by a holder that was killed, the next holder's note that
+//! the last writer did not end normally ([`DirLock::interrupted`]). The descriptor is close-on-exec, so a trainer or server a run starts does
 //! not inherit it. Readers (`whale report --out`, `whale archive`) take no lock.
 
 use std::fs::{self, File, OpenOptions, TryLockError};

@@ -113,8 +113,6 @@ pub enum ArmEvent {
     Started { arm: Arm, index: usize, total: usize },
     /// The arm's run finished in this invocation, after `seconds`.
     Finished { arm: Arm, seconds: f64 },
-    /// The arm had finished before: it was kept, not run.
-    Kept { arm: Arm },
 }
 
 /// Runs (or resumes, or keeps) each of `arms` under `root` and writes `root/report.html`,
@@ -128,7 +126,8 @@ pub fn compare(
     compare_with(config, root, arms, verbosity, &mut |_| {})
 }
 
-/// [`compare`], telling `on_arm` when each arm starts and ends.
+/// [`compare`], telling `on_arm` when each arm it runs starts and ends (an arm that had
+/// finished before is kept, not run, and not told).
 pub fn compare_with(
     config: &RunConfig,
     root: &Path,
@@ -147,7 +146,6 @@ pub fn compare_with(
         let wrap = |source| CompareError::Run { arm, source };
         if state.as_ref().is_some_and(|s| s.finished) {
             Experiment::check_stored_config(&run_config, &dir).map_err(wrap)?;
-            on_arm(ArmEvent::Kept { arm });
         } else {
             on_arm(ArmEvent::Started { arm, index, total: arms.len() });
             let mut experiment =

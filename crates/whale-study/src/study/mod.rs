@@ -211,7 +211,6 @@ impl Progress<'_> {
                 let minutes = seconds / 60.0;
                 self.say(format!("{name} seed {seed}: {} finished ({minutes:.0} min in this process)", arm.name()))
             }
-            ArmEvent::Kept { .. } => {}
         }
     }
 }
