@@ -509,7 +509,7 @@ fn training_examples(
             LossOn::Everything => vec![codec.whole_conversation_example(messages)?],
         };
         for example in conversation_examples {
-            if example.prompt.len() + example.completion.len() <= config.max_seq_len {
+            if example.tokens() <= config.max_seq_len {
                 examples.push(example);
             }
         }
@@ -634,7 +634,7 @@ impl Progress {
     }
 
     fn record(&mut self, batch: &[SftExample], stats: &StepStats) {
-        self.input_tokens += batch.iter().map(|e| e.prompt.len() + e.completion.len()).sum::<usize>();
+        self.input_tokens += batch.iter().map(SftExample::tokens).sum::<usize>();
         self.losses.push(stats.loss);
         self.bar.set_position(stats.step);
         self.bar.set_message(format!("loss {:.3} · {:.0} tok/s", stats.loss, self.tokens_per_second()));

@@ -236,7 +236,7 @@ fn time_training(
         .iter()
         .map(|example| SftExample { prompt: example.prompt.clone(), completion: example.completion.clone() })
         .collect();
-    let longest = examples.iter().map(|e| e.prompt.len() + e.completion.len()).max().unwrap_or(2);
+    let longest = examples.iter().map(SftExample::tokens).max().unwrap_or(2);
     let config = TrainerConfig {
         learning_rate: work.learning_rate,
         warmup_steps: 0,
@@ -246,7 +246,7 @@ fn time_training(
     };
     let (seconds_per_step, loss) =
         policy.decoder().with_trainable(TimedSteps { examples: &examples, config, steps: work.steps, lora })?;
-    let positions = examples.iter().map(|e| e.prompt.len() + e.completion.len() - 1).sum();
+    let positions = examples.iter().map(|e| e.tokens() - 1).sum();
     Ok((positions, seconds_per_step, loss))
 }
 

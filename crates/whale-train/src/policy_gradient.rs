@@ -20,7 +20,8 @@
 //! term is built from a mask decided on the forward pass's values.
 
 use crate::trainer::{
-    micro_batch_ranges, scored_cross_entropy, SftBatch, SftExample, SftTrainer, TrainError, TrainerConfig,
+    longest_first_micro_batches, micro_batch_ranges, scored_cross_entropy, SftBatch, SftExample, SftTrainer,
+    TrainError, TrainerConfig,
 };
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -40,6 +41,13 @@ pub struct PgExample {
     /// Per completion token, its log-probability under the reference (starting) weights;
     /// empty when there is no KL penalty.
     pub reference: Vec<f32>,
+}
+
+impl PgExample {
+    /// Prompt and completion tokens together: what the example takes of a micro-batch.
+    pub fn tokens(&self) -> usize {
+        self.prompt.len() + self.completion.len()
+    }
 }
 
 /// The clipped surrogate's settings.
@@ -111,8 +119,7 @@ impl PgBatch {
         let (mut advantages, mut behaviour, mut reference) = (Vec::new(), Vec::new(), Vec::new());
         for (index, example) in examples.iter().enumerate() {
             check(index, example, with_reference)?;
-            let scored = (example.prompt.len() + example.completion.len()).min(max_seq_len)
-                - example.prompt.len().min(max_seq_len);
+            let scored = example.tokens().min(max_seq_len) - example.prompt.len().min(max_seq_len);
             advantages.extend(std::iter::repeat_n(example.advantage, scored));
             behaviour.extend_from_slice(&example.behaviour[..scored]);
             if with_reference {
@@ -280,14 +287,11 @@ impl<M: TrainableModel> SftTrainer<M> {
         for (index, example) in examples.iter().enumerate() {
             check(index, example, with_reference)?;
         }
-        let mut order: Vec<&PgExample> = examples.iter().collect();
-        order.sort_by_key(|example| std::cmp::Reverse(example.prompt.len() + example.completion.len()));
         let (pad, max_seq_len) = (self.config().pad_token_id, self.config().max_seq_len);
-        let lengths: Vec<usize> = order.iter().map(|e| e.prompt.len() + e.completion.len()).collect();
         let mut batches = Vec::new();
         let mut truncated = 0;
-        for range in micro_batch_ranges(&lengths, self.config()) {
-            let (batch, cut) = PgBatch::new(&order[range], pad, max_seq_len)?;
+        for chunk in longest_first_micro_batches(examples, PgExample::tokens, self.config()) {
+            let (batch, cut) = PgBatch::new(&chunk, pad, max_seq_len)?;
             truncated += cut;
             batches.push(batch);
         }
@@ -324,7 +328,7 @@ pub fn completion_logprobs<M: TrainableModel>(
 /// The examples of each pass of [`completion_logprobs`]: [`micro_batch_ranges`] of their
 /// whole lengths.
 fn logprob_passes(examples: &[SftExample], config: &TrainerConfig) -> Vec<std::ops::Range<usize>> {
-    let lengths: Vec<usize> = examples.iter().map(|e| e.prompt.len() + e.completion.len()).collect();
+    let lengths: Vec<usize> = examples.iter().map(SftExample::tokens).collect();
     micro_batch_ranges(&lengths, &TrainerConfig { max_seq_len: usize::MAX, ..config.clone() })
 }
 

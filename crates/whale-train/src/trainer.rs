@@ -40,6 +40,13 @@ pub struct SftExample {
     pub completion: Vec<u32>,
 }
 
+impl SftExample {
+    /// Prompt and completion tokens together: what the example takes of a micro-batch.
+    pub fn tokens(&self) -> usize {
+        self.prompt.len() + self.completion.len()
+    }
+}
+
 /// How the learning rate evolves after the warm-up.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -551,15 +558,11 @@ impl<M: TrainableModel> SftTrainer<M> {
 
     /// Micro-batches of similar lengths (longest first), and how many examples were cut.
     fn micro_batches(&self, examples: &[SftExample]) -> (Vec<SftBatch>, usize) {
-        let mut order: Vec<&SftExample> = examples.iter().collect();
-        order.sort_by_key(|example| std::cmp::Reverse(example.prompt.len() + example.completion.len()));
-        let lengths: Vec<usize> = order.iter().map(|e| e.prompt.len() + e.completion.len()).collect();
         let mut truncated = 0;
-        let batches = micro_batch_ranges(&lengths, &self.config)
+        let batches = longest_first_micro_batches(examples, SftExample::tokens, &self.config)
             .into_iter()
-            .map(|range| &order[range])
             .map(|chunk| {
-                let chunk: Vec<SftExample> = chunk.iter().map(|&e| e.clone()).collect();
+                let chunk: Vec<SftExample> = chunk.into_iter().cloned().collect();
                 let (batch, cut) = SftBatch::from_examples(&chunk, self.config.pad_token_id, self.config.max_seq_len);
                 truncated += cut;
                 batch
@@ -655,6 +658,19 @@ impl<M: TrainableModel> SftTrainer<M> {
         generation.save(dir)?;
         self.save_optimizer(dir)
     }
+}
+
+/// The micro-batches of a step: `examples` sorted longest first by `tokens` (a stable sort,
+/// so ties keep their order) and cut by [`micro_batch_ranges`].
+pub(crate) fn longest_first_micro_batches<'a, T>(
+    examples: &'a [T],
+    tokens: fn(&T) -> usize,
+    config: &TrainerConfig,
+) -> Vec<Vec<&'a T>> {
+    let mut order: Vec<&T> = examples.iter().collect();
+    order.sort_by_key(|example| std::cmp::Reverse(tokens(example)));
+    let lengths: Vec<usize> = order.iter().map(|example| tokens(example)).collect();
+    micro_batch_ranges(&lengths, config).into_iter().map(|range| order[range].to_vec()).collect()
 }
 
 /// The micro-batches of examples of `lengths` (in training order) as index ranges: runs of
