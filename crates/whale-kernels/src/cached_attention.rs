@@ -151,6 +151,10 @@ fn attend_pair_avx2(
     attend_pair_with(queries, sequence, kv_head, shape, first, out)
 }
 
+/// Plain loops only: an iterator adapter's `fold` (`extend`, `sum`) is a function of its own
+/// that the compiler may leave out of line, and then compiled without AVX2 (the scores' dot
+/// products once ran in SSE that way). The exponentials are a pass of their own and their
+/// total another, in order, so that the first is vectorised and the second adds as before.
 #[inline(always)]
 fn attend_pair_with(
     queries: &[f32],
@@ -173,12 +177,18 @@ fn attend_pair_with(
         }
         let seen = sequence.past + step + 1;
         weights.clear();
-        weights.extend(keys[..seen * d].chunks_exact(d).map(|key| dot(query, key) * shape.scale));
-        let max = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0f32;
+        weights.resize(seen, 0.0);
+        let mut max = f32::NEG_INFINITY;
+        for (weight, key) in weights.iter_mut().zip(keys.chunks_exact(d)) {
+            *weight = dot(query, key) * shape.scale;
+            max = max.max(*weight);
+        }
         for weight in weights.iter_mut() {
             *weight = exp(*weight - max);
-            total += *weight;
+        }
+        let mut total = 0f32;
+        for weight in &weights {
+            total += weight;
         }
         let inverse = 1.0 / total;
         for (weight, value) in weights.iter().zip(values.chunks_exact(d)) {
