@@ -191,11 +191,34 @@ fn attend_pair_with(
             total += weight;
         }
         let inverse = 1.0 / total;
-        for (weight, value) in weights.iter().zip(values.chunks_exact(d)) {
-            let weight = weight * inverse;
-            out.iter_mut().zip(value).for_each(|(o, v)| *o += weight * v);
+        match d {
+            64 => accumulate::<64>(&weights, inverse, values, out),
+            _ => accumulate_in_place(&weights, inverse, values, out),
         }
     }
+}
+
+/// `out[i] += weights[j] * inverse * values[j][i]` for each value row `j` in order.
+#[inline(always)]
+fn accumulate_in_place(weights: &[f32], inverse: f32, values: &[f32], out: &mut [f32]) {
+    for (weight, value) in weights.iter().zip(values.chunks_exact(out.len())) {
+        let weight = weight * inverse;
+        out.iter_mut().zip(value).for_each(|(o, v)| *o += weight * v);
+    }
+}
+
+/// [`accumulate_in_place`] for rows of `D` floats, in an accumulator of `D` floats that stays in registers: written in place,
+/// each row's sums went to memory and came back for the next row.
+#[inline(always)]
+fn accumulate<const D: usize>(weights: &[f32], inverse: f32, values: &[f32], out: &mut [f32]) {
+    let mut sums: [f32; D] = std::array::from_fn(|i| out[i]);
+    for (weight, value) in weights.iter().zip(values.chunks_exact(D)) {
+        let weight = weight * inverse;
+        for (sum, v) in sums.iter_mut().zip(value) {
+            *sum += weight * v;
+        }
+    }
+    out.copy_from_slice(&sums);
 }
 
 #[cfg(test)]
@@ -255,46 +278,67 @@ mod tests {
         }
     }
 
+    /// SmolLM2's 64-wide heads sum in registers: the same additions in the same order.
+    #[test]
+    fn sums_held_in_registers_give_the_bits_of_sums_written_in_place() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for rows in [1, 2, 9, 300] {
+            let weights: Vec<f32> = (0..rows).map(|_| rng.gen_range(0.0..1.0)).collect();
+            let values: Vec<f32> = (0..rows * 64).map(|_| rng.gen_range(-4.0..4.0)).collect();
+            let start: Vec<f32> = (0..64).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let (mut held, mut in_place) = (start.clone(), start);
+            accumulate::<64>(&weights, 0.37, &values, &mut held);
+            accumulate_in_place(&weights, 0.37, &values, &mut in_place);
+            assert_eq!(
+                held.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                in_place.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+
     #[test]
     fn attention_over_caches_of_different_lengths_matches_a_plain_f64_computation() {
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let shape = AttentionShape { heads: 4, kv_heads: 2, steps: 3, head_dim: 20, scale: 0.3 };
-        // (capacity, past, chunk): a prefill, a decode, a continuation, one at capacity, and one
-        // long enough that the pairs run on several threads.
-        let layout = [(16, 0, 3), (32, 17, 1), (8, 5, 2), (9, 6, 3), (2048, 2000, 2)];
-        let mut random = |count: usize| (0..count).map(|_| rng.gen_range(-2.0..2.0)).collect::<Vec<f32>>();
-        let storage: Vec<(Vec<f32>, Vec<f32>)> =
-            layout.iter().map(|&(capacity, _, _)| (random(2 * capacity * 20), random(2 * capacity * 20))).collect();
-        let queries = random(layout.len() * 4 * 3 * 20);
-        let sequences: Vec<CachedSequence<'_>> = storage
-            .iter()
-            .zip(layout)
-            .map(|((keys, values), (capacity, past, chunk))| CachedSequence { keys, values, capacity, past, chunk })
-            .collect();
-        let ours = cached_attention(&queries, &sequences, shape);
-        let expected = reference(&queries, &sequences, shape);
-        let worst = ours.iter().zip(&expected).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
-        assert!(worst < 1e-5, "largest difference {worst}");
-        // Padded queries (past a sequence's chunk) are zeros.
-        let padded = &ours[((4 + 1) * 3 + 1) * 20..][..20];
-        assert!(padded.iter().all(|&v| v == 0.0));
-        assert!(expected.iter().any(|v| v.abs() > 0.5), "the outputs are not trivially small");
-        let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        for pieces in [None, Some(1), Some(2), Some(5)] {
-            let cut = attention_in_pieces(&queries, &sequences, shape, pieces);
-            assert_eq!(bits(&cut), bits(&ours), "{pieces:?} pieces a pair");
-        }
-        // The AVX2 copy (where the CPU has AVX2) gives the baseline's bits.
-        for (row, sequence) in sequences.iter().enumerate() {
-            for kv_head in 0..2 {
-                let block = &queries[(row * 2 + kv_head) * 2 * 3 * 20..][..2 * 3 * 20];
-                let (mut dispatched, mut baseline) = (vec![0f32; block.len()], vec![0f32; block.len()]);
-                attend_pair(block, sequence, kv_head, shape, 0, &mut dispatched);
-                attend_pair_with(block, sequence, kv_head, shape, 0, &mut baseline);
-                assert_eq!(
-                    dispatched.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    baseline.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                );
+        // SmolLM2's 64-wide heads take their own accumulation path.
+        for d in [20, 64] {
+            let mut rng = ChaCha8Rng::seed_from_u64(3);
+            let shape = AttentionShape { heads: 4, kv_heads: 2, steps: 3, head_dim: d, scale: 0.3 };
+            // (capacity, past, chunk): a prefill, a decode, a continuation, one at capacity, and one
+            // long enough that the pairs run on several threads.
+            let layout = [(16, 0, 3), (32, 17, 1), (8, 5, 2), (9, 6, 3), (2048, 2000, 2)];
+            let mut random = |count: usize| (0..count).map(|_| rng.gen_range(-2.0..2.0)).collect::<Vec<f32>>();
+            let storage: Vec<(Vec<f32>, Vec<f32>)> =
+                layout.iter().map(|&(capacity, _, _)| (random(2 * capacity * d), random(2 * capacity * d))).collect();
+            let queries = random(layout.len() * 4 * 3 * d);
+            let sequences: Vec<CachedSequence<'_>> = storage
+                .iter()
+                .zip(layout)
+                .map(|((keys, values), (capacity, past, chunk))| CachedSequence { keys, values, capacity, past, chunk })
+                .collect();
+            let ours = cached_attention(&queries, &sequences, shape);
+            let expected = reference(&queries, &sequences, shape);
+            let worst = ours.iter().zip(&expected).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
+            assert!(worst < 1e-5, "{d}-wide heads: largest difference {worst}");
+            // Padded queries (past a sequence's chunk) are zeros.
+            let padded = &ours[((4 + 1) * 3 + 1) * d..][..d];
+            assert!(padded.iter().all(|&v| v == 0.0));
+            assert!(expected.iter().any(|v| v.abs() > 0.5), "the outputs are not trivially small");
+            let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for pieces in [None, Some(1), Some(2), Some(5)] {
+                let cut = attention_in_pieces(&queries, &sequences, shape, pieces);
+                assert_eq!(bits(&cut), bits(&ours), "{pieces:?} pieces a pair");
+            }
+            // The AVX2 copy (where the CPU has AVX2) gives the baseline's bits.
+            for (row, sequence) in sequences.iter().enumerate() {
+                for kv_head in 0..2 {
+                    let block = &queries[(row * 2 + kv_head) * 2 * 3 * d..][..2 * 3 * d];
+                    let (mut dispatched, mut baseline) = (vec![0f32; block.len()], vec![0f32; block.len()]);
+                    attend_pair(block, sequence, kv_head, shape, 0, &mut dispatched);
+                    attend_pair_with(block, sequence, kv_head, shape, 0, &mut baseline);
+                    assert_eq!(
+                        dispatched.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        baseline.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    );
+                }
             }
         }
     }
