@@ -207,8 +207,8 @@ fn accumulate_in_place(weights: &[f32], inverse: f32, values: &[f32], out: &mut 
     }
 }
 
-/// [`accumulate_in_place`] for rows of `D` floats, in an accumulator of `D` floats that stays in registers: written in place,
-/// each row's sums went to memory and came back for the next row.
+/// [`accumulate_in_place`] for rows of `D` floats, in an accumulator that stays in registers:
+/// written in place, each row's sums went to memory and came back for the next row.
 #[inline(always)]
 fn accumulate<const D: usize>(weights: &[f32], inverse: f32, values: &[f32], out: &mut [f32]) {
     let mut sums: [f32; D] = std::array::from_fn(|i| out[i]);
