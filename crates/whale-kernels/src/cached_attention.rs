@@ -135,7 +135,7 @@ fn attend_pair(
         // SAFETY: the CPU has AVX2, the one feature `attend_pair_avx2` is compiled for.
         return unsafe { attend_pair_avx2(queries, sequence, kv_head, shape, first, out) };
     }
-    attend_pair_with(queries, sequence, kv_head, shape, first, out)
+    attend_pair_with::<false>(queries, sequence, kv_head, shape, first, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -148,7 +148,7 @@ fn attend_pair_avx2(
     first: usize,
     out: &mut [f32],
 ) {
-    attend_pair_with(queries, sequence, kv_head, shape, first, out)
+    attend_pair_with::<true>(queries, sequence, kv_head, shape, first, out)
 }
 
 /// Plain loops only: an iterator adapter's `fold` (`extend`, `sum`) is a function of its own
@@ -156,7 +156,7 @@ fn attend_pair_avx2(
 /// products once ran in SSE that way). The exponentials are a pass of their own and their
 /// total another, in order, so that the first is vectorised and the second adds as before.
 #[inline(always)]
-fn attend_pair_with(
+fn attend_pair_with<const AVX2: bool>(
     queries: &[f32],
     sequence: &CachedSequence<'_>,
     kv_head: usize,
@@ -178,11 +178,15 @@ fn attend_pair_with(
         let seen = sequence.past + step + 1;
         weights.clear();
         weights.resize(seen, 0.0);
-        let mut max = f32::NEG_INFINITY;
-        for (weight, key) in weights.iter_mut().zip(keys.chunks_exact(d)) {
-            *weight = dot(query, key) * shape.scale;
-            max = max.max(*weight);
-        }
+        #[cfg(target_arch = "x86_64")]
+        let max = if AVX2 && d == 64 {
+            // SAFETY: AVX2 is true only inside `attend_pair_avx2`, called where the CPU has AVX2.
+            unsafe { scores_64_avx2(query, keys, shape.scale, &mut weights) }
+        } else {
+            scores(query, keys, shape.scale, &mut weights)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let max = scores(query, keys, shape.scale, &mut weights);
         for weight in weights.iter_mut() {
             *weight = exp(*weight - max);
         }
@@ -196,6 +200,87 @@ fn attend_pair_with(
             _ => accumulate_in_place(&weights, inverse, values, out),
         }
     }
+}
+
+/// `weights[j] = dot(query, key j) * scale` for each key, and the largest of them.
+#[inline(always)]
+fn scores(query: &[f32], keys: &[f32], scale: f32, weights: &mut [f32]) -> f32 {
+    let mut max = f32::NEG_INFINITY;
+    for (weight, key) in weights.iter_mut().zip(keys.chunks_exact(query.len())) {
+        *weight = dot(query, key) * scale;
+        max = max.max(*weight);
+    }
+    max
+}
+
+/// [`scores`] for 64-wide heads, eight keys a round: each key's eight lanes as [`dot`] sums
+/// them, then the eight keys' lanes transposed so that one vector addition per lane adds that
+/// lane for all eight keys, in `dot`'s order (lane 0 first; its sum never starts from -0, so
+/// `dot`'s empty tail adds nothing). The same bits, without a horizontal sum per key.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn scores_64_avx2(query: &[f32], keys: &[f32], scale: f32, weights: &mut [f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let query = &query[..64];
+    let q: [__m256; 8] = std::array::from_fn(|c| unsafe { _mm256_loadu_ps(query[c * 8..].as_ptr()) });
+    let rounds = weights.len() / 8;
+    let mut max = f32::NEG_INFINITY;
+    for round in 0..rounds {
+        let keys = &keys[round * 8 * 64..(round + 1) * 8 * 64];
+        let lanes: [__m256; 8] = std::array::from_fn(|k| {
+            let key = &keys[k * 64..(k + 1) * 64];
+            let mut sum = _mm256_setzero_ps();
+            for (c, q) in q.iter().enumerate() {
+                let product = _mm256_mul_ps(*q, unsafe { _mm256_loadu_ps(key[c * 8..].as_ptr()) });
+                sum = _mm256_add_ps(sum, product);
+            }
+            sum
+        });
+        let by_lane = transpose(lanes);
+        let mut total = by_lane[0];
+        for lane in &by_lane[1..] {
+            total = _mm256_add_ps(total, *lane);
+        }
+        let scaled = _mm256_mul_ps(total, _mm256_set1_ps(scale));
+        let out = &mut weights[round * 8..(round + 1) * 8];
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), scaled) };
+        for weight in out.iter() {
+            max = max.max(*weight);
+        }
+    }
+    let rest = rounds * 8;
+    let tail = scores(query, &keys[rest * 64..], scale, &mut weights[rest..]);
+    max.max(tail)
+}
+
+/// The 8 × 8 transpose: lane `i` of row `j` becomes lane `j` of row `i`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn transpose(rows: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    let [r0, r1, r2, r3, r4, r5, r6, r7] = rows;
+    let (a0, a1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+    let (a2, a3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+    let (a4, a5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+    let (a6, a7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+    let b0 = _mm256_shuffle_ps::<0x44>(a0, a2);
+    let b1 = _mm256_shuffle_ps::<0xEE>(a0, a2);
+    let b2 = _mm256_shuffle_ps::<0x44>(a1, a3);
+    let b3 = _mm256_shuffle_ps::<0xEE>(a1, a3);
+    let b4 = _mm256_shuffle_ps::<0x44>(a4, a6);
+    let b5 = _mm256_shuffle_ps::<0xEE>(a4, a6);
+    let b6 = _mm256_shuffle_ps::<0x44>(a5, a7);
+    let b7 = _mm256_shuffle_ps::<0xEE>(a5, a7);
+    [
+        _mm256_permute2f128_ps::<0x20>(b0, b4),
+        _mm256_permute2f128_ps::<0x20>(b1, b5),
+        _mm256_permute2f128_ps::<0x20>(b2, b6),
+        _mm256_permute2f128_ps::<0x20>(b3, b7),
+        _mm256_permute2f128_ps::<0x31>(b0, b4),
+        _mm256_permute2f128_ps::<0x31>(b1, b5),
+        _mm256_permute2f128_ps::<0x31>(b2, b6),
+        _mm256_permute2f128_ps::<0x31>(b3, b7),
+    ]
 }
 
 /// `out[i] += weights[j] * inverse * values[j][i]` for each value row `j` in order.
@@ -333,7 +418,7 @@ mod tests {
                     let block = &queries[(row * 2 + kv_head) * 2 * 3 * d..][..2 * 3 * d];
                     let (mut dispatched, mut baseline) = (vec![0f32; block.len()], vec![0f32; block.len()]);
                     attend_pair(block, sequence, kv_head, shape, 0, &mut dispatched);
-                    attend_pair_with(block, sequence, kv_head, shape, 0, &mut baseline);
+                    attend_pair_with::<false>(block, sequence, kv_head, shape, 0, &mut baseline);
                     assert_eq!(
                         dispatched.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                         baseline.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
