@@ -168,7 +168,7 @@ fn attend_pair_with<const AVX2: bool>(
     let start = kv_head * sequence.capacity * d;
     let keys = &sequence.keys[start..start + (sequence.past + sequence.chunk) * d];
     let values = &sequence.values[start..start + (sequence.past + sequence.chunk) * d];
-    let mut weights = Vec::with_capacity(sequence.past + sequence.chunk);
+    let mut weights = vec![0f32; sequence.past + sequence.chunk];
     let queries = queries[first * d..].chunks_exact(d);
     for (index, (query, out)) in (first..).zip(queries.zip(out.chunks_exact_mut(d))) {
         let step = index % shape.steps;
@@ -176,30 +176,32 @@ fn attend_pair_with<const AVX2: bool>(
             continue;
         }
         let seen = sequence.past + step + 1;
-        weights.clear();
-        weights.resize(seen, 0.0);
-        #[cfg(target_arch = "x86_64")]
-        let max = if AVX2 && d == 64 {
-            // SAFETY: AVX2 is true only inside `attend_pair_avx2`, called where the CPU has AVX2.
-            unsafe { scores_64_avx2(query, keys, shape.scale, &mut weights) }
-        } else {
-            scores(query, keys, shape.scale, &mut weights)
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let max = scores(query, keys, shape.scale, &mut weights);
+        let weights = &mut weights[..seen];
+        let max = scores_in::<AVX2>(query, keys, shape.scale, weights);
         for weight in weights.iter_mut() {
             *weight = exp(*weight - max);
         }
         let mut total = 0f32;
-        for weight in &weights {
+        for weight in weights.iter() {
             total += weight;
         }
         let inverse = 1.0 / total;
         match d {
-            64 => accumulate::<64>(&weights, inverse, values, out),
-            _ => accumulate_in_place(&weights, inverse, values, out),
+            64 => accumulate::<64>(weights, inverse, values, out),
+            _ => accumulate_in_place(weights, inverse, values, out),
         }
     }
+}
+
+/// [`scores`], eight keys a round in the AVX2 copy for 64-wide heads ([`scores_64_avx2`]).
+#[inline(always)]
+fn scores_in<const AVX2: bool>(query: &[f32], keys: &[f32], scale: f32, weights: &mut [f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 && query.len() == 64 {
+        // SAFETY: AVX2 is true only inside `attend_pair_avx2`, called where the CPU has AVX2.
+        return unsafe { scores_64_avx2(query, keys, scale, weights) };
+    }
+    scores(query, keys, scale, weights)
 }
 
 /// `weights[j] = dot(query, key j) * scale` for each key, and the largest of them.
@@ -221,6 +223,8 @@ fn scores(query: &[f32], keys: &[f32], scale: f32, weights: &mut [f32]) -> f32 {
 #[target_feature(enable = "avx2")]
 fn scores_64_avx2(query: &[f32], keys: &[f32], scale: f32, weights: &mut [f32]) -> f32 {
     use std::arch::x86_64::*;
+    // SAFETY (every load and store below): each reads or writes eight floats that lie inside
+    // the 64-float query or key, or the eight weights of the round, which the slicing checks.
     let query = &query[..64];
     let q: [__m256; 8] = std::array::from_fn(|c| unsafe { _mm256_loadu_ps(query[c * 8..].as_ptr()) });
     let rounds = weights.len() / 8;

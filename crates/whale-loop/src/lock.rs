@@ -8,8 +8,9 @@
 //! the file's existence: a killed process, `kill -9` included, releases it, so nothing stale
 //! is ever left to clean up. The file's text (the holder's pid and command line) serves the
 //! error message, and, left behind by a holder that was killed, the next holder's note that
-//! the last writer did not end normally ([`DirLock::interrupted`]). The descriptor is close-on-exec, so a trainer or server a run starts does
-//! not inherit it. Readers (`whale report --out`, `whale archive`) take no lock.
+//! the last writer did not end normally ([`DirLock::interrupted`]). The descriptor is
+//! close-on-exec, so a trainer or server a run starts does not inherit it. Readers (`whale
+//! report --out`, `whale archive`) take no lock.
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, Write};
