@@ -138,6 +138,9 @@ pub fn compare_with(
     let _lock = DirLock::create(root)?;
     let mut seconds = Vec::new();
     let mut base_evals: Vec<EvalMemo> = Vec::new();
+    for dir in report::run_dirs(root).unwrap_or_default() {
+        add_base_evals(&dir, &mut base_evals);
+    }
     for (index, &arm) in arms.iter().enumerate() {
         let started = Instant::now();
         let dir = root.join(arm.name());
@@ -154,18 +157,24 @@ pub fn compare_with(
             report::write_run_report(experiment.dir()).map_err(|source| CompareError::RunReport { arm, source })?;
             on_arm(ArmEvent::Finished { arm, seconds: started.elapsed().as_secs_f64() });
         }
-        let state = RunDir::open(&dir).and_then(|d| d.read_state()).ok();
-        for memo in state.into_iter().flat_map(|s| s.evals).filter(|m| m.weights_version == 0) {
-            if !base_evals.contains(&memo) {
-                base_evals.push(memo);
-            }
-        }
+        add_base_evals(&dir, &mut base_evals);
         seconds.push((arm, started.elapsed().as_secs_f64()));
     }
     let report = root.join(REPORT_FILE);
     let title = format!("whale compare: {}", config.name);
     let series = report::write_report(&[root.to_path_buf()], &report, &title)?;
     Ok(Comparison { root: root.to_path_buf(), series, report, seconds })
+}
+
+/// Adds the evaluations of the base weights of the finished run in `dir` (none if it is not
+/// one) to `memos`: the runs of one comparison share them.
+fn add_base_evals(dir: &Path, memos: &mut Vec<EvalMemo>) {
+    let state = RunDir::open(dir).and_then(|d| d.read_state()).ok().filter(|state| state.finished);
+    for memo in state.into_iter().flat_map(|s| s.evals).filter(|m| m.weights_version == 0) {
+        if !memos.contains(&memo) {
+            memos.push(memo);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -151,8 +151,15 @@ pub fn task_differences(before: &[f64], after: &[f64]) -> Option<Vec<f64>> {
     (!before.is_empty() && before.len() == after.len()).then(|| before.iter().zip(after).map(|(b, a)| a - b).collect())
 }
 
+/// Where a run named `name` comes among a comparison's: the conditions in their order, then
+/// every other name (an arm with its own algorithm, `weight-only-grpo`) in name order.
+pub fn run_order(name: &str) -> (usize, String) {
+    let rank = Condition::ALL.iter().position(|c| c.as_str() == name).unwrap_or(usize::MAX);
+    (rank, name.to_string())
+}
+
 /// The run directories under `path`: itself if it is one, else its subdirectories that are
-/// (in condition order).
+/// (in [`run_order`]).
 pub fn run_dirs(path: &Path) -> Result<Vec<PathBuf>, ReportError> {
     if path.join(STATE_FILE).is_file() {
         return Ok(vec![path.to_path_buf()]);
@@ -163,11 +170,7 @@ pub fn run_dirs(path: &Path) -> Result<Vec<PathBuf>, ReportError> {
         .map(|e| e.path())
         .filter(|p| p.join(STATE_FILE).is_file() && p.join(CONFIG_FILE).is_file())
         .collect();
-    let rank = |p: &PathBuf| {
-        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        Condition::ALL.iter().position(|c| c.as_str() == name).unwrap_or(usize::MAX)
-    };
-    dirs.sort_by_key(|p| (rank(p), p.clone()));
+    dirs.sort_by_key(|p| (run_order(p.file_name().and_then(|n| n.to_str()).unwrap_or_default()), p.clone()));
     if dirs.is_empty() {
         return Err(ReportError::NoRuns(path.to_path_buf()));
     }

@@ -2,7 +2,8 @@
 //! `study.json` with the paired differences pooled over seeds, and a study killed with SIGKILL
 //! at seeded random moments ends with the same `study.json` as one never interrupted. A study
 //! split over two machines, its result files collected in one directory, reports exactly what
-//! one uninterrupted study reports; a result file of another config is refused, named.
+//! one uninterrupted study reports, and so does a seed whose arms finished on two machines; a
+//! result file of another config is refused, named.
 
 mod common;
 
@@ -312,6 +313,57 @@ fn a_study_split_over_two_machines_reports_what_one_uninterrupted_study_reports(
 
     let partial = report_text(&mut study_of(&root, "a", &[&both[..], &["--report-only"]].concat()));
     assert!(partial.contains("tiny (math), seeds [0]\n") && partial.contains("missing seeds [1]"), "{partial}");
+}
+
+#[test]
+fn a_seed_split_by_arm_over_two_machines_runs_each_arm_once_and_reports_what_one_machine_does() {
+    let (_dir, root) = fixture();
+    let one = ["--seeds", "1", "--conditions", CONDITIONS];
+    let whole_text = report_text(&mut study_of(&root, "whole", &one));
+    let whole = root.join("whole/study");
+    assert!(whole.join("results/tiny-seed-0.json").is_file());
+    assert!(!whole.join("results/arms").exists(), "a seed's arm files are joined into its file and removed");
+
+    // Machine A is taken away once its WHALE arm (and that arm's coupling matrix) has finished:
+    // the arm's file is what it leaves.
+    let mut a = study_of(&root, "a", &one).spawn().expect("whale starts");
+    let whale_arm = root.join("a/study/results/arms/tiny-seed-0-whale.json");
+    let left = loop {
+        if let Ok(bytes) = std::fs::read(&whale_arm) {
+            break bytes;
+        }
+        assert!(a.try_wait().expect("poll").is_none(), "machine A ended before its WHALE arm's file was seen");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    a.kill().expect("killed");
+    a.wait().expect("reaped");
+    let file: serde_json::Value = serde_json::from_slice(&left).expect("json");
+    assert_eq!(file["arms"].as_array().map(Vec::len), Some(1), "{file}");
+    assert!(file["arms"][0]["ran"]["cpu"]["model"].is_string(), "the arm says where it ran: {file}");
+    assert!(file["coupling"]["cells"].as_array().is_some_and(|cells| cells.len() >= 2), "{file}");
+
+    // Machine B is handed that file: it runs the two other arms only and joins the three.
+    let b_arms = root.join("b/study/results/arms");
+    std::fs::create_dir_all(&b_arms).expect("arms dir");
+    std::fs::write(b_arms.join("tiny-seed-0-whale.json"), &left).expect("copied");
+    let partial = report_text(&mut study_of(&root, "b", &[&one[..], &["--report-only"]].concat()));
+    assert!(partial.contains("  seed 0: arms finished so far: whale (their files in arms/)\n"), "{partial}");
+    let b_output = succeeded(&mut shown_study_of(&root, "b", &one));
+    assert!(!root.join("b/study/tiny/seed-0/whale").exists(), "the WHALE arm came from machine A's file");
+    assert!(root.join("b/study/tiny/seed-0/weight-only/state.json").is_file());
+    let progress = String::from_utf8_lossy(&b_output.stderr);
+    assert!(progress.contains("] tiny seed 0: weight-only (2 of 3)\n"), "{progress}");
+    let written =
+        format!("] tiny seed 0: harness-only's result in {}", b_arms.join("tiny-seed-0-harness-only.json").display());
+    assert!(progress.contains(&written), "{written} in {progress}");
+    assert!(!progress.contains("whale (1 of 3)") && !progress.contains("coupling matrix"), "{progress}");
+    assert_eq!(text_of(&b_output), whole_text, "machine B's study of the seed");
+    assert!(!b_arms.exists(), "the arm files are joined into the seed's file");
+    assert_eq!(
+        common::untimed_file(&root.join("b/study/study.json")),
+        common::untimed_file(&whole.join("study.json")),
+        "study.json"
+    );
 }
 
 #[test]

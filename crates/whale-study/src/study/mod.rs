@@ -9,8 +9,9 @@
 //! One seed of one config is a `whale compare` directory, `runs/<study>/<config>/seed-<s>/`, so a
 //! study killed at any moment continues where it stopped (finished runs are kept, an
 //! unfinished one resumes from its last unit; a coupling matrix continues from its last cell).
-//! When a seed is done, its [`result`] file is written, and everything the study reports is
-//! computed from those files alone: a study grows across machines by copying result files into
+//! When an arm is done, its [`result`] file is written (a seed of a real model can outlast
+//! the machine), and when a seed is done, its own; everything the study reports is computed
+//! from those files alone: a study grows across machines by copying result files into
 //! one results directory, where a (config, seed) with a file is never run again, and
 //! `study.json`, `report.html` and `figures/*.png` can be rewritten from the files at any time.
 
@@ -23,11 +24,13 @@ mod verdicts;
 
 pub use error::StudyError;
 pub use render::{text, write};
-pub use result::{result_path, ArmResult, Evaluation, SeedResult, WhaleBuild, RESULTS_DIR};
+pub use result::{
+    arm_path, result_path, ArmProvenance, ArmResult, Evaluation, SeedResult, WhaleBuild, ARMS_DIR, RESULTS_DIR,
+};
 pub use statistics::{
     seeds_for_target, tasks_for_target, Difference, Metric, Movement, PeakRollouts, SeedCoupling, TARGET_HALF_WIDTH,
 };
-pub use summary::{domain_study, DomainStudy, SeedProvenance, Study};
+pub use summary::{domain_study, DomainStudy, SeedProvenance, Study, UnfinishedSeed};
 pub use verdicts::{alternating_beats_sequential, bottleneck, whale_beats_the_baselines, Status, Verdict};
 
 use crate::compare::{self, Arm, ArmEvent};
@@ -69,11 +72,13 @@ pub fn quick(mut config: RunConfig) -> RunConfig {
 }
 
 /// Runs (or resumes) every arm of every config under every seed that has no result file in
-/// `results`, writing each one's file there as it finishes; then writes `root/study.json`,
+/// `results`, writing each arm's file there as it finishes (and skipping an arm whose file is
+/// there), and each seed's file once all its arms have one; then writes `root/study.json`,
 /// `root/report.html` and the figures from the files. Every file already in `results` is checked
 /// first, so that one of another config stops the study before it runs anything. Seeds are the
-/// outer loop, and a seed's coupling matrices follow its runs, so a study stopped early has
-/// every config on the seeds it finished. `root` stays locked throughout ([`DirLock`]), each
+/// outer loop, and the WHALE run's coupling matrix follows it at once (its phase weights stay
+/// on this machine only), so a study stopped early has every config on the seeds it finished
+/// and, on the seed it was in, the file of every arm it finished. `root` stays locked throughout ([`DirLock`]), each
 /// comparison and coupling matrix under its own directory's lock too.
 pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) -> Result<Study, StudyError> {
     check_names(&plan.configs)?;
@@ -83,40 +88,99 @@ pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) 
     }
     let _lock = DirLock::create(root)?;
     let pending = pending(plan, results)?;
-    let bar = progress_bar((pending.len() * (1 + usize::from(has_whale))) as u64, verbosity.progress);
+    remove_joined_arm_files(plan, results)?;
+    let bar = progress_bar((pending.len() * (plan.arms.len() + usize::from(has_whale))) as u64, verbosity.progress);
     let progress =
         Progress { bar: &bar, lines: verbosity.progress && !std::io::stderr().is_terminal(), since: Instant::now() };
     for config in &pending {
-        let (name, seed) = (config.name.clone(), config.seed);
-        let started = Instant::now();
-        let dir = seed_dir(root, &name, seed);
-        // A run's own lines (one per unit) go to a log, not under the bar on a terminal.
-        let arms = Verbosity { progress: progress.lines };
-        let mut on_arm = |event| progress.arm(&name, seed, event);
-        compare::compare_with(config, &dir, &plan.arms, arms, &mut on_arm).map_err(|source| StudyError::Compare {
-            config: name.clone(),
-            seed,
-            source: Box::new(source),
-        })?;
-        bar.inc(1);
-        let mut matrix = None;
-        if has_whale {
-            progress.say(format!("{name} seed {seed}: coupling matrix"));
-            let whale = dir.join(Condition::Whale.as_str());
-            matrix = Some(coupling_of(&whale).map_err(|source| StudyError::Coupling {
-                config: name.clone(),
-                seed,
-                source: Box::new(source),
-            })?);
-            bar.inc(1);
+        let mut parts = Vec::new();
+        for (index, &arm) in plan.arms.iter().enumerate() {
+            parts.push(arm_result(plan, config, (index, arm), root, results, &progress)?);
         }
-        let result = SeedResult::of_runs(config, &plan.arms, &dir, matrix, started.elapsed().as_secs_f64())?;
-        result.write(&result_path(results, &name, seed))?;
+        if let Some(result) = SeedResult::joined(parts) {
+            result.write(&result_path(results, &config.name, config.seed))?;
+            remove_arm_files(plan, results, config)?;
+        }
     }
     bar.finish_and_clear();
     let study = read(plan, results)?;
     write(&study, root)?;
     Ok(study)
+}
+
+/// The file of the `index`th arm of `config` (seeded): read if it is in `results`, else
+/// written there once the arm's run (run or resumed now, or finished before) and, for the
+/// WHALE arm, its coupling matrix are done.
+fn arm_result(
+    plan: &StudyPlan,
+    config: &RunConfig,
+    (index, arm): (usize, Arm),
+    root: &Path,
+    results: &Path,
+    progress: &Progress,
+) -> Result<SeedResult, StudyError> {
+    let (name, seed) = (config.name.as_str(), config.seed);
+    let is_whale = arm == Arm::from(Condition::Whale);
+    let path = arm_path(results, name, seed, arm);
+    if path.is_file() {
+        progress.bar.inc(1 + u64::from(is_whale));
+        return SeedResult::read_arm(&path, &Expected::of(config, &plan.arms), arm);
+    }
+    let started = Instant::now();
+    let dir = seed_dir(root, name, seed);
+    // A run's own lines (one per unit) go to a log, not under the bar on a terminal.
+    let lines = Verbosity { progress: progress.lines };
+    let mut on_arm = |event| progress.arm(name, seed, event, (index, plan.arms.len()));
+    compare::compare_with(config, &dir, &[arm], lines, &mut on_arm).map_err(|source| StudyError::Compare {
+        config: name.to_string(),
+        seed,
+        source: Box::new(source),
+    })?;
+    progress.bar.inc(1);
+    let mut matrix = None;
+    if is_whale {
+        progress.say(format!("{name} seed {seed}: coupling matrix"));
+        let whale = dir.join(Condition::Whale.as_str());
+        matrix = Some(coupling_of(&whale).map_err(|source| StudyError::Coupling {
+            config: name.to_string(),
+            seed,
+            source: Box::new(source),
+        })?);
+        progress.bar.inc(1);
+    }
+    let part = SeedResult::of_arm(config, arm, &dir, matrix, started.elapsed().as_secs_f64())?;
+    part.write(&path)?;
+    progress.say(format!("{name} seed {seed}: {arm}'s result in {} (commit it to keep it)", path.display()));
+    Ok(part)
+}
+
+/// Removes the arm files of every (config, seed) whose seed file is in `results` (a study
+/// killed between writing a seed's file and removing its arms' leaves them).
+fn remove_joined_arm_files(plan: &StudyPlan, results: &Path) -> Result<(), StudyError> {
+    for &seed in &plan.seeds {
+        for config in &plan.configs {
+            let config = seeded(config, seed, plan.quick);
+            if result_path(results, &config.name, seed).is_file() {
+                remove_arm_files(plan, results, &config)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn remove_arm_files(plan: &StudyPlan, results: &Path, config: &RunConfig) -> Result<(), StudyError> {
+    for &arm in &plan.arms {
+        let path = arm_path(results, &config.name, config.seed, arm);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(StudyError::Write { path, reason: e.to_string() });
+            }
+            _ => {}
+        }
+    }
+    // The directory goes once it is empty; a failure only means it is not.
+    let _ = std::fs::remove_dir(results.join(ARMS_DIR));
+    Ok(())
 }
 
 /// The configs, seeded, of every (config, seed) without a result file in `results`, seeds the
@@ -202,9 +266,10 @@ impl Progress<'_> {
         self.bar.set_message(message);
     }
 
-    fn arm(&self, name: &str, seed: u64, event: ArmEvent) {
+    /// `event` of the `index`th of `total` arms (the comparison runs one arm at a time).
+    fn arm(&self, name: &str, seed: u64, event: ArmEvent, (index, total): (usize, usize)) {
         match event {
-            ArmEvent::Started { arm, index, total } => {
+            ArmEvent::Started { arm, .. } => {
                 self.say(format!("{name} seed {seed}: {} ({} of {total})", arm.name(), index + 1))
             }
             ArmEvent::Finished { arm, seconds } => {
@@ -219,7 +284,7 @@ fn progress_bar(total: u64, show: bool) -> ProgressBar {
     let target = if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
     let bar = ProgressBar::with_draw_target(Some(total), target);
     let style =
-        ProgressStyle::with_template("study {bar:30} {pos}/{len} comparisons and coupling matrices, ETA {eta} ({msg})")
+        ProgressStyle::with_template("study {bar:30} {pos}/{len} runs and coupling matrices, ETA {eta} ({msg})")
             .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar
@@ -231,16 +296,39 @@ pub fn read(plan: &StudyPlan, results: &Path) -> Result<Study, StudyError> {
     check_names(&plan.configs)?;
     let mut domains = Vec::new();
     for config in &plan.configs {
-        let (mut found, mut missing) = (Vec::new(), Vec::new());
+        let (mut found, mut missing, mut unfinished) = (Vec::new(), Vec::new(), Vec::new());
         for &seed in &plan.seeds {
-            match result_of(plan, results, &seeded(config, seed, plan.quick))? {
+            let config = seeded(config, seed, plan.quick);
+            match result_of(plan, results, &config)? {
                 Some(result) => found.push(result),
-                None => missing.push(seed),
+                None => {
+                    missing.push(seed);
+                    let arms = finished_arms(plan, results, &config)?;
+                    if !arms.is_empty() {
+                        unfinished.push(UnfinishedSeed { seed, arms });
+                    }
+                }
             }
         }
-        domains.push(domain_study(&config.name, config.tasks.domain, found, missing));
+        let mut domain = domain_study(&config.name, config.tasks.domain, found, missing);
+        domain.unfinished = unfinished;
+        domains.push(domain);
     }
     Ok(Study { seeds: plan.seeds.clone(), arms: plan.arms.iter().map(Arm::name).collect(), quick: plan.quick, domains })
+}
+
+/// The names of the arms of `config` (seeded) whose files are in `results`, each checked.
+fn finished_arms(plan: &StudyPlan, results: &Path, config: &RunConfig) -> Result<Vec<String>, StudyError> {
+    let expected = Expected::of(config, &plan.arms);
+    let mut arms = Vec::new();
+    for &arm in &plan.arms {
+        let path = arm_path(results, &config.name, config.seed, arm);
+        if path.is_file() {
+            SeedResult::read_arm(&path, &expected, arm)?;
+            arms.push(arm.name());
+        }
+    }
+    Ok(arms)
 }
 
 #[cfg(test)]

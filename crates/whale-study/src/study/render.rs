@@ -2,6 +2,7 @@
 //! figures under `figures/`, all from a [`Study`] (so from the result files alone).
 
 use super::error::StudyError;
+use super::result::ARMS_DIR;
 use super::statistics::{Difference, SeedCoupling, TARGET_HALF_WIDTH};
 use super::summary::{DomainStudy, Study};
 use super::verdicts::signed;
@@ -116,15 +117,24 @@ pub fn text(study: &Study) -> String {
 fn provenance_lines(domain: &DomainStudy) -> Vec<String> {
     let mut by_cpu: Vec<(String, Vec<u64>)> = Vec::new();
     for seed in &domain.provenance {
-        let cpu = seed.cpu.to_string();
-        match by_cpu.iter_mut().find(|(known, _)| *known == cpu) {
-            Some((_, seeds)) => seeds.push(seed.seed),
-            None => by_cpu.push((cpu, vec![seed.seed])),
+        for cpu in &seed.cpus {
+            let cpu = cpu.to_string();
+            match by_cpu.iter_mut().find(|(known, _)| *known == cpu) {
+                Some((_, seeds)) => seeds.push(seed.seed),
+                None => by_cpu.push((cpu, vec![seed.seed])),
+            }
         }
     }
     let mut lines: Vec<String> = by_cpu.iter().map(|(cpu, seeds)| format!("cpu: {cpu}: seeds {seeds:?}")).collect();
-    let mut families: Vec<(&str, &[String])> =
-        domain.provenance.iter().map(|seed| (seed.cpu.arch.as_str(), seed.cpu.features.as_slice())).collect();
+    for seed in domain.provenance.iter().filter(|seed| seed.cpus.len() > 1) {
+        lines.push(format!("seed {}: its arms finished on {} CPUs", seed.seed, seed.cpus.len()));
+    }
+    let mut families: Vec<(&str, &[String])> = domain
+        .provenance
+        .iter()
+        .flat_map(|seed| &seed.cpus)
+        .map(|cpu| (cpu.arch.as_str(), cpu.features.as_slice()))
+        .collect();
     families.sort();
     families.dedup();
     if families.len() > 1 {
@@ -136,6 +146,13 @@ fn provenance_lines(domain: &DomainStudy) -> Vec<String> {
     }
     if !domain.missing_seeds.is_empty() {
         lines.push(format!("missing seeds {:?}: no result file yet", domain.missing_seeds));
+    }
+    for seed in &domain.unfinished {
+        lines.push(format!(
+            "seed {}: arms finished so far: {} (their files in {ARMS_DIR}/)",
+            seed.seed,
+            seed.arms.join(", ")
+        ));
     }
     lines
 }
@@ -202,10 +219,13 @@ fn domain_html(domain: &DomainStudy, figures: &[Figure]) -> String {
     body.push_str("</table>\n<table><tr><th>seed</th><th>cpu</th><th>whale</th></tr>\n");
     for seed in &domain.provenance {
         let commit = seed.whale.commit.as_deref().map_or(String::new(), |c| format!(" ({})", &c[..c.len().min(12)]));
+        let cpus: Vec<String> = seed.cpus.iter().map(ToString::to_string).collect();
         let _ = writeln!(
             body,
             "<tr><td>{}</td><td>{}</td><td>{}{commit}</td></tr>",
-            seed.seed, seed.cpu, seed.whale.version
+            seed.seed,
+            cpus.join("; "),
+            seed.whale.version
         );
     }
     body.push_str("</table>\n");

@@ -1,6 +1,13 @@
 //! A study's result files: one per (config, seed), `results/<config>-seed-<s>.json`, written
 //! when that seed's comparison and coupling matrix are done.
 //!
+//! A seed of a real model can take longer than a machine is held, so each arm's part of the
+//! file is written as soon as that arm finishes, `results/arms/<config>-seed-<s>-<arm>.json`
+//! (the WHALE arm's with its coupling matrix, scored right after it while its phase weights
+//! are still on disk). Those arm files are committed and copied like seed files: a study that
+//! finds one does not run that arm again, and when every arm of a seed has one, they are joined
+//! into the seed's file and removed.
+//!
 //! A file holds everything the study's tables, verdicts and figures are computed from (each
 //! arm's test evaluations with their per-task means, its ledger, the coupling matrix) and where
 //! it came from (the CPU, the whale build, the wall time), in kilobytes and without
@@ -25,12 +32,21 @@ use whale_loop::run_dir::{read_json, write_atomic};
 /// The results directory inside a study's directory, unless `--results` names another.
 pub const RESULTS_DIR: &str = "results";
 
+/// The directory of the arm files inside a results directory.
+pub const ARMS_DIR: &str = "arms";
+
 /// The layout of the files this build writes and reads.
 pub const FORMAT: u32 = 1;
 
 /// The result file of `config` under `seed` in `results`.
 pub fn result_path(results: &Path, config: &str, seed: u64) -> PathBuf {
     results.join(format!("{config}-seed-{seed}.json"))
+}
+
+/// The file of one finished arm of `config` under `seed` in `results`, until its seed's file
+/// is written.
+pub fn arm_path(results: &Path, config: &str, seed: u64, arm: Arm) -> PathBuf {
+    results.join(ARMS_DIR).join(format!("{config}-seed-{seed}-{arm}.json"))
 }
 
 /// One (config, seed) of a study, as its result file holds it.
@@ -84,6 +100,19 @@ pub struct ArmResult {
     pub ledger: Ledger,
     /// Every test evaluation, in order.
     pub evaluations: Vec<Evaluation>,
+    /// Where the arm finished: the arms of one seed may have run on different machines.
+    /// `None` in files from before arms were recorded one by one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran: Option<ArmProvenance>,
+}
+
+/// The machine, build and time of the invocation that finished an arm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArmProvenance {
+    pub cpu: CpuInfo,
+    pub whale: WhaleBuild,
+    /// Seconds in that invocation, the WHALE arm's coupling matrix included.
+    pub wall_s: f64,
 }
 
 /// One test evaluation of an arm.
@@ -153,6 +182,15 @@ impl Expected {
 
     /// Why `result` is not this (config, seed)'s; `None` when it is.
     fn mismatch(&self, result: &SeedResult) -> Option<String> {
+        self.mismatch_of(result, &self.arms, "this study runs")
+    }
+
+    /// Why `result` is not the file of `arm` of this (config, seed); `None` when it is.
+    fn arm_mismatch(&self, result: &SeedResult, arm: Arm) -> Option<String> {
+        self.mismatch_of(result, &[arm.name()], "this arm's file should hold")
+    }
+
+    fn mismatch_of(&self, result: &SeedResult, arms: &[String], expected: &str) -> Option<String> {
         if result.format != FORMAT {
             return Some(format!("written in result format {}, this whale reads {FORMAT}", result.format));
         }
@@ -172,9 +210,9 @@ impl Expected {
                 if keys.is_empty() { "the hashes differ".to_string() } else { keys.join("; ") }
             ));
         }
-        let mut arms: Vec<String> = result.arms.iter().map(|arm| arm.arm().name()).collect();
-        arms.sort();
-        (arms != self.arms).then(|| format!("holds conditions {arms:?}, this study runs {:?}", self.arms))
+        let mut held: Vec<String> = result.arms.iter().map(|arm| arm.arm().name()).collect();
+        held.sort();
+        (held != arms).then(|| format!("holds conditions {held:?}, {expected} {arms:?}"))
     }
 }
 
@@ -221,38 +259,53 @@ fn hash(config: &Value) -> String {
 }
 
 impl SeedResult {
-    /// The result of the finished runs of `arms` in `seed_dir` (a `whale compare` directory of
-    /// `config`, already seeded) and its WHALE run's coupling matrix.
-    pub fn of_runs(
+    /// The file of `arm`, whose run in `seed_dir` (a `whale compare` directory of `config`,
+    /// already seeded) has finished, with its coupling matrix if it is the WHALE arm;
+    /// `wall_s` is what this invocation spent on it.
+    pub fn of_arm(
         config: &RunConfig,
-        arms: &[Arm],
+        arm: Arm,
         seed_dir: &Path,
         coupling: Option<Coupling>,
         wall_s: f64,
     ) -> Result<SeedResult, StudyError> {
-        let mut runs = Vec::new();
-        for dir in report::run_dirs(seed_dir)? {
-            let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            if let Some(&arm) = arms.iter().find(|arm| arm.name() == name) {
-                runs.push((arm, Series::read(&dir)?));
-            }
+        let dir = seed_dir.join(arm.name());
+        let series = Series::read(&dir)?;
+        if !series.finished {
+            return Err(StudyError::Read { path: dir, reason: format!("the run of `{arm}` has not finished") });
         }
-        if let Some(arm) = arms.iter().find(|arm| !runs.iter().any(|(run, series)| run == *arm && series.finished)) {
-            let reason = format!("the run of `{arm}` has not finished");
-            return Err(StudyError::Read { path: seed_dir.to_path_buf(), reason });
-        }
+        let ran = ArmProvenance { cpu: CpuInfo::detect(), whale: WhaleBuild::this(), wall_s };
         let config_used = portable(config);
         Ok(SeedResult {
             format: FORMAT,
             config: config.name.clone(),
             seed: config.seed,
             config_hash: hash(&config_used),
-            whale: WhaleBuild::this(),
-            cpu: CpuInfo::detect(),
+            whale: ran.whale.clone(),
+            cpu: ran.cpu.clone(),
             wall_s,
-            arms: runs.into_iter().map(|(arm, series)| ArmResult::of(arm, &series)).collect(),
+            arms: vec![ArmResult::of(arm, &series, ran)],
             coupling,
             config_used,
+        })
+    }
+
+    /// The seed's file from the files of its arms (each read with [`SeedResult::read_arm`]):
+    /// the arms in the order `whale compare` lists its runs, the WHALE arm's coupling matrix,
+    /// and the seconds of all of them; the CPU and build are this invocation's, each arm keeps
+    /// its own.
+    pub fn joined(mut parts: Vec<SeedResult>) -> Option<SeedResult> {
+        parts.sort_by_key(|part| part.arms.first().map(|arm| report::run_order(&arm.arm().name())));
+        let first = parts.first()?.clone();
+        let whale = Arm::from(Condition::Whale);
+        let coupling = parts.iter().find(|p| p.arms.iter().any(|a| a.arm() == whale)).and_then(|p| p.coupling.clone());
+        Some(SeedResult {
+            whale: WhaleBuild::this(),
+            cpu: CpuInfo::detect(),
+            wall_s: parts.iter().map(|part| part.wall_s).sum(),
+            arms: parts.into_iter().flat_map(|part| part.arms).collect(),
+            coupling,
+            ..first
         })
     }
 
@@ -275,15 +328,26 @@ impl SeedResult {
             None => Ok(result),
         }
     }
+
+    /// Reads the file of `arm` at `path`, refusing it unless it is that arm's of `expected`.
+    pub fn read_arm(path: &Path, expected: &Expected, arm: Arm) -> Result<SeedResult, StudyError> {
+        let result: SeedResult =
+            read_json(path).map_err(|e| StudyError::Read { path: path.to_path_buf(), reason: e.to_string() })?;
+        match expected.arm_mismatch(&result, arm) {
+            Some(reason) => Err(StudyError::Refused { path: path.to_path_buf(), reason }),
+            None => Ok(result),
+        }
+    }
 }
 
 impl ArmResult {
-    fn of(arm: Arm, series: &Series) -> ArmResult {
+    fn of(arm: Arm, series: &Series, ran: ArmProvenance) -> ArmResult {
         ArmResult {
             condition: arm.condition,
             algorithm: arm.algorithm,
             ledger: series.ledger.clone(),
             evaluations: series.points.iter().map(Evaluation::from).collect(),
+            ran: Some(ran),
         }
     }
 }
@@ -320,6 +384,7 @@ mod tests {
                 algorithm: None,
                 ledger: Ledger::default(),
                 evaluations: Vec::new(),
+                ran: None,
             }],
             coupling: None,
             config_used: portable(&there),
@@ -331,6 +396,12 @@ mod tests {
 
         let same = SeedResult { config_hash: expected.hash.clone(), config_used: portable(&here), ..result };
         assert_eq!(expected.mismatch(&same), None);
+        assert_eq!(expected.arm_mismatch(&same, Arm::from(Condition::WeightOnly)), None);
+        let reason = expected.arm_mismatch(&same, Arm::from(Condition::Whale)).expect("another arm's file");
+        assert!(
+            reason.contains(r#"holds conditions ["weight-only"], this arm's file should hold ["whale"]"#),
+            "{reason}"
+        );
         let more_arms = Expected::of(&here, &[Arm::from(Condition::Whale), Arm::from(Condition::WeightOnly)]);
         let reason = more_arms.mismatch(&same).expect("another set of conditions");
         assert!(

@@ -288,7 +288,13 @@ mod tests {
         };
         let mut ledger = Ledger::default();
         ledger.record(Purpose::WeightPhase, Spend { rollouts: 64, ..Default::default() });
-        ArmResult { condition, algorithm: None, ledger, evaluations: vec![evaluation(0, start), evaluation(64, last)] }
+        ArmResult {
+            condition,
+            algorithm: None,
+            ledger,
+            evaluations: vec![evaluation(0, start), evaluation(64, last)],
+            ran: None,
+        }
     }
     #[test]
     fn a_movement_is_final_minus_start_paired_over_tasks_and_pooled_over_seeds() {

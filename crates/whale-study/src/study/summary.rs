@@ -14,20 +14,42 @@ use whale_loop::condition::Condition;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SeedProvenance {
     pub seed: u64,
+    /// The CPU of the invocation that wrote the seed's file.
     pub cpu: CpuInfo,
+    /// Every CPU its arms finished on (the file's own when its arms do not say).
+    pub cpus: Vec<CpuInfo>,
     pub whale: WhaleBuild,
     pub wall_s: f64,
 }
 
 impl SeedProvenance {
     fn of(result: &SeedResult) -> SeedProvenance {
+        let mut cpus: Vec<CpuInfo> = Vec::new();
+        for arm in &result.arms {
+            let cpu = arm.ran.as_ref().map_or(&result.cpu, |ran| &ran.cpu);
+            if !cpus.contains(cpu) {
+                cpus.push(cpu.clone());
+            }
+        }
+        if cpus.is_empty() {
+            cpus.push(result.cpu.clone());
+        }
         SeedProvenance {
             seed: result.seed,
             cpu: result.cpu.clone(),
+            cpus,
             whale: result.whale.clone(),
             wall_s: result.wall_s,
         }
     }
+}
+
+/// A seed without a result file whose arms have begun to finish.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UnfinishedSeed {
+    pub seed: u64,
+    /// The arms with a file, in the study's order.
+    pub arms: Vec<String>,
 }
 
 /// One config's results over all seeds.
@@ -39,6 +61,8 @@ pub struct DomainStudy {
     pub seeds: Vec<u64>,
     /// The study's seeds without one.
     pub missing_seeds: Vec<u64>,
+    /// Those of the missing seeds that have some arms' files.
+    pub unfinished: Vec<UnfinishedSeed>,
     /// Per seed with a result file, in seed order.
     pub provenance: Vec<SeedProvenance>,
     /// Test mean@k of the first arm's evaluations (for the axis label).
@@ -95,6 +119,7 @@ pub fn domain_study(name: &str, domain: Domain, results: Vec<SeedResult>, missin
         domain,
         seeds,
         missing_seeds,
+        unfinished: Vec::new(),
         provenance,
         k,
         movements: arms.iter().filter_map(|&arm| statistics::movement(&per_seed, arm)).collect(),
