@@ -347,7 +347,19 @@ fn a_seed_split_by_arm_over_two_machines_runs_each_arm_once_and_reports_what_one
     std::fs::create_dir_all(&b_arms).expect("arms dir");
     std::fs::write(b_arms.join("tiny-seed-0-whale.json"), &left).expect("copied");
     let partial = report_text(&mut study_of(&root, "b", &[&one[..], &["--report-only"]].concat()));
-    assert!(partial.contains("  seed 0: arms finished so far: whale (their files in arms/)\n"), "{partial}");
+    assert!(partial.contains("  seed 0, the arms finished so far (their files in arms/):\n    whale "), "{partial}");
+    let evaluations = file["arms"][0]["evaluations"].as_array().expect("evaluations");
+    let (first, last) = (&evaluations[0], &evaluations[evaluations.len() - 1]);
+    let (start, end) = (&first["mean"], &last["mean"]);
+    let so_far = format!(
+        "{:.3} -> {:.3} [{:.3}, {:.3}] after {} training rollouts\n",
+        start["value"].as_f64().unwrap_or(f64::NAN),
+        end["value"].as_f64().unwrap_or(f64::NAN),
+        end["lo"].as_f64().unwrap_or(f64::NAN),
+        end["hi"].as_f64().unwrap_or(f64::NAN),
+        last["training_rollouts"]
+    );
+    assert!(partial.contains(&so_far), "{so_far} in {partial}");
     let b_output = succeeded(&mut shown_study_of(&root, "b", &one));
     assert!(!root.join("b/study/tiny/seed-0/whale").exists(), "the WHALE arm came from machine A's file");
     assert!(root.join("b/study/tiny/seed-0/weight-only/state.json").is_file());

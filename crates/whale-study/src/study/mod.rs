@@ -30,7 +30,7 @@ pub use result::{
 pub use statistics::{
     seeds_for_target, tasks_for_target, Difference, Metric, Movement, PeakRollouts, SeedCoupling, TARGET_HALF_WIDTH,
 };
-pub use summary::{domain_study, DomainStudy, SeedProvenance, Study, UnfinishedSeed};
+pub use summary::{domain_study, ArmSoFar, DomainStudy, SeedProvenance, Study, UnfinishedSeed};
 pub use verdicts::{alternating_beats_sequential, bottleneck, whale_beats_the_baselines, Status, Verdict};
 
 use crate::compare::{self, Arm, ArmEvent};
@@ -317,15 +317,15 @@ pub fn read(plan: &StudyPlan, results: &Path) -> Result<Study, StudyError> {
     Ok(Study { seeds: plan.seeds.clone(), arms: plan.arms.iter().map(Arm::name).collect(), quick: plan.quick, domains })
 }
 
-/// The names of the arms of `config` (seeded) whose files are in `results`, each checked.
-fn finished_arms(plan: &StudyPlan, results: &Path, config: &RunConfig) -> Result<Vec<String>, StudyError> {
+/// The arms of `config` (seeded) whose files are in `results`, each checked.
+fn finished_arms(plan: &StudyPlan, results: &Path, config: &RunConfig) -> Result<Vec<ArmSoFar>, StudyError> {
     let expected = Expected::of(config, &plan.arms);
     let mut arms = Vec::new();
     for &arm in &plan.arms {
         let path = arm_path(results, &config.name, config.seed, arm);
         if path.is_file() {
-            SeedResult::read_arm(&path, &expected, arm)?;
-            arms.push(arm.name());
+            let part = SeedResult::read_arm(&path, &expected, arm)?;
+            arms.extend(part.arms.iter().filter_map(ArmSoFar::of));
         }
     }
     Ok(arms)

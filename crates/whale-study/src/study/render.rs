@@ -148,11 +148,13 @@ fn provenance_lines(domain: &DomainStudy) -> Vec<String> {
         lines.push(format!("missing seeds {:?}: no result file yet", domain.missing_seeds));
     }
     for seed in &domain.unfinished {
-        lines.push(format!(
-            "seed {}: arms finished so far: {} (their files in {ARMS_DIR}/)",
-            seed.seed,
-            seed.arms.join(", ")
-        ));
+        lines.push(format!("seed {}, the arms finished so far (their files in {ARMS_DIR}/):", seed.seed));
+        for arm in &seed.arms {
+            lines.push(format!(
+                "  {:<22} {:.3} -> {} after {} training rollouts",
+                arm.arm, arm.start.value, arm.end, arm.training_rollouts
+            ));
+        }
     }
     lines
 }

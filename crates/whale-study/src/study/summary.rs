@@ -7,7 +7,7 @@ use super::verdicts::{alternating_beats_sequential, bottleneck, whale_beats_the_
 use crate::compare::Arm;
 use crate::figures::BandCurve;
 use serde::Serialize;
-use whale_core::{CpuInfo, Domain};
+use whale_core::{CpuInfo, Domain, Estimate};
 use whale_loop::condition::Condition;
 
 /// Where one seed ran, from its result file.
@@ -49,7 +49,31 @@ impl SeedProvenance {
 pub struct UnfinishedSeed {
     pub seed: u64,
     /// The arms with a file, in the study's order.
-    pub arms: Vec<String>,
+    pub arms: Vec<ArmSoFar>,
+}
+
+/// Where a finished arm of an unfinished seed went: no comparison yet, its own curve's ends.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArmSoFar {
+    pub arm: String,
+    /// Test mean@k of its first and last evaluations.
+    pub start: Estimate,
+    pub end: Estimate,
+    /// Training rollouts spent before the last evaluation.
+    pub training_rollouts: u64,
+}
+
+impl ArmSoFar {
+    /// `None` for an arm without evaluations.
+    pub fn of(arm: &ArmResult) -> Option<ArmSoFar> {
+        let (first, last) = (arm.evaluations.first()?, arm.evaluations.last()?);
+        Some(ArmSoFar {
+            arm: arm.arm().name(),
+            start: first.mean,
+            end: last.mean,
+            training_rollouts: last.training_rollouts,
+        })
+    }
 }
 
 /// One config's results over all seeds.
