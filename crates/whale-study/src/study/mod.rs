@@ -78,8 +78,9 @@ pub fn quick(mut config: RunConfig) -> RunConfig {
 /// first, so that one of another config stops the study before it runs anything. Seeds are the
 /// outer loop, and the WHALE run's coupling matrix follows it at once (its phase weights stay
 /// on this machine only), so a study stopped early has every config on the seeds it finished
-/// and, on the seed it was in, the file of every arm it finished. `root` stays locked throughout ([`DirLock`]), each
-/// comparison and coupling matrix under its own directory's lock too.
+/// and, on the seed it was in, the file of every arm it finished. `root` stays locked
+/// throughout ([`DirLock`]), each comparison and coupling matrix under its own directory's lock
+/// too.
 pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) -> Result<Study, StudyError> {
     check_names(&plan.configs)?;
     let has_whale = plan.arms.contains(&Arm::from(Condition::Whale));

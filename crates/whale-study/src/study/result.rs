@@ -61,8 +61,9 @@ pub struct SeedResult {
     pub whale: WhaleBuild,
     /// The CPU of the invocation that finished this seed.
     pub cpu: CpuInfo,
-    /// Seconds this seed took in the invocation that finished it (the arms' ledgers hold the
-    /// phases of every invocation).
+    /// Seconds of the invocations that finished its arms, summed (each arm's `ran` holds its
+    /// own; an arm resumed after a kill counts its last invocation only, while the arms'
+    /// ledgers hold the phases of every invocation).
     pub wall_s: f64,
     /// In the order `whale compare` lists its runs.
     pub arms: Vec<ArmResult>,
