@@ -14,7 +14,7 @@ use whale_loop::condition::Condition;
 use whale_loop::config::{Algorithm, RunConfig, WeightConfig};
 use whale_loop::experiment::{Experiment, ExperimentError, Verbosity};
 use whale_loop::lock::{DirLock, LockError};
-use whale_loop::run_dir::{EvalMemo, RunDir, REPORT_FILE};
+use whale_loop::run_dir::{EvalMemo, RunDir, CONFIG_FILE, REPORT_FILE};
 
 /// One arm of a comparison: a condition, with the config's weight-phase algorithm or another
 /// one (`weight-only:grpo`), so that RFT and a policy gradient can run side by side.
@@ -139,7 +139,7 @@ pub fn compare_with(
     let mut seconds = Vec::new();
     let mut base_evals: Vec<EvalMemo> = Vec::new();
     for dir in report::run_dirs(root).unwrap_or_default() {
-        add_base_evals(&dir, &mut base_evals);
+        add_base_evals(config, &dir, &mut base_evals);
     }
     for (index, &arm) in arms.iter().enumerate() {
         let started = Instant::now();
@@ -157,7 +157,7 @@ pub fn compare_with(
             report::write_run_report(experiment.dir()).map_err(|source| CompareError::RunReport { arm, source })?;
             on_arm(ArmEvent::Finished { arm, seconds: started.elapsed().as_secs_f64() });
         }
-        add_base_evals(&dir, &mut base_evals);
+        add_base_evals(config, &dir, &mut base_evals);
         seconds.push((arm, started.elapsed().as_secs_f64()));
     }
     let report = root.join(REPORT_FILE);
@@ -166,9 +166,17 @@ pub fn compare_with(
     Ok(Comparison { root: root.to_path_buf(), series, report, seconds })
 }
 
-/// Adds the evaluations of the base weights of the finished run in `dir` (none if it is not
-/// one) to `memos`: the runs of one comparison share them.
-fn add_base_evals(dir: &Path, memos: &mut Vec<EvalMemo>) {
+/// Adds the evaluations of the base weights of the finished run in `dir` to `memos`, if it is a
+/// run of `config` under some condition and algorithm (a run left from a comparison of another
+/// config evaluated other tasks, seeds or sampling): the runs of one comparison share them.
+fn add_base_evals(config: &RunConfig, dir: &Path, memos: &mut Vec<EvalMemo>) {
+    let Ok(stored) = RunConfig::load(&dir.join(CONFIG_FILE)) else {
+        return;
+    };
+    let arm = Arm { condition: stored.condition, algorithm: Some(stored.weights.algorithm) };
+    if Experiment::check_stored_config(&arm.config(config), dir).is_err() {
+        return;
+    }
     let state = RunDir::open(dir).and_then(|d| d.read_state()).ok().filter(|state| state.finished);
     for memo in state.into_iter().flat_map(|s| s.evals).filter(|m| m.weights_version == 0) {
         if !memos.contains(&memo) {

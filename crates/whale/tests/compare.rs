@@ -1,0 +1,92 @@
+//! `whale compare` hands the evaluation of the base weights a finished condition took to the
+//! next one, also across invocations in one comparison directory, and only between runs of the
+//! same config: a run left there by a comparison of another config lends nothing.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn config(model: &Path, temperature: f64) -> String {
+    format!(
+        r#"name = "tiny"
+seed = 0
+threads = 8
+[model]
+path = "{model}"
+[tasks]
+generate = 60
+train = 30
+search = 4
+test = 6
+[sampling]
+max_tokens = 12
+temperature = {temperature}
+[weights]
+tasks_per_step = 2
+rollouts_per_task = 2
+reward_threshold = -1.0
+skip_truncated = false
+mini_batch = 4
+learning_rate = 0.001
+[search]
+candidates = 2
+[schedule]
+budget = 16
+weight_steps = 2
+search_iterations = 1
+[eval]
+k = 2
+every_steps = 2
+"#,
+        model = model.display()
+    )
+}
+
+fn compare(root: &Path, config: &str, runs: &str, condition: &str) {
+    let status = Command::new(env!("CARGO_BIN_EXE_whale"))
+        .args(["compare", "--quiet", "--conditions", condition, "--runs"])
+        .arg(root.join(runs))
+        .arg(root.join(config))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("whale runs");
+    assert!(status.success(), "whale compare {config} --conditions {condition} into {runs}");
+}
+
+/// The test rollouts the run of `condition` in `runs` took.
+fn test_rollouts(root: &Path, runs: &str, condition: &str) -> u64 {
+    let ledger = common::read_json(&root.join(runs).join("tiny").join(condition).join("ledger.json"));
+    ledger["by_purpose"]["test_eval"]["rollouts"].as_u64().expect("test rollouts")
+}
+
+#[test]
+fn the_base_evaluation_is_shared_across_invocations_within_one_config_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let model = common::tiny_model_in(root);
+    std::fs::write(root.join("a.toml"), config(&model, 1.0)).expect("config a");
+    std::fs::write(root.join("b.toml"), config(&model, 0.7)).expect("config b");
+    let one_evaluation = 6 * 2;
+
+    compare(root, "b.toml", "alone", "weight-only");
+    let alone = test_rollouts(root, "alone", "weight-only");
+
+    compare(root, "b.toml", "same", "harness-only");
+    compare(root, "b.toml", "same", "weight-only");
+    assert_eq!(
+        test_rollouts(root, "same", "weight-only"),
+        alone - one_evaluation,
+        "harness-only's start was handed on"
+    );
+
+    compare(root, "a.toml", "other", "harness-only");
+    compare(root, "b.toml", "other", "weight-only");
+    assert_eq!(test_rollouts(root, "other", "weight-only"), alone, "a run of another config lends nothing");
+    let metrics = |runs: &str| {
+        let rows = common::read_json(&root.join(runs).join("tiny/weight-only/metrics.jsonl"));
+        common::untimed_json(rows[0].clone())
+    };
+    assert_eq!(metrics("other"), metrics("alone"), "the start is config b's own evaluation");
+}
