@@ -360,6 +360,7 @@ fn a_seed_split_by_arm_over_two_machines_runs_each_arm_once_and_reports_what_one
         last["training_rollouts"]
     );
     assert!(partial.contains(&so_far), "{so_far} in {partial}");
+    assert!(partial.contains("  seed 0, the WHALE run's coupling matrix:\n"), "{partial}");
     let b_output = succeeded(&mut shown_study_of(&root, "b", &one));
     assert!(!root.join("b/study/tiny/seed-0/whale").exists(), "the WHALE arm came from machine A's file");
     assert!(root.join("b/study/tiny/seed-0/weight-only/state.json").is_file());

@@ -304,9 +304,11 @@ pub fn read(plan: &StudyPlan, results: &Path) -> Result<Study, StudyError> {
                 Some(result) => found.push(result),
                 None => {
                     missing.push(seed);
-                    let arms = finished_arms(plan, results, &config)?;
-                    if !arms.is_empty() {
-                        unfinished.push(UnfinishedSeed { seed, arms });
+                    let parts = finished_arms(plan, results, &config)?;
+                    if !parts.is_empty() {
+                        let coupling = parts.iter().find_map(|part| part.coupling.clone());
+                        let arms = parts.iter().flat_map(|part| &part.arms).filter_map(ArmSoFar::of).collect();
+                        unfinished.push(UnfinishedSeed { seed, arms, coupling });
                     }
                 }
             }
@@ -318,18 +320,17 @@ pub fn read(plan: &StudyPlan, results: &Path) -> Result<Study, StudyError> {
     Ok(Study { seeds: plan.seeds.clone(), arms: plan.arms.iter().map(Arm::name).collect(), quick: plan.quick, domains })
 }
 
-/// The arms of `config` (seeded) whose files are in `results`, each checked.
-fn finished_arms(plan: &StudyPlan, results: &Path, config: &RunConfig) -> Result<Vec<ArmSoFar>, StudyError> {
+/// The files of the arms of `config` (seeded) in `results`, each checked.
+fn finished_arms(plan: &StudyPlan, results: &Path, config: &RunConfig) -> Result<Vec<SeedResult>, StudyError> {
     let expected = Expected::of(config, &plan.arms);
-    let mut arms = Vec::new();
+    let mut parts = Vec::new();
     for &arm in &plan.arms {
         let path = arm_path(results, &config.name, config.seed, arm);
         if path.is_file() {
-            let part = SeedResult::read_arm(&path, &expected, arm)?;
-            arms.extend(part.arms.iter().filter_map(ArmSoFar::of));
+            parts.push(SeedResult::read_arm(&path, &expected, arm)?);
         }
     }
-    Ok(arms)
+    Ok(parts)
 }
 
 #[cfg(test)]

@@ -155,6 +155,10 @@ fn provenance_lines(domain: &DomainStudy) -> Vec<String> {
                 arm.arm, arm.start.value, arm.end, arm.training_rollouts
             ));
         }
+        if let Some(coupling) = &seed.coupling {
+            lines.push(format!("seed {}, the WHALE run's coupling matrix:", seed.seed));
+            lines.extend(coupling.text().lines().map(|line| format!("  {line}")));
+        }
     }
     lines
 }

@@ -5,6 +5,7 @@ use super::result::{ArmResult, SeedResult, WhaleBuild};
 use super::statistics::{self, Difference, Metric, Movement, PeakRollouts, SeedCoupling};
 use super::verdicts::{alternating_beats_sequential, bottleneck, whale_beats_the_baselines, Verdict};
 use crate::compare::Arm;
+use crate::coupling::Coupling;
 use crate::figures::BandCurve;
 use serde::Serialize;
 use whale_core::{CpuInfo, Domain, Estimate};
@@ -50,6 +51,8 @@ pub struct UnfinishedSeed {
     pub seed: u64,
     /// The arms with a file, in the study's order.
     pub arms: Vec<ArmSoFar>,
+    /// The WHALE arm's coupling matrix, once that arm has its file.
+    pub coupling: Option<Coupling>,
 }
 
 /// Where a finished arm of an unfinished seed went: no comparison yet, its own curve's ends.
