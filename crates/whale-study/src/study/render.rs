@@ -254,17 +254,22 @@ fn html(study: &Study, body: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::study::result::{SeedResult, WhaleBuild, FORMAT};
+    use crate::study::result::{ArmProvenance, ArmResult, SeedResult, WhaleBuild, FORMAT};
     use crate::study::summary::domain_study;
-    use whale_core::{CpuInfo, Domain};
+    use whale_core::{CpuInfo, Domain, Ledger};
+    use whale_loop::condition::Condition;
 
-    fn ran_on(seed: u64, model: &str, features: &[&str]) -> SeedResult {
-        let cpu = CpuInfo {
+    fn cpu(model: &str, features: &[&str]) -> CpuInfo {
+        CpuInfo {
             model: model.to_string(),
             arch: "x86_64".to_string(),
             features: features.iter().map(|f| f.to_string()).collect(),
             missing: Vec::new(),
-        };
+        }
+    }
+
+    fn ran_on(seed: u64, model: &str, features: &[&str]) -> SeedResult {
+        let cpu = cpu(model, features);
         SeedResult {
             format: FORMAT,
             config: "math".to_string(),
@@ -301,5 +306,25 @@ mod tests {
         assert!(two_families.contains("  cpu: AMD EPYC 7B13 (x86_64, avx2, fma): seeds [0, 2]\n"), "{two_families}");
         assert!(two_families.contains("the seeds ran on 2 CPU families"), "{two_families}");
         assert!(two_families.contains("  missing seeds [3]: no result file yet\n"), "{two_families}");
+    }
+
+    #[test]
+    fn a_seed_whose_arms_finished_on_two_machines_is_listed_under_both() {
+        let arm = |condition, model: &str| ArmResult {
+            condition,
+            algorithm: None,
+            ledger: Ledger::default(),
+            evaluations: Vec::new(),
+            ran: Some(ArmProvenance { cpu: cpu(model, &["avx2"]), whale: WhaleBuild::this(), wall_s: 1.0 }),
+        };
+        let split = SeedResult {
+            arms: vec![arm(Condition::Whale, "Xeon"), arm(Condition::WeightOnly, "EPYC")],
+            ..ran_on(0, "EPYC", &["avx2"])
+        };
+        let text = text_of(vec![split, ran_on(1, "EPYC", &["avx2"])], vec![]);
+        assert!(text.contains("  cpu: Xeon (x86_64, avx2): seeds [0]\n"), "{text}");
+        assert!(text.contains("  cpu: EPYC (x86_64, avx2): seeds [0, 1]\n"), "{text}");
+        assert!(text.contains("  seed 0: its arms finished on 2 CPUs\n"), "{text}");
+        assert!(!text.contains("seed 1: its arms"), "{text}");
     }
 }
