@@ -7,42 +7,6 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-fn config(model: &Path, temperature: f64) -> String {
-    format!(
-        r#"name = "tiny"
-seed = 0
-threads = 8
-[model]
-path = "{model}"
-[tasks]
-generate = 60
-train = 30
-search = 4
-test = 6
-[sampling]
-max_tokens = 12
-temperature = {temperature}
-[weights]
-tasks_per_step = 2
-rollouts_per_task = 2
-reward_threshold = -1.0
-skip_truncated = false
-mini_batch = 4
-learning_rate = 0.001
-[search]
-candidates = 2
-[schedule]
-budget = 16
-weight_steps = 2
-search_iterations = 1
-[eval]
-k = 2
-every_steps = 2
-"#,
-        model = model.display()
-    )
-}
-
 fn compare(root: &Path, config: &str, runs: &str, condition: &str) {
     let status = Command::new(env!("CARGO_BIN_EXE_whale"))
         .args(["compare", "--quiet", "--conditions", condition, "--runs"])
@@ -66,8 +30,11 @@ fn the_base_evaluation_is_shared_across_invocations_within_one_config_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path();
     let model = common::tiny_model_in(root);
-    std::fs::write(root.join("a.toml"), config(&model, 1.0)).expect("config a");
-    std::fs::write(root.join("b.toml"), config(&model, 0.7)).expect("config b");
+    let b = common::tiny_comparison_config(&model);
+    let a = b.replacen("\nseed = 0\n", "\nseed = 1\n", 1);
+    assert_ne!(a, b, "config a has another seed");
+    std::fs::write(root.join("a.toml"), a).expect("config a");
+    std::fs::write(root.join("b.toml"), b).expect("config b");
     let one_evaluation = 6 * 2;
 
     compare(root, "b.toml", "alone", "weight-only");

@@ -11,41 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-fn config(model: &Path) -> String {
-    format!(
-        r#"name = "tiny"
-seed = 0
-threads = 8
-[model]
-path = "{model}"
-[tasks]
-generate = 60
-train = 30
-search = 4
-test = 6
-[sampling]
-max_tokens = 12
-[weights]
-tasks_per_step = 2
-rollouts_per_task = 2
-reward_threshold = -1.0
-skip_truncated = false
-mini_batch = 4
-learning_rate = 0.001
-[search]
-candidates = 2
-[schedule]
-budget = 24
-weight_steps = 2
-search_iterations = 2
-[eval]
-k = 2
-every_steps = 2
-"#,
-        model = model.display()
-    )
-}
-
 /// The conditions of every study here.
 const CONDITIONS: &str = "whale,weight-only,harness-only";
 
@@ -97,7 +62,7 @@ fn fixture() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().to_path_buf();
     let model = common::tiny_model_in(&root);
-    std::fs::write(root.join("tiny.toml"), config(&model)).expect("config");
+    std::fs::write(root.join("tiny.toml"), common::tiny_comparison_config(&model)).expect("config");
     (dir, root)
 }
 

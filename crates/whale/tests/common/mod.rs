@@ -115,6 +115,44 @@ pub fn tiny_model_in(dir: &Path) -> PathBuf {
     model
 }
 
+/// A comparison on the tiny model in `model`, named `tiny`, seed 0: weight steps of 2 tasks x 2
+/// rollouts, searches of 2 candidates on 4 tasks, a budget of 24 rollouts, mean@2 on 6 test
+/// tasks (what `whale study` and `whale compare` tests run).
+pub fn tiny_comparison_config(model: &Path) -> String {
+    format!(
+        r#"name = "tiny"
+seed = 0
+threads = 8
+[model]
+path = "{model}"
+[tasks]
+generate = 60
+train = 30
+search = 4
+test = 6
+[sampling]
+max_tokens = 12
+[weights]
+tasks_per_step = 2
+rollouts_per_task = 2
+reward_threshold = -1.0
+skip_truncated = false
+mini_batch = 4
+learning_rate = 0.001
+[search]
+candidates = 2
+[schedule]
+budget = 24
+weight_steps = 2
+search_iterations = 2
+[eval]
+k = 2
+every_steps = 2
+"#,
+        model = model.display()
+    )
+}
+
 /// A weight-only run on the tiny model in `model`: two weight steps of 2 tasks x 2 rollouts, every
 /// rollout kept, one sample per test task; `extra` is appended (`[harness]`, `[sampling]`,
 /// `[weights.trainer]` tables).
