@@ -1,7 +1,8 @@
 //! Who writes a run directory, and what a failed write leaves: one process at a time
 //! (`whale_loop::lock::DirLock`), so two resumes of one run or two compares of one config
 //! started at random moments end with one of them run and the other refused, and files equal
-//! to an uninterrupted run's; a second writer writes nothing, readers still read; and a run
+//! to an uninterrupted run's; a second writer writes nothing (a second study of one results
+//! directory included), readers still read; and a run
 //! stopped by a full disk resumes, once space is freed, to the same result.
 
 mod common;
@@ -274,6 +275,15 @@ fn while_a_directory_is_locked_writers_are_refused_and_write_nothing_and_readers
         assert_refused(&whale(&args).output().expect("whale"), &study, me, &format!("whale study {extra}"));
     }
     assert_eq!(snapshot(&study).len(), 1, "the study wrote");
+
+    // Another study with its own runs but the locked study's results would run the same arms.
+    let elsewhere = fixture.root.join("elsewhere");
+    let results = text(&study.join("results"));
+    let _results_lock = DirLock::create(&study.join("results")).expect("a lock");
+    let args = ["study", "--quiet", "--seeds", "1", "--runs", &text(&elsewhere), "--results", &results, &config];
+    assert_refused(&whale(&args).output().expect("whale"), &study.join("results"), me, "whale study --results");
+    let written: Vec<_> = snapshot(&elsewhere).into_keys().collect();
+    assert_eq!(written, [elsewhere.join("study/.lock")], "the refused study wrote");
 }
 
 /// Makes `path` a link to `/dev/full`: every write to it fails with ENOSPC, as on a full disk.

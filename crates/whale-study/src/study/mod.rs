@@ -78,9 +78,10 @@ pub fn quick(mut config: RunConfig) -> RunConfig {
 /// first, so that one of another config stops the study before it runs anything. Seeds are the
 /// outer loop, and the WHALE run's coupling matrix follows it at once (its phase weights stay
 /// on this machine only), so a study stopped early has every config on the seeds it finished
-/// and, on the seed it was in, the file of every arm it finished. `root` stays locked
-/// throughout ([`DirLock`]), each comparison and coupling matrix under its own directory's lock
-/// too.
+/// and, on the seed it was in, the file of every arm it finished. `root` and `results` stay
+/// locked throughout ([`DirLock`]; two studies with different `--runs` and one `--results`
+/// would otherwise run the same arms twice), each comparison and coupling matrix under its own
+/// directory's lock too.
 pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) -> Result<Study, StudyError> {
     check_names(&plan.configs)?;
     let has_whale = plan.arms.contains(&Arm::from(Condition::Whale));
@@ -88,6 +89,7 @@ pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) 
         check_phase_weights(&plan.configs)?;
     }
     let _lock = DirLock::create(root)?;
+    let _results_lock = results_lock(root, results)?;
     let pending = pending(plan, results)?;
     remove_joined_arm_files(plan, results)?;
     let bar = progress_bar((pending.len() * (plan.arms.len() + usize::from(has_whale))) as u64, verbosity.progress);
@@ -107,6 +109,22 @@ pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) 
     let study = read(plan, results)?;
     write(&study, root)?;
     Ok(study)
+}
+
+/// The lock on `results`, unless it is `root` itself (already locked by this process: a second
+/// `flock` on the same file would refuse it).
+fn results_lock(root: &Path, results: &Path) -> Result<Option<DirLock>, StudyError> {
+    std::fs::create_dir_all(results)
+        .map_err(|e| StudyError::Write { path: results.to_path_buf(), reason: e.to_string() })?;
+    let same = |a: &Path, b: &Path| Ok::<_, StudyError>(canonical(a)? == canonical(b)?);
+    if same(root, results)? {
+        return Ok(None);
+    }
+    Ok(Some(DirLock::acquire(results)?))
+}
+
+fn canonical(path: &Path) -> Result<PathBuf, StudyError> {
+    path.canonicalize().map_err(|e| StudyError::Read { path: path.to_path_buf(), reason: e.to_string() })
 }
 
 /// The file of the `index`th arm of `config` (seeded): read if it is in `results`, else
