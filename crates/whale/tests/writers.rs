@@ -2,8 +2,8 @@
 //! (`whale_loop::lock::DirLock`), so two resumes of one run or two compares of one config
 //! started at random moments end with one of them run and the other refused, and files equal
 //! to an uninterrupted run's; a second writer writes nothing (a second study of one results
-//! directory included), readers still read; and a run
-//! stopped by a full disk resumes, once space is freed, to the same result.
+//! directory included), readers still read; and a run stopped by a full disk resumes, once
+//! space is freed, to the same result.
 
 mod common;
 

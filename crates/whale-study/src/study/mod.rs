@@ -116,8 +116,7 @@ pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) 
 fn results_lock(root: &Path, results: &Path) -> Result<Option<DirLock>, StudyError> {
     std::fs::create_dir_all(results)
         .map_err(|e| StudyError::Write { path: results.to_path_buf(), reason: e.to_string() })?;
-    let same = |a: &Path, b: &Path| Ok::<_, StudyError>(canonical(a)? == canonical(b)?);
-    if same(root, results)? {
+    if canonical(root)? == canonical(results)? {
         return Ok(None);
     }
     Ok(Some(DirLock::acquire(results)?))
