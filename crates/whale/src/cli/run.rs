@@ -92,7 +92,8 @@ pub struct StudyArgs {
     /// Where the result files are, one per (config, seed) (default: RUNS/NAME/results): a
     /// (config, seed) whose file is there is not run again, and each one run writes its file
     /// there. Until a seed is done, each finished arm's file is in DIR/arms/ and that arm is
-    /// not run again either. Copy files from other machines into it to grow one study.
+    /// not run again either. Copy files from other machines into it to grow one study. One
+    /// study writes DIR at a time (a second one is refused).
     #[arg(long, value_name = "DIR")]
     results: Option<PathBuf>,
     /// Run nothing: write study.json, report.html and the figures from the result files alone,
