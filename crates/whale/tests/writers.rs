@@ -277,11 +277,10 @@ fn while_a_directory_is_locked_writers_are_refused_and_write_nothing_and_readers
     assert_eq!(snapshot(&study).len(), 1, "the study wrote");
 
     // Another study with its own runs but the locked study's results would run the same arms.
-    let elsewhere = fixture.root.join("elsewhere");
-    let results = text(&study.join("results"));
-    let _results_lock = DirLock::create(&study.join("results")).expect("a lock");
-    let args = ["study", "--quiet", "--seeds", "1", "--runs", &text(&elsewhere), "--results", &results, &config];
-    assert_refused(&whale(&args).output().expect("whale"), &study.join("results"), me, "whale study --results");
+    let (elsewhere, results) = (fixture.root.join("elsewhere"), study.join("results"));
+    let _results_lock = DirLock::create(&results).expect("a lock");
+    let args = ["study", "--quiet", "--seeds", "1", "--runs", &text(&elsewhere), "--results", &text(&results), &config];
+    assert_refused(&whale(&args).output().expect("whale"), &results, me, "whale study --results");
     let written: Vec<_> = snapshot(&elsewhere).into_keys().collect();
     assert_eq!(written, [elsewhere.join("study/.lock")], "the refused study wrote");
 }
