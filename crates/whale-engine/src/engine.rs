@@ -397,6 +397,13 @@ impl LocalPolicy {
         self.commands.send(Command::NewWeights(Some(Box::new(model)))).map_err(|_| EngineError::Stopped)
     }
 
+    /// Whether the scheduler thread still serves requests: false once [`shutdown`](Self::shutdown)
+    /// has stopped it or it has panicked, after which every request fails.
+    pub fn is_running(&self) -> bool {
+        let scheduler = self.scheduler.lock().unwrap_or_else(PoisonError::into_inner);
+        scheduler.as_ref().is_some_and(|handle| !handle.is_finished())
+    }
+
     /// Stops the scheduler and waits for its thread: requests in flight or queued, and every
     /// later one, fail with [`PolicyError::EngineStopped`]. Dropping the policy does this too.
     pub fn shutdown(&self) {

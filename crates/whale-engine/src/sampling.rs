@@ -70,7 +70,9 @@ impl Sampler {
 
     fn draw(&self, logits: &[f32], uniform: f64) -> usize {
         let candidates = self.candidates(logits);
-        let best = f64::from(candidates[0].1);
+        // The largest logit, not the first: unranked candidates (no top-k, no top-p) would
+        // otherwise overflow `exp` at a low temperature and always draw the first overflowing one.
+        let best = f64::from(candidates.iter().map(|&(_, logit)| logit).fold(f32::NEG_INFINITY, f32::max));
         let temperature = f64::from(self.temperature);
         let weights: Vec<f64> =
             candidates.iter().map(|&(_, logit)| ((f64::from(logit) - best) / temperature).exp()).collect();
@@ -118,9 +120,10 @@ const BEST_BLOCK: usize = 32;
 /// over after a vectorised max, and the pass costs little more than reading the logits
 /// (collecting every pair and selecting among them cost most of a 64-sequence step's
 /// sampling). The pairs are read in index order, so a logit beats the worst kept only when it
-/// is strictly larger: an equal one has the higher index.
+/// is strictly larger: an equal one has the higher index. A `k` past the vocabulary keeps every
+/// pair; the room reserved is bounded by the logits, since a client may send any `k`.
 fn best(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
-    let mut kept: Vec<(usize, f32)> = Vec::with_capacity(k);
+    let mut kept: Vec<(usize, f32)> = Vec::with_capacity(k.min(logits.len()));
     let mut worst = 0;
     let worst_of = |kept: &[(usize, f32)]| (0..kept.len()).max_by(|&a, &b| by_rank(&kept[a], &kept[b])).unwrap_or(0);
     for (block_index, block) in logits.chunks(BEST_BLOCK).enumerate() {
@@ -269,6 +272,35 @@ mod tests {
             sorted.truncate(k);
             assert_eq!(ours, sorted, "vocab {vocab}, k {k}");
         }
+    }
+
+    /// A `top_k` past the vocabulary, up to `usize::MAX`, truncates nothing: it samples as
+    /// `top_k` = the vocabulary does, rather than reserving room for `k` pairs.
+    #[test]
+    fn a_top_k_past_the_vocabulary_is_the_vocabulary() {
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        let logits: Vec<f32> = (0..1000).map(|_| rng.gen_range(-5.0f32..5.0)).collect();
+        let draws = |top_k: usize| {
+            let params = SamplingParams { top_k, seed: 7, ..SamplingParams::default() };
+            let mut sampler = Sampler::new(&params).expect("valid parameters");
+            (0..50).map(|_| sampler.sample(&logits).expect("a token")).collect::<Vec<_>>()
+        };
+        let whole = draws(logits.len());
+        assert_eq!(draws(usize::MAX), whole);
+        assert_eq!(draws(1 << 40), whole);
+    }
+
+    /// Without top-k or top-p the candidates are unranked; at a low temperature the draw must
+    /// still weigh them from the largest logit (token 2 holds e^1 times token 1's mass).
+    #[test]
+    fn a_low_temperature_without_top_k_draws_in_proportion() {
+        let logits = [0.0f32, 9.99, 10.0];
+        let params = SamplingParams { top_k: 0, temperature: 0.01, seed: 3, ..SamplingParams::default() };
+        let mut sampler = Sampler::new(&params).expect("valid parameters");
+        let draws: Vec<u32> = (0..1000).map(|_| sampler.sample(&logits).expect("a token").id).collect();
+        let twos = draws.iter().filter(|&&token| token == 2).count();
+        assert!(draws.iter().all(|&token| token != 0), "token 0 is e^-999 times as likely");
+        assert!((650..850).contains(&twos), "token 2 drawn {twos} of 1000 times, expected about 731");
     }
 
     /// The vectorised normaliser agrees with the f64 running sum of libm's `exp` it replaced,

@@ -383,8 +383,10 @@ fn shutdown_fails_pending_and_later_requests_without_hanging() {
             })
             .collect();
         wait_for(|| policy.stats().decode_calls >= 5);
+        assert!(policy.is_running());
         let start = Instant::now();
         policy.shutdown();
+        assert!(!policy.is_running());
         assert!(start.elapsed() < Duration::from_secs(5), "shutdown took {:?}", start.elapsed());
         handles.into_iter().map(|handle| handle.join().expect("request thread")).collect::<Vec<_>>()
     });

@@ -68,6 +68,11 @@ impl ApiError {
         Self::new(403, "permission_error", message)
     }
 
+    /// 408: the client did not send the whole body in time.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(408, "invalid_request_error", message)
+    }
+
     /// 413: the body is over the server's limit.
     pub fn too_large(limit: usize) -> Self {
         Self::new(413, "invalid_request_error", format!("the request body is over the limit of {limit} bytes"))

@@ -14,6 +14,12 @@ use crate::error::ApiError;
 /// Most choices one request may ask for.
 pub const MAX_CHOICES: usize = 128;
 
+/// Most stop strings one request may give, and the longest one in bytes: every stop string is
+/// copied for each choice and searched for in the text after every token, so an unbounded list
+/// would let one request slow the whole batch.
+pub const MAX_STOPS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 1024;
+
 /// Which endpoint a generation request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -253,17 +259,12 @@ fn sampling_params(wire: &WireGeneration) -> Result<SamplingParams, ApiError> {
         Some(k) if k > 0 => usize::try_from(k).map_err(|_| invalid("top_k", "is too large"))?,
         Some(k) => return Err(invalid("top_k", format!("must be -1, 0 (no limit) or positive, got {k}"))),
     };
-    let stop = match &wire.stop {
-        None => Vec::new(),
-        Some(WireStop::One(stop)) => vec![stop.clone()],
-        Some(WireStop::Many(stops)) => stops.clone(),
-    };
     let params = SamplingParams {
         temperature: wire.temperature.unwrap_or(defaults.temperature),
         top_p: wire.top_p.unwrap_or(defaults.top_p),
         top_k,
         max_tokens: wire.max_completion_tokens.or(wire.max_tokens).unwrap_or(defaults.max_tokens),
-        stop,
+        stop: stops(wire.stop.as_ref())?,
         seed: wire.seed.as_ref().map_or_else(|| Ok(rand::random()), seed_bits)?,
         ignore_eos: wire.ignore_eos.unwrap_or(false),
     };
@@ -271,8 +272,27 @@ fn sampling_params(wire: &WireGeneration) -> Result<SamplingParams, ApiError> {
     Ok(params)
 }
 
+/// The stop strings, at most [`MAX_STOPS`] of at most [`MAX_STOP_BYTES`] each.
+fn stops(stop: Option<&WireStop>) -> Result<Vec<String>, ApiError> {
+    let stops = match stop {
+        None => Vec::new(),
+        Some(WireStop::One(stop)) => vec![stop.clone()],
+        Some(WireStop::Many(stops)) => stops.clone(),
+    };
+    if stops.len() > MAX_STOPS {
+        return Err(invalid("stop", format!("must hold at most {MAX_STOPS} strings, got {}", stops.len())));
+    }
+    if let Some(long) = stops.iter().find(|stop| stop.len() > MAX_STOP_BYTES) {
+        let length = long.len();
+        return Err(invalid("stop", format!("strings must be at most {MAX_STOP_BYTES} bytes long, got {length}")));
+    }
+    Ok(stops)
+}
+
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn chat(body: &str) -> Result<GenerationRequest, ApiError> {
@@ -387,5 +407,29 @@ mod tests {
         refused(r#"{"model": "m", "prompt": ["a", "b"]}"#, Endpoint::Text, "one prompt");
         refused(r#"{"model": "m", "prompt": "a", "logprobs": 3}"#, Endpoint::Text, "must be 0");
         refused(r#"{"model": "m", "prompt": "a", "echo": true}"#, Endpoint::Text, "echo");
+    }
+
+    #[test]
+    fn stop_strings_are_bounded_in_number_and_length() {
+        let stop = |stop: Value| {
+            let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": stop});
+            chat(&body.to_string()).map(|request| request.params.stop)
+        };
+        let most = vec!["s".to_string(); MAX_STOPS];
+        assert_eq!(stop(json!(most)).expect("the most allowed"), most);
+        let longest = "x".repeat(MAX_STOP_BYTES);
+        assert_eq!(stop(json!(longest)).expect("the longest allowed"), vec![longest]);
+        for (too_much, needle) in [
+            (json!(vec!["s"; MAX_STOPS + 1]), "at most 16 strings, got 17"),
+            (json!("x".repeat(MAX_STOP_BYTES + 1)), "at most 1024 bytes long, got 1025"),
+            (json!(["\n", "é".repeat(513)]), "got 1026"),
+        ] {
+            let error = stop(too_much).expect_err(needle);
+            assert_eq!(
+                (error.status, error.kind, error.param.as_deref()),
+                (400, "invalid_request_error", Some("stop"))
+            );
+            assert!(error.message.contains(needle), "{}", error.message);
+        }
     }
 }

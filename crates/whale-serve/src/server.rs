@@ -10,7 +10,7 @@
 //!
 //! Routes (OpenAI's, plus vLLM's and SGLang's model management):
 //! - `POST /v1/chat/completions`, `POST /v1/completions` (both may stream)
-//! - `GET /v1/models`, `GET /health`
+//! - `GET /v1/models`, `GET /health` (503 once the base model's engine has stopped)
 //! - `POST /v1/load_lora_adapter {lora_name, lora_path}`, `POST /v1/unload_lora_adapter
 //!   {lora_name}` (also without `/v1`, SGLang's paths)
 //! - `POST /update_weights_from_disk {model_path}`: new weights for the base model
@@ -34,7 +34,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Bytes, Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use whale_engine::LocalPolicy;
@@ -67,6 +67,12 @@ pub struct ServeConfig {
     pub insecure_no_auth: bool,
     /// Whether clients may load, unload and reload models, and from where.
     pub runtime_loading: RuntimeLoading,
+    /// How long a client may take to send a request's headers, counted from when the server
+    /// waits for them (an idle keep-alive connection included); the connection is closed then,
+    /// so that clients trickling headers (slowloris) cannot hold connections open forever.
+    pub header_read_timeout: Duration,
+    /// How long a client may take to send a request's body once its headers are in (408 then).
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ServeConfig {
@@ -81,6 +87,8 @@ impl Default for ServeConfig {
             api_key: None,
             insecure_no_auth: false,
             runtime_loading: RuntimeLoading::default(),
+            header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -121,6 +129,8 @@ struct State {
     admin: AdminAccess,
     faults: FaultInjector,
     max_body_bytes: usize,
+    header_read_timeout: Duration,
+    body_read_timeout: Duration,
     requests: AtomicU64,
 }
 
@@ -165,6 +175,8 @@ impl Server {
             admin,
             faults: FaultInjector::new(config.fail_rate, config.fail_seed),
             max_body_bytes: config.max_body_bytes,
+            header_read_timeout: config.header_read_timeout,
+            body_read_timeout: config.body_read_timeout,
             requests: AtomicU64::new(0),
         });
         runtime.spawn(accept(listener, Arc::clone(&state)));
@@ -243,9 +255,12 @@ async fn accept(listener: tokio::net::TcpListener, state: Arc<State>) {
         };
         let state = Arc::clone(&state);
         tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            // hyper enforces the header timeout only with a timer.
+            builder.timer(TokioTimer::new()).header_read_timeout(state.header_read_timeout);
             let service = hyper::service::service_fn(move |request| handle(Arc::clone(&state), request));
             // A connection that breaks concerns only its own client.
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
         });
     }
 }
@@ -295,7 +310,7 @@ async fn reply(state: &Arc<State>, parts: &hyper::http::request::Parts, body: In
     if route.is_admin() {
         state.admin.check_enabled()?;
     }
-    let body = read_body(&parts.headers, body, state.max_body_bytes).await?;
+    let body = read_body(&parts.headers, body, state.max_body_bytes, state.body_read_timeout).await?;
     let worker_state = Arc::clone(state);
     tokio::task::spawn_blocking(move || answer(&worker_state, route, &body))
         .await
@@ -328,13 +343,16 @@ fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
 }
 
 /// The whole body, refused with a 413 past `limit` bytes (before reading when the client
-/// says its length).
-async fn read_body(headers: &HeaderMap, body: Incoming, limit: usize) -> Result<Bytes, ApiError> {
+/// says its length), and with a 408 when it has not all arrived within `timeout`.
+async fn read_body(headers: &HeaderMap, body: Incoming, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
     let declared = headers.get(CONTENT_LENGTH).and_then(|value| value.to_str().ok()?.parse::<usize>().ok());
     if declared.is_some_and(|length| length > limit) {
         return Err(ApiError::too_large(limit));
     }
-    match Limited::new(body, limit).collect().await {
+    let collected = tokio::time::timeout(timeout, Limited::new(body, limit).collect())
+        .await
+        .map_err(|_| ApiError::timeout(format!("the request body did not arrive within {timeout:?}")))?;
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
         Err(error) => Err(ApiError::bad_request(format!("cannot read the request body: {error}"))),
@@ -344,12 +362,21 @@ async fn read_body(headers: &HeaderMap, body: Incoming, limit: usize) -> Result<
 /// The blocking part of a request: everything after the body is read.
 fn answer(state: &State, route: Route, body: &[u8]) -> Result<Reply, ApiError> {
     match route {
-        Route::Health => Ok(Reply::Json(200, json!({}))),
+        Route::Health => health(state),
         Route::Models => Ok(Reply::Json(200, models(&state.registry.list()))),
         Route::Generate(endpoint) => generation(state, body, endpoint),
         Route::Load => load(state, body),
         Route::Unload => unload(state, body),
         Route::ReloadBase => reload_base(state, body),
+    }
+}
+
+/// 200 while the base model's engine runs; 503 once its scheduler thread has stopped or
+/// panicked, since every generation would then fail.
+fn health(state: &State) -> Result<Reply, ApiError> {
+    match state.registry.get(state.registry.base_name()) {
+        Some(policy) if policy.is_running() => Ok(Reply::Json(200, json!({}))),
+        _ => Err(ApiError::unavailable("the engine has stopped")),
     }
 }
 
