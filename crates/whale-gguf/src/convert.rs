@@ -2,9 +2,11 @@
 //! `model.safetensors` (every tensor dequantized, under Hugging Face names, the rotary rows of the
 //! query and key projections back in Hugging Face order), `tokenizer.json`,
 //! `tokenizer_config.json` (with the chat template and the special tokens) and
-//! `generation_config.json`. The weights are the ones transformers gets when it loads the GGUF
-//! itself (`bench/smollm2_convert_check.py` checks that), so transformers, vLLM and whale load the
-//! directory as the same model.
+//! `generation_config.json`. The tokenizer, the block count, the vocabulary size and every tensor's
+//! shape are checked before anything is dequantized or written, so that a file refused for them
+//! leaves no directory behind to be cached. The weights are the ones transformers gets when it
+//! loads the GGUF itself (`bench/smollm2_convert_check.py` checks that), so transformers, vLLM and
+//! whale load the directory as the same model.
 
 use std::path::{Path, PathBuf};
 
@@ -12,10 +14,10 @@ use candle_core::{DType, Tensor};
 use serde_json::{json, Map, Value};
 
 use crate::error::GgufError;
-use crate::llama::{LlamaHyperparameters, RopeScaling};
+use crate::llama::{self, LlamaHyperparameters, RopeScaling};
 use crate::names::{self, HfTensor, RowOrder};
-use crate::tokenizer::{GgufVocabulary, SpecialToken};
-use crate::GgufFile;
+use crate::tokenizer::{self, GgufVocabulary, SpecialToken};
+use crate::{GgufFile, TensorEntry};
 use whale_lm::checkpoint::WEIGHTS_FILE;
 use whale_lm::tensor_file::{write_atomic, write_tensors};
 use whale_text::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
@@ -55,15 +57,15 @@ pub fn convert_to_hf(
 ) -> Result<ConvertReport, GgufError> {
     let shape = gguf.llama_hyperparameters()?;
     let vocabulary = gguf.vocabulary()?;
-    let plan = plan_tensors(gguf, &shape)?;
+    check_tokenizer(gguf, &vocabulary)?;
+    check_vocab_size(gguf, &shape, &vocabulary)?;
+    let plan = plan_tensors(gguf, &shape, vocabulary.size)?;
     let tensors = convert_tensors(gguf, &plan, &shape, dtype, progress)?;
-    let embedding = tensors.iter().find(|(name, _)| name == "model.embed_tokens.weight");
-    let vocab_size = embedding.map_or(0, |(_, values)| values.dims()[0]);
     let tied_embeddings = !gguf.has_tensor(names::OUTPUT);
     let parameters = tensors.iter().map(|(_, tensor)| tensor.elem_count()).sum();
     let count = tensors.len();
     std::fs::create_dir_all(dir).map_err(|e| GgufError::io(dir, e))?;
-    let config = config_json(&shape, &vocabulary, vocab_size, tied_embeddings, dtype);
+    let config = config_json(&shape, &vocabulary, tied_embeddings, dtype);
     let files = vec![
         write_json(&dir.join(CONFIG_FILE), &config, progress)?,
         write_weights(&dir.join(WEIGHTS_FILE), tensors, progress)?,
@@ -74,20 +76,64 @@ pub fn convert_to_hf(
     Ok(ConvertReport { tensors: count, parameters, tied_embeddings, files })
 }
 
-/// Each GGUF tensor with its Hugging Face name, in file order; refuses a missing tensor of the
-/// Llama layout or one outside it.
-fn plan_tensors(gguf: &GgufFile, shape: &LlamaHyperparameters) -> Result<Vec<(String, HfTensor)>, GgufError> {
+/// Parses the `tokenizer.json` about to be written, as every loader of the directory will: a
+/// merge of tokens outside the vocabulary builds a JSON no `tokenizers` loads.
+fn check_tokenizer(gguf: &GgufFile, vocabulary: &GgufVocabulary) -> Result<(), GgufError> {
+    let json = vocabulary.tokenizer_json.to_string();
+    json.parse::<tokenizers::Tokenizer>().map(drop).map_err(|error| {
+        let reason = format!("the tokenizer.json built from the vocabulary does not load: {error}");
+        GgufError::invalid_key(gguf.path(), tokenizer::MERGES_KEY, reason)
+    })
+}
+
+/// Refuses a `llama.vocab_size` other than the token count (the rows of the embedding and the
+/// output projection are held to the same count by [`check_shape`]).
+fn check_vocab_size(
+    gguf: &GgufFile,
+    shape: &LlamaHyperparameters,
+    vocabulary: &GgufVocabulary,
+) -> Result<(), GgufError> {
+    match shape.vocab_size {
+        Some(size) if size != vocabulary.size => {
+            let reason = format!("{size}, but `{}` lists {} tokens", tokenizer::TOKENS_KEY, vocabulary.size);
+            Err(GgufError::invalid_key(gguf.path(), &format!("{}.vocab_size", llama::ARCHITECTURE), reason))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Each GGUF tensor with its Hugging Face name, in file order; refuses a block count past the
+/// file's blocks, a missing tensor of the Llama layout, one outside it, and one of the wrong shape
+/// (from the file's listing, before anything is dequantized).
+fn plan_tensors(
+    gguf: &GgufFile,
+    shape: &LlamaHyperparameters,
+    vocab: usize,
+) -> Result<Vec<(String, HfTensor)>, GgufError> {
     let file = gguf.path().to_path_buf();
-    if let Some(missing) = names::required_tensors(shape.layers).into_iter().find(|name| !gguf.has_tensor(name)) {
+    check_block_count(gguf, shape)?;
+    if let Some(missing) = names::required_tensors(shape.layers).find(|name| !gguf.has_tensor(name)) {
         return Err(GgufError::MissingTensor { file, tensor: missing });
     }
     let mut plan = Vec::new();
     for entry in gguf.tensors() {
         let target = names::hf_tensor(&entry.name).filter(|target| layer_of(&target.name) < shape.layers);
         let target = target.ok_or_else(|| GgufError::tensor(&file, &entry.name, "not a tensor of a Llama model"))?;
+        check_shape(gguf, &entry, shape, vocab)?;
         plan.push((entry.name, target));
     }
     Ok(plan)
+}
+
+/// Refuses a `llama.block_count` past the file's last block, naming the key rather than the first
+/// tensor of a block the file does not have.
+fn check_block_count(gguf: &GgufFile, shape: &LlamaHyperparameters) -> Result<(), GgufError> {
+    let last_block = format!("blk.{}.", shape.layers - 1);
+    if gguf.tensors().iter().any(|entry| entry.name.starts_with(&last_block)) {
+        return Ok(());
+    }
+    let reason = format!("{} blocks, but the file has no tensor of block {}", shape.layers, shape.layers - 1);
+    Err(GgufError::invalid_key(gguf.path(), &format!("{}.block_count", llama::ARCHITECTURE), reason))
 }
 
 /// The block index of a Hugging Face layer tensor (0 for the others).
@@ -107,7 +153,6 @@ fn convert_tensors(
     let mut converted = Vec::with_capacity(plan.len());
     for (index, (gguf_name, target)) in plan.iter().enumerate() {
         let values = reader.dequantize(gguf_name, DType::F32)?;
-        check_shape(gguf, gguf_name, &values, shape)?;
         let values = restore_row_order(values, target.rows, shape).and_then(|values| values.to_dtype(dtype));
         converted.push((target.name.clone(), values.map_err(|e| GgufError::tensor(gguf.path(), gguf_name, e))?));
         progress(ConvertProgress::Tensor { done: index + 1, total: plan.len(), name: gguf_name });
@@ -123,27 +168,30 @@ fn restore_row_order(values: Tensor, rows: RowOrder, shape: &LlamaHyperparameter
     }
 }
 
-/// Refuses a layer tensor whose shape disagrees with the hyperparameters (the embedding and the
-/// output projection only need the hidden size: their rows are the vocabulary).
-fn check_shape(gguf: &GgufFile, name: &str, values: &Tensor, shape: &LlamaHyperparameters) -> Result<(), GgufError> {
-    let expected = expected_shape(name, shape);
-    let actual = values.dims();
-    let fits = match &expected {
-        Some(expected) => actual == expected.as_slice(),
-        None => actual.len() == 2 && actual[1] == shape.hidden_size,
-    };
-    if fits {
+/// Refuses a tensor whose shape disagrees with the hyperparameters and the token count (the rows
+/// of the embedding and the output projection).
+fn check_shape(
+    gguf: &GgufFile,
+    entry: &TensorEntry,
+    shape: &LlamaHyperparameters,
+    vocab: usize,
+) -> Result<(), GgufError> {
+    let expected = expected_shape(&entry.name, shape, vocab);
+    if expected.as_deref() == Some(entry.shape.as_slice()) {
         return Ok(());
     }
-    let wanted = expected.map_or_else(|| format!("[vocab, {}]", shape.hidden_size), |dims| format!("{dims:?}"));
-    Err(GgufError::tensor(gguf.path(), name, format!("shape {actual:?}, the metadata implies {wanted}")))
+    let wanted = expected.map_or_else(|| "no Llama tensor".to_string(), |dims| format!("{dims:?}"));
+    let reason =
+        format!("shape {:?}; the metadata ({vocab} tokens, the `llama.*` sizes) implies {wanted}", entry.shape);
+    Err(GgufError::tensor(gguf.path(), &entry.name, reason))
 }
 
-fn expected_shape(name: &str, shape: &LlamaHyperparameters) -> Option<Vec<usize>> {
+fn expected_shape(name: &str, shape: &LlamaHyperparameters, vocab: usize) -> Option<Vec<usize>> {
     let (hidden, inner) = (shape.hidden_size, shape.intermediate_size);
     let (query, key_value) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
     let leaf = name.strip_suffix(".weight")?.rsplit('.').next()?;
     let dims = match leaf {
+        "token_embd" | "output" => vec![vocab, hidden],
         "attn_norm" | "ffn_norm" | "output_norm" => vec![hidden],
         "attn_q" => vec![query, hidden],
         "attn_k" | "attn_v" => vec![key_value, hidden],
@@ -158,7 +206,6 @@ fn expected_shape(name: &str, shape: &LlamaHyperparameters) -> Option<Vec<usize>
 fn config_json(
     shape: &LlamaHyperparameters,
     vocabulary: &GgufVocabulary,
-    vocab_size: usize,
     tied_embeddings: bool,
     dtype: DType,
 ) -> Value {
@@ -188,7 +235,7 @@ fn config_json(
         "tie_word_embeddings": tied_embeddings,
         "torch_dtype": torch_dtype_name(dtype),
         "use_cache": true,
-        "vocab_size": vocab_size,
+        "vocab_size": vocabulary.size,
     })
 }
 

@@ -1,16 +1,23 @@
-//! A second, minimal walk over a GGUF header, run only after candle's reader has failed on a
-//! tensor type it does not know. candle stops at that tensor without naming it ("unknown dtype for
-//! tensor 20"); this walk finds the tensor's name, so that the refusal names the tensor as every
-//! other refusal does. It reads nothing else and trusts nothing: any surprise just ends the walk.
+//! A second, minimal walk over a GGUF header, beside candle's reader: before candle reads, it finds
+//! `general.alignment` (candle divides by it unchecked, so 0 panics); after candle has stopped at
+//! a tensor type it does not know ("unknown dtype for tensor 20"), it finds that tensor's name, so
+//! that the refusal names the tensor as every other refusal does. It reads nothing else and
+//! trusts nothing: it is bounded as candle is (nesting depth, dimensions, bytes left in the file),
+//! and any surprise just ends the walk.
 
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek};
 use std::path::Path;
+
+pub const ALIGNMENT_KEY: &str = "general.alignment";
 
 /// ggml type ids candle reads from a file (see `GgmlDType::from_u32`).
 const CANDLE_TYPE_IDS: [u32; 15] = [0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 30];
 /// Far above any real key, name or array, so that a corrupt length ends the walk.
 const MAX_LENGTH: u64 = 1 << 32;
-const MAX_DIMENSIONS: u32 = 8;
+/// candle's limits (`GGUF_MAX_TENSOR_DIMS`, `GGUF_MAX_VALUE_DEPTH`): a file past them is one
+/// candle refuses, and the depth bound keeps a chain of nested arrays from overflowing the stack.
+const MAX_DIMENSIONS: u32 = 4;
+const MAX_DEPTH: usize = 64;
 const STRING_TYPE: u32 = 8;
 const ARRAY_TYPE: u32 = 9;
 
@@ -26,10 +33,18 @@ fn scalar_size(value_type: u32) -> Option<u64> {
     }
 }
 
+/// The value of `general.alignment` candle will divide by: the last entry of that key, when it is
+/// one of the integer types candle takes it from (u8, i8, u16, i16, u32, i32; any other type
+/// leaves candle at its default of 32). `None` when there is none or the walk fails (and then
+/// candle's own reader fails too, its limits being the walk's or tighter).
+pub fn declared_alignment(file: &Path) -> Option<i64> {
+    HeaderReader::open(file)?.metadata()?.alignment
+}
+
 /// The first tensor whose type id candle does not know, with that id.
 pub fn first_unknown_tensor_type(file: &Path) -> Option<(String, u32)> {
     let mut reader = HeaderReader::open(file)?;
-    let tensors = reader.counts()?;
+    let tensors = reader.metadata()?.tensors;
     for _ in 0..tensors {
         let name = reader.string()?;
         let dimensions = reader.u32()?;
@@ -48,52 +63,98 @@ pub fn first_unknown_tensor_type(file: &Path) -> Option<(String, u32)> {
     None
 }
 
+/// What the walk over the metadata keeps.
+struct MetadataSummary {
+    tensors: u64,
+    alignment: Option<i64>,
+}
+
 struct HeaderReader {
     reader: BufReader<std::fs::File>,
+    file_length: u64,
     /// Version 1 wrote lengths and counts as u32, later versions as u64.
     wide_lengths: bool,
 }
 
 impl HeaderReader {
     fn open(file: &Path) -> Option<Self> {
-        let mut reader = BufReader::new(std::fs::File::open(file).ok()?);
+        let file = std::fs::File::open(file).ok()?;
+        let file_length = file.metadata().ok()?.len();
+        let mut reader = BufReader::new(file);
         let mut magic = [0u8; 4];
         reader.read_exact(&mut magic).ok()?;
-        let mut header = Self { reader, wide_lengths: true };
+        let mut header = Self { reader, file_length, wide_lengths: true };
         let version = header.u32()?;
         header.wide_lengths = version >= 2;
         (&magic == b"GGUF").then_some(header)
     }
 
-    /// Reads the tensor and metadata counts, skips the metadata and returns the tensor count.
-    fn counts(&mut self) -> Option<u64> {
+    /// Reads the tensor and metadata counts and walks the metadata, keeping `general.alignment`.
+    fn metadata(&mut self) -> Option<MetadataSummary> {
         let tensors = self.length()?;
         let entries = self.length()?;
+        let mut alignment = None;
         for _ in 0..entries {
-            self.string()?;
+            let key = self.string()?;
             let value_type = self.u32()?;
-            self.skip_value(value_type)?;
+            if key == ALIGNMENT_KEY {
+                alignment = self.alignment_value(value_type)?;
+            } else {
+                self.skip_value(value_type, 0)?;
+            }
         }
-        Some(tensors)
+        Some(MetadataSummary { tensors, alignment })
     }
 
-    /// Skips one value of GGUF value type `value_type` (0..=12, see the GGUF spec).
-    fn skip_value(&mut self, value_type: u32) -> Option<()> {
+    /// The value of an alignment entry of type `value_type`, `Some(None)` for a type candle
+    /// ignores.
+    fn alignment_value(&mut self, value_type: u32) -> Option<Option<i64>> {
+        let value = match value_type {
+            0 => i64::from(u8::from_le_bytes(self.bytes()?)),
+            1 => i64::from(i8::from_le_bytes(self.bytes()?)),
+            2 => i64::from(u16::from_le_bytes(self.bytes()?)),
+            3 => i64::from(i16::from_le_bytes(self.bytes()?)),
+            4 => i64::from(self.u32()?),
+            5 => i64::from(i32::from_le_bytes(self.bytes()?)),
+            other => return self.skip_value(other, 0).map(|()| None),
+        };
+        Some(Some(value))
+    }
+
+    /// Skips one value of GGUF value type `value_type` (0..=12, see the GGUF spec), `depth`
+    /// arrays deep.
+    fn skip_value(&mut self, value_type: u32, depth: usize) -> Option<()> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
         match value_type {
-            STRING_TYPE => self.string().map(drop),
+            STRING_TYPE => {
+                let length = self.length()?;
+                self.skip(length)
+            }
             ARRAY_TYPE => {
                 let item_type = self.u32()?;
                 let items = self.length()?;
-                (0..items).try_for_each(|_| self.skip_value(item_type))
+                (0..items).try_for_each(|_| self.skip_value(item_type, depth + 1))
             }
             scalar => self.skip(scalar_size(scalar)?),
         }
     }
 
+    /// A key or tensor name as candle reads it (trailing NULs dropped, so that
+    /// "general.alignment\0" is the same key); a length past the file's end ends the walk before
+    /// any allocation.
     fn string(&mut self) -> Option<String> {
         let length = self.length()?;
+        let left = self.file_length.checked_sub(self.reader.stream_position().ok()?)?;
+        if length > left {
+            return None;
+        }
         let mut bytes = vec![0u8; usize::try_from(length).ok()?];
         self.reader.read_exact(&mut bytes).ok()?;
+        while bytes.last() == Some(&0) {
+            bytes.pop();
+        }
         Some(String::from_utf8_lossy(&bytes).into_owned())
     }
 
@@ -108,14 +169,16 @@ impl HeaderReader {
     }
 
     fn u32(&mut self) -> Option<u32> {
-        let mut bytes = [0u8; 4];
-        self.reader.read_exact(&mut bytes).ok()?;
-        Some(u32::from_le_bytes(bytes))
+        self.bytes().map(u32::from_le_bytes)
     }
 
     fn u64(&mut self) -> Option<u64> {
-        let mut bytes = [0u8; 8];
+        self.bytes().map(u64::from_le_bytes)
+    }
+
+    fn bytes<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let mut bytes = [0u8; N];
         self.reader.read_exact(&mut bytes).ok()?;
-        Some(u64::from_le_bytes(bytes))
+        Some(bytes)
     }
 }

@@ -16,7 +16,8 @@
 //! `QTensor::dequantize` does the block arithmetic; this module adds what candle leaves out:
 //! - [`GgufFile`] opens a file and refuses, naming the key or the tensor, an architecture or a
 //!   tensor type whale does not read ([`tensors::READ_TYPES`]; `header.rs` names the tensor when
-//!   candle itself stops at an unknown type);
+//!   candle itself stops at an unknown type), a `general.alignment` candle would divide by
+//!   unchecked, and a tensor whose size overflows or whose bytes pass the file's end;
 //! - [`metadata`]: typed reads of the metadata, and one-line descriptions for listing it;
 //! - [`tokenizer`]: the `tokenizer.ggml.*` vocabulary as a Hugging Face `tokenizer.json`
 //!   (byte-level BPE), which [`GgufFile::tokenizer`] parses into whale's [`Tokenizer`];
@@ -38,7 +39,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::gguf_file::Content;
+use candle_core::quantized::gguf_file::{Content, TensorInfo};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
@@ -72,15 +73,18 @@ pub struct GgufFile {
 }
 
 impl GgufFile {
-    /// Reads the header and metadata (not the tensors) and checks the architecture and every
-    /// tensor's type.
+    /// Reads the header and metadata (not the tensors) and checks the alignment, the
+    /// architecture, and every tensor's type and extent.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref().to_path_buf();
+        check_alignment(&path)?;
         let mut reader = open_reader(&path)?;
+        let file_length = reader.get_ref().metadata().map_err(|e| GgufError::io(&path, e))?.len();
         let content = Content::read(&mut reader).map_err(|error| header_error(&path, error))?;
         let file = Self { path, content };
         file.check_architecture()?;
         file.check_tensor_types()?;
+        file.check_tensor_extents(file_length)?;
         Ok(file)
     }
 
@@ -98,9 +102,7 @@ impl GgufFile {
 
     /// Every tensor, in the order of its data in the file.
     pub fn tensors(&self) -> Vec<TensorEntry> {
-        let mut infos: Vec<_> = self.content.tensor_infos.iter().collect();
-        infos.sort_by_key(|(_, info)| info.offset);
-        infos
+        self.tensor_infos()
             .into_iter()
             .map(|(name, info)| TensorEntry {
                 name: name.clone(),
@@ -173,6 +175,30 @@ impl GgufFile {
             Some(entry) => Err(type_error(&self.path, &entry.name, tensors::type_name(entry.dtype).to_string())),
         }
     }
+
+    /// Refuses a tensor whose bytes do not lie inside the file. candle computes a tensor's size
+    /// unchecked, so a hostile shape wraps to a few bytes that pass its own bound, and the
+    /// dequantization then allocates for the shape (or panics); here the size is computed checked.
+    fn check_tensor_extents(&self, file_length: u64) -> Result<(), GgufError> {
+        for (name, info) in self.tensor_infos() {
+            let bytes = tensors::stored_bytes(info.ggml_dtype, info.shape.dims())
+                .map_err(|reason| GgufError::tensor(&self.path, name, reason))?;
+            let start = self.content.tensor_data_offset.checked_add(info.offset);
+            if start.and_then(|start| start.checked_add(bytes)).is_none_or(|end| end > file_length) {
+                let reason =
+                    format!("{bytes} bytes at offset {} pass the file's end ({file_length} bytes)", info.offset);
+                return Err(GgufError::tensor(&self.path, name, reason));
+            }
+        }
+        Ok(())
+    }
+
+    /// candle's tensor infos, in the order of their data in the file.
+    fn tensor_infos(&self) -> Vec<(&String, &TensorInfo)> {
+        let mut infos: Vec<_> = self.content.tensor_infos.iter().collect();
+        infos.sort_by_key(|(_, info)| info.offset);
+        infos
+    }
 }
 
 /// Reads tensors of one open GGUF through one file handle.
@@ -202,9 +228,26 @@ fn open_reader(path: &Path) -> Result<BufReader<File>, GgufError> {
     Ok(BufReader::new(File::open(path).map_err(|e| GgufError::io(path, e))?))
 }
 
-/// candle's header error, or, when it stopped at a tensor type it does not know, that tensor.
+/// Refuses a `general.alignment` of 0 (candle divides by it and panics) or one that is not a power
+/// of two (as llama.cpp does), before candle reads the file.
+fn check_alignment(path: &Path) -> Result<(), GgufError> {
+    match header::declared_alignment(path) {
+        Some(alignment) if !u64::try_from(alignment).is_ok_and(u64::is_power_of_two) => {
+            Err(GgufError::invalid_key(path, header::ALIGNMENT_KEY, format!("{alignment} is not a power of two")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// candle's message when a tensor's type id is one it does not know (`GgmlDType::from_u32`).
+const UNKNOWN_TYPE_MESSAGE: &str = "unknown dtype for tensor";
+
+/// candle's header error, or, when it stopped at a tensor type it does not know, that tensor. The
+/// walk that finds the tensor runs only then: on any other error it would read past what candle
+/// refused and could blame a tensor for it.
 fn header_error(path: &Path, error: candle_core::Error) -> GgufError {
-    match header::first_unknown_tensor_type(path) {
+    let unknown_type = error.to_string().starts_with(UNKNOWN_TYPE_MESSAGE);
+    match unknown_type.then(|| header::first_unknown_tensor_type(path)).flatten() {
         Some((tensor, id)) => {
             let dtype = tensors::unknown_type_name(id).map(str::to_string).unwrap_or_else(|| format!("type {id}"));
             type_error(path, &tensor, dtype)

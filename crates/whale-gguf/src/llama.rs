@@ -1,6 +1,8 @@
 //! The Llama hyperparameters a GGUF stores under `llama.*`, read into the fields of a Hugging Face
 //! `LlamaConfig`. Defaults follow llama.cpp where a key is optional (kv heads = heads, head size =
-//! hidden / heads, rope theta 10,000); rope scaling other than none, linear or YaRN is refused.
+//! hidden / heads, rope theta 10,000); rope scaling other than none, linear or YaRN is refused, and
+//! so are a head size that is not positive and even and a rope base, RMS epsilon or scaling factor
+//! that is not finite and positive (each would reach `config.json` and every forward pass).
 
 use crate::error::GgufError;
 use crate::metadata::Metadata;
@@ -34,7 +36,7 @@ pub struct LlamaHyperparameters {
     pub rope_theta: f64,
     pub rms_norm_eps: f64,
     pub rope_scaling: Option<RopeScaling>,
-    /// `llama.vocab_size` when present (the embedding's rows are the truth either way).
+    /// `llama.vocab_size` when present (conversion refuses one other than the token count).
     pub vocab_size: Option<usize>,
 }
 
@@ -48,7 +50,7 @@ impl LlamaHyperparameters {
             let reason = format!("{kv_heads} key-value heads do not divide {heads} query heads");
             return Err(metadata.invalid(&key("attention.head_count_kv"), reason));
         }
-        let head_dim = metadata.optional_usize(&key("rope.dimension_count"))?.unwrap_or(hidden_size / heads);
+        let head_dim = read_head_dim(metadata, heads, hidden_size)?;
         Ok(Self {
             hidden_size,
             intermediate_size: metadata.usize(&key("feed_forward_length"))?,
@@ -57,9 +59,8 @@ impl LlamaHyperparameters {
             kv_heads,
             head_dim,
             context_length: metadata.usize(&key("context_length"))?,
-            rope_theta: metadata.optional_f64(&key("rope.freq_base"))?.unwrap_or(DEFAULT_ROPE_THETA),
-            rms_norm_eps: metadata
-                .optional_f64(&key("attention.layer_norm_rms_epsilon"))?
+            rope_theta: optional_positive_f64(metadata, &key("rope.freq_base"))?.unwrap_or(DEFAULT_ROPE_THETA),
+            rms_norm_eps: optional_positive_f64(metadata, &key("attention.layer_norm_rms_epsilon"))?
                 .unwrap_or(DEFAULT_RMS_NORM_EPS),
             rope_scaling: read_rope_scaling(metadata)?,
             vocab_size: metadata.optional_usize(&key("vocab_size"))?,
@@ -74,10 +75,37 @@ fn positive(metadata: &Metadata, key: &str) -> Result<usize, GgufError> {
     }
 }
 
+/// The head size: `rope.dimension_count`, or hidden / heads without it (the key blamed is then
+/// `embedding_length`). Positive and even, since the rotary embedding pairs the halves of a head,
+/// and small enough that the query heads' rows fit a `usize`.
+fn read_head_dim(metadata: &Metadata, heads: usize, hidden_size: usize) -> Result<usize, GgufError> {
+    let stated_key = format!("{ARCHITECTURE}.rope.dimension_count");
+    let stated = metadata.optional_usize(&stated_key)?;
+    let key = if stated.is_some() { stated_key } else { format!("{ARCHITECTURE}.embedding_length") };
+    let head_dim = stated.unwrap_or(hidden_size / heads);
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(metadata.invalid(&key, format!("head size {head_dim} is not positive and even")));
+    }
+    if heads.checked_mul(head_dim).is_none() {
+        return Err(metadata.invalid(&key, format!("{heads} heads of size {head_dim} overflow a usize")));
+    }
+    Ok(head_dim)
+}
+
+/// A float that, when present, must be finite and positive.
+fn optional_positive_f64(metadata: &Metadata, key: &str) -> Result<Option<f64>, GgufError> {
+    match metadata.optional_f64(key)? {
+        Some(value) if !(value.is_finite() && value > 0.0) => {
+            Err(metadata.invalid(key, format!("{value} is not a finite positive number")))
+        }
+        value => Ok(value),
+    }
+}
+
 fn read_rope_scaling(metadata: &Metadata) -> Result<Option<RopeScaling>, GgufError> {
     let type_key = format!("{ARCHITECTURE}.rope.scaling.type");
     let factor_key = format!("{ARCHITECTURE}.rope.scaling.factor");
-    let factor = || metadata.optional_f64(&factor_key)?.ok_or_else(|| metadata.missing(&factor_key));
+    let factor = || optional_positive_f64(metadata, &factor_key)?.ok_or_else(|| metadata.missing(&factor_key));
     match metadata.optional_string(&type_key)? {
         None | Some("none") => Ok(None),
         Some("linear") => Ok(Some(RopeScaling::Linear { factor: factor()? })),

@@ -57,17 +57,24 @@ pub fn hf_tensor(gguf_name: &str) -> Option<HfTensor> {
         return Some(HfTensor { name: name.to_string(), rows: RowOrder::AsStored });
     }
     let (layer, leaf) = gguf_name.strip_prefix("blk.")?.strip_suffix(".weight")?.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
+    let layer = canonical_layer(layer)?;
     let (_, hf_leaf, rows) = LAYER_TENSORS.iter().find(|(gguf_leaf, _, _)| *gguf_leaf == leaf)?;
     Some(HfTensor { name: format!("model.layers.{layer}.{hf_leaf}.weight"), rows: *rows })
 }
 
+/// A layer number as llama.cpp writes it: plain decimal, so that "01" or "+1" is not a second
+/// name for block 1 (two tensors would then become one Hugging Face tensor).
+fn canonical_layer(text: &str) -> Option<usize> {
+    text.parse().ok().filter(|layer: &usize| layer.to_string() == text)
+}
+
 /// Every GGUF tensor a Llama model of `layers` blocks needs (the output projection is optional:
-/// without it the embedding is tied).
-pub fn required_tensors(layers: usize) -> Vec<String> {
+/// without it the embedding is tied), made one at a time as they are looked up: a hostile block
+/// count would otherwise make them all before the first missing one is found.
+pub fn required_tensors(layers: usize) -> impl Iterator<Item = String> {
     let blocks = (0..layers)
         .flat_map(|layer| LAYER_TENSORS.iter().map(move |(leaf, _, _)| format!("blk.{layer}.{leaf}.weight")));
-    [EMBEDDING, OUTPUT_NORM].into_iter().map(str::to_string).chain(blocks).collect()
+    [EMBEDDING, OUTPUT_NORM].into_iter().map(str::to_string).chain(blocks)
 }
 
 /// Undoes llama.cpp's per-head interleaving of rotary rows (see the module docs) on a

@@ -79,6 +79,19 @@ pub fn unknown_type_name(id: u32) -> Option<&'static str> {
     Some(name)
 }
 
+/// The bytes a tensor of `dtype` and `dims` takes in the file, computed checked (candle's own
+/// arithmetic wraps on a hostile shape); refuses a shape that is not whole blocks of the type.
+pub fn stored_bytes(dtype: GgmlDType, dims: &[usize]) -> Result<u64, String> {
+    let elements = dims.iter().try_fold(1usize, |product, dim| product.checked_mul(*dim));
+    let elements = elements.ok_or_else(|| format!("shape {dims:?} overflows its element count"))?;
+    let block = dtype.block_size();
+    if elements % block != 0 {
+        return Err(format!("{elements} elements are not whole {} blocks of {block}", type_name(dtype)));
+    }
+    let bytes = (elements / block).checked_mul(dtype.type_size()).and_then(|bytes| u64::try_from(bytes).ok());
+    bytes.ok_or_else(|| format!("shape {dims:?} overflows its byte size"))
+}
+
 /// The tensor's values in `dtype` (f32, or bf16 rounded from f32), on the CPU.
 pub fn dequantize(tensor: &QTensor, dtype: DType) -> candle_core::Result<Tensor> {
     let values = tensor.dequantize(&Device::Cpu)?;

@@ -1,10 +1,11 @@
 //! GGUF reading on files the tests write with candle's own GGUF writer: every read tensor type
 //! dequantizes within its tolerance (and exactly as candle dequantizes in memory), unsupported
 //! architectures and types are refused naming the key or tensor, the tokenizer rebuilt from
-//! `tokenizer.ggml.*` gives the ids of the same tokenizer loaded from its `tokenizer.json`, and
-//! `convert_to_hf` undoes llama.cpp's rotary row order. The last tests read the real
-//! SmolLM2-135M-Instruct GGUF and are opt-in (`WHALE_SMOLLM2_GGUF=FILE cargo test --release -p
-//! whale-gguf --test gguf -- --ignored`).
+//! `tokenizer.ggml.*` gives the ids of the same tokenizer loaded from its `tokenizer.json`,
+//! `convert_to_hf` undoes llama.cpp's rotary row order, and hostile or malformed files are refused
+//! naming the key or tensor (never a panic, an abort or an allocation the file does not justify).
+//! The last tests read the real SmolLM2-135M-Instruct GGUF and are opt-in
+//! (`WHALE_SMOLLM2_GGUF=FILE cargo test --release -p whale-gguf --test gguf -- --ignored`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use whale_core::ChatMessage;
-use whale_gguf::{convert_to_hf, tensors, GgufError, GgufFile};
+use whale_gguf::{convert_to_hf, tensors, ConvertProgress, GgufError, GgufFile};
 use whale_lm::decoder::Decoder;
 use whale_text::{ChatTemplate, RenderOptions, Tokenizer, ENDOFTEXT, IM_END, IM_START, MIN_VOCAB_SIZE};
 
@@ -116,16 +117,47 @@ fn a_gguf_of_another_architecture_is_refused_naming_the_key() {
     assert!(message.contains("general.architecture") && message.contains("qwen2"), "{message}");
 }
 
+/// Rewrites bytes of a written file.
+fn rewrite(path: &Path, edit: impl FnOnce(&mut Vec<u8>)) {
+    let mut bytes = std::fs::read(path).unwrap();
+    edit(&mut bytes);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Where the bytes after a length-prefixed string (a key or a tensor name) start.
+fn after_string(bytes: &[u8], text: &str) -> usize {
+    let mut prefixed = (text.len() as u64).to_le_bytes().to_vec();
+    prefixed.extend(text.as_bytes());
+    bytes.windows(prefixed.len()).position(|window| window == prefixed).unwrap() + prefixed.len()
+}
+
+/// Where tensor `name`'s dimensions (GGUF order, columns first), type id and offset are.
+struct TensorInfoAt {
+    dimensions: Vec<usize>,
+    type_id: usize,
+    offset: usize,
+}
+
+fn tensor_info_at(bytes: &[u8], name: &str) -> TensorInfoAt {
+    let at = after_string(bytes, name);
+    let count = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let dimensions = (0..count).map(|index| at + 4 + 8 * index).collect();
+    let type_id = at + 4 + 8 * count;
+    TensorInfoAt { dimensions, type_id, offset: type_id + 4 }
+}
+
+fn put_u64(bytes: &mut [u8], at: usize, value: u64) {
+    bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+}
+
 /// Writes one Q8_0 tensor named `name` and rewrites its type id to `type_id`.
 fn gguf_with_type_id(path: &Path, name: &str, type_id: u32) {
     let tensor = QTensor::quantize(&gaussian(2, 64, 2), GgmlDType::Q8_0).unwrap();
     write_gguf(path, &[llama_architecture()], &[(name, &tensor)]);
-    let mut bytes = std::fs::read(path).unwrap();
-    let at = bytes.windows(name.len()).position(|window| window == name.as_bytes()).unwrap() + name.len();
-    let dimensions = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-    let type_at = at + 4 + 8 * dimensions;
-    bytes[type_at..type_at + 4].copy_from_slice(&type_id.to_le_bytes());
-    std::fs::write(path, bytes).unwrap();
+    rewrite(path, |bytes| {
+        let at = tensor_info_at(bytes, name).type_id;
+        bytes[at..at + 4].copy_from_slice(&type_id.to_le_bytes());
+    });
 }
 
 #[test]
@@ -362,21 +394,46 @@ fn write_tiny_llama(dir: &Path, tied: bool) -> (PathBuf, HashMap<String, Tensor>
     write_tiny_llama_with(dir, tied, Vec::new())
 }
 
-/// [`write_tiny_llama`] with more `llama.*` metadata.
+/// [`write_tiny_llama`] with more metadata (replacing the value of a key already there).
 fn write_tiny_llama_with(
     dir: &Path,
     tied: bool,
     extra: Vec<(&'static str, Value)>,
 ) -> (PathBuf, HashMap<String, Tensor>) {
+    write_tiny_llama_edited(dir, tied, extra, |_| {})
+}
+
+/// [`write_tiny_llama_with`], its GGUF tensors changed by `edit` before they are written.
+fn write_tiny_llama_edited(
+    dir: &Path,
+    tied: bool,
+    extra: Vec<(&'static str, Value)>,
+    edit: impl FnOnce(&mut Vec<(String, QTensor)>),
+) -> (PathBuf, HashMap<String, Tensor>) {
     let trained = train_tokenizer(dir);
-    let (hf, gguf_tensors) = tiny_llama(trained.tokens.len(), tied);
+    let (hf, mut gguf_tensors) = tiny_llama(trained.tokens.len(), tied);
+    edit(&mut gguf_tensors);
     let mut metadata = tokenizer_metadata(&trained, "gpt-2");
     metadata.extend(llama_metadata());
-    metadata.extend(extra);
+    let metadata = with_metadata(metadata, extra);
     let path = dir.join("tiny-llama.gguf");
     let named: Vec<(&str, &QTensor)> = gguf_tensors.iter().map(|(name, tensor)| (name.as_str(), tensor)).collect();
     write_gguf(&path, &metadata, &named);
     (path, hf)
+}
+
+/// `metadata` with each of `extra` replacing the value of its key, or added.
+fn with_metadata(
+    mut metadata: Vec<(&'static str, Value)>,
+    extra: Vec<(&'static str, Value)>,
+) -> Vec<(&'static str, Value)> {
+    for (key, value) in extra {
+        match metadata.iter_mut().find(|(existing, _)| *existing == key) {
+            Some(entry) => entry.1 = value,
+            None => metadata.push((key, value)),
+        }
+    }
+    metadata
 }
 
 fn read_json(file: &Path) -> serde_json::Value {
@@ -611,5 +668,216 @@ fn a_gguf_s_rope_scaling_reaches_the_config_as_whale_reads_it() {
     let error = Decoder::load(&yarn, DType::F32, &Device::Cpu).err().expect("YaRN is refused").to_string();
     for part in ["config.json", "`rope_scaling.rope_type`", "\"yarn\""] {
         assert!(error.contains(part), "{error:?} does not name {part}");
+    }
+}
+
+// Hostile or malformed files: each is refused with an error naming the key or the tensor, never
+// a panic, an abort or an allocation the file's size does not justify.
+
+/// A GGUF whose one metadata value is `depth` arrays, each holding the next.
+fn gguf_of_nested_arrays(path: &Path, depth: usize) {
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend(3u32.to_le_bytes());
+    bytes.extend(0u64.to_le_bytes());
+    bytes.extend(1u64.to_le_bytes());
+    bytes.extend(4u64.to_le_bytes());
+    bytes.extend(b"deep");
+    bytes.extend(9u32.to_le_bytes());
+    for _ in 0..depth {
+        bytes.extend(9u32.to_le_bytes());
+        bytes.extend(1u64.to_le_bytes());
+    }
+    bytes.extend(4u32.to_le_bytes());
+    bytes.extend(0u64.to_le_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_gguf_of_deeply_nested_arrays_is_refused_without_overflowing_the_stack() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deep.gguf");
+    // 2^20 levels (12 MiB): a walk recursing without a limit overflows any thread's stack.
+    gguf_of_nested_arrays(&path, 1 << 20);
+    let error = GgufFile::open(&path).unwrap_err();
+    assert!(matches!(error, GgufError::Header { .. }) && error.to_string().contains("depth"), "{error}");
+}
+
+/// candle stops at the bad bool before it reaches the tensor's unknown type: the refusal is
+/// candle's, not a tensor type found by a walk that reads past the bool.
+#[test]
+fn a_gguf_refused_by_candle_for_another_reason_is_not_blamed_on_a_tensor_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bool.gguf");
+    let tensor = QTensor::quantize(&gaussian(2, 64, 2), GgmlDType::Q8_0).unwrap();
+    write_gguf(&path, &[llama_architecture(), ("flag", Value::Bool(true))], &[("t.weight", &tensor)]);
+    rewrite(&path, |bytes| {
+        let at = after_string(bytes, "flag") + 4;
+        bytes[at] = 2;
+        let at = tensor_info_at(bytes, "t.weight").type_id;
+        bytes[at..at + 4].copy_from_slice(&77u32.to_le_bytes());
+    });
+    let error = GgufFile::open(&path).unwrap_err();
+    assert!(matches!(error, GgufError::Header { .. }) && error.to_string().contains("bool"), "{error}");
+}
+
+#[test]
+fn a_gguf_alignment_of_zero_or_not_a_power_of_two_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("alignment.gguf");
+    let tensor = QTensor::quantize(&gaussian(2, 64, 2), GgmlDType::F32).unwrap();
+    // candle drops a key's trailing NULs: "general.alignment\0" is the same key.
+    let cases =
+        [("", Value::U32(0)), ("", Value::U8(0)), ("", Value::I32(0)), ("", Value::U32(48)), ("\0", Value::U32(0))];
+    for (nul, alignment) in cases {
+        let key = format!("general.alignment{nul}");
+        let metadata = [llama_architecture(), (key.as_str(), alignment.clone())];
+        write_gguf(&path, &metadata, &[("t.weight", &tensor)]);
+        let error = GgufFile::open(&path).unwrap_err();
+        assert!(matches!(error, GgufError::InvalidKey { .. }), "{alignment:?}: {error}");
+        assert!(error.to_string().contains("general.alignment"), "{error}");
+    }
+    write_gguf(&path, &[llama_architecture(), ("general.alignment", Value::U32(32))], &[("t.weight", &tensor)]);
+    assert_eq!(GgufFile::open(&path).unwrap().dequantize("t.weight", DType::F32).unwrap().dims(), [2, 64]);
+}
+
+#[test]
+fn a_gguf_block_count_beyond_its_tensors_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = write_tiny_llama_with(dir.path(), true, vec![("llama.block_count", Value::U64(1_000_000_000_000))]);
+    let gguf = GgufFile::open(&path).unwrap();
+    let error = convert_to_hf(&gguf, &dir.path().join("hf"), DType::F32, &mut |_| {}).unwrap_err();
+    assert!(
+        matches!(error, GgufError::InvalidKey { .. }) && error.to_string().contains("llama.block_count"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_gguf_tensor_whose_size_overflows_or_passes_the_file_end_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sizes.gguf");
+    let f32 = QTensor::quantize(&gaussian(2, 64, 3), GgmlDType::F32).unwrap();
+    let q8 = QTensor::quantize(&gaussian(2, 64, 3), GgmlDType::Q8_0).unwrap();
+    type Patch = fn(&mut [u8], &TensorInfoAt);
+    let cases: [(&str, &QTensor, Patch); 5] = [
+        ("2^62 columns (2^65 bytes, 0 wrapped)", &f32, |b, at| put_u64(b, at.dimensions[0], 1 << 62)),
+        ("2^32 x 2^32 elements (0 wrapped)", &f32, |b, at| {
+            put_u64(b, at.dimensions[0], 1 << 32);
+            put_u64(b, at.dimensions[1], 1 << 32);
+        }),
+        ("past the file end", &f32, |b, at| put_u64(b, at.dimensions[0], 4096)),
+        ("offset past the file end", &f32, |b, at| put_u64(b, at.offset, u64::MAX - 8)),
+        ("not whole Q8_0 blocks", &q8, |b, at| put_u64(b, at.dimensions[0], 40)),
+    ];
+    for (case, tensor, patch) in cases {
+        write_gguf(&path, &[llama_architecture()], &[("t.weight", tensor)]);
+        rewrite(&path, |bytes| {
+            let at = tensor_info_at(bytes, "t.weight");
+            patch(bytes, &at);
+        });
+        let error = GgufFile::open(&path).unwrap_err();
+        assert!(matches!(error, GgufError::Tensor { .. }) && error.to_string().contains("t.weight"), "{case}: {error}");
+    }
+}
+
+#[test]
+fn a_gguf_tensor_of_the_wrong_shape_is_refused_before_any_tensor_is_dequantized() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = write_tiny_llama(dir.path(), true);
+    // ffn_down is [hidden, inner]; swapped it holds the same bytes as [inner, hidden].
+    rewrite(&path, |bytes| {
+        let at = tensor_info_at(bytes, "blk.1.ffn_down.weight");
+        put_u64(bytes, at.dimensions[0], HIDDEN as u64);
+        put_u64(bytes, at.dimensions[1], INNER as u64);
+    });
+    let mut dequantized = 0;
+    let mut count = |step: ConvertProgress| dequantized += usize::from(matches!(step, ConvertProgress::Tensor { .. }));
+    let error = convert_to_hf(&GgufFile::open(&path).unwrap(), &dir.path().join("hf"), DType::F32, &mut count);
+    let error = error.unwrap_err().to_string();
+    assert!(error.contains("blk.1.ffn_down.weight"), "{error}");
+    assert_eq!(dequantized, 0, "tensors were dequantized before the shape was checked");
+}
+
+/// A metadata-only Llama GGUF, `llama_metadata` with `extra` keys replaced or added.
+fn llama_hyperparameters_with(
+    extra: Vec<(&'static str, Value)>,
+) -> Result<whale_gguf::LlamaHyperparameters, GgufError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hyper.gguf");
+    let mut metadata = vec![llama_architecture()];
+    metadata.extend(llama_metadata());
+    write_gguf(&path, &with_metadata(metadata, extra), &[]);
+    GgufFile::open(&path).unwrap().llama_hyperparameters()
+}
+
+#[test]
+fn a_gguf_head_size_of_zero_odd_or_overflowing_is_refused_naming_the_key() {
+    for head_dim in [0, 15, 1 << 62] {
+        let error = llama_hyperparameters_with(vec![("llama.rope.dimension_count", Value::U64(head_dim))]).unwrap_err();
+        assert!(error.to_string().contains("llama.rope.dimension_count"), "{head_dim}: {error}");
+    }
+    assert_eq!(llama_hyperparameters_with(Vec::new()).unwrap().head_dim, HEAD_DIM);
+}
+
+#[test]
+fn a_gguf_float_hyperparameter_not_finite_and_positive_is_refused_naming_the_key() {
+    let linear = || ("llama.rope.scaling.type", string("linear"));
+    for key in ["llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon", "llama.rope.scaling.factor"] {
+        for value in [f32::NAN, -1.0, 0.0, f32::INFINITY] {
+            let error = llama_hyperparameters_with(vec![linear(), (key, Value::F32(value))]).unwrap_err();
+            assert!(error.to_string().contains(key), "{key} = {value}: {error}");
+        }
+    }
+    let scaled = llama_hyperparameters_with(vec![linear(), ("llama.rope.scaling.factor", Value::F32(2.0))]).unwrap();
+    assert_eq!(scaled.rope_scaling, Some(whale_gguf::RopeScaling::Linear { factor: 2.0 }));
+}
+
+/// The error of converting a tiny Llama with `extra` metadata and its tensors changed by `edit`.
+fn convert_error(
+    tied: bool,
+    extra: Vec<(&'static str, Value)>,
+    edit: impl FnOnce(&mut Vec<(String, QTensor)>),
+) -> (GgufError, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = write_tiny_llama_edited(dir.path(), tied, extra, edit);
+    let gguf = GgufFile::open(&path).unwrap();
+    (convert_to_hf(&gguf, &dir.path().join("hf"), DType::F32, &mut |_| {}).unwrap_err(), dir)
+}
+
+fn replace_tensor(tensors: &mut [(String, QTensor)], name: &str, rows: usize) {
+    let entry = tensors.iter_mut().find(|(existing, _)| existing == name).unwrap();
+    entry.1 = QTensor::quantize(&gaussian(rows, HIDDEN, 4), GgmlDType::F32).unwrap();
+}
+
+#[test]
+fn a_gguf_whose_vocabulary_sizes_disagree_is_refused_naming_the_key_or_tensor() {
+    let tokens = train_tokenizer(tempfile::tempdir().unwrap().path()).tokens.len();
+    let (error, _dir) = convert_error(true, vec![("llama.vocab_size", Value::U32(tokens as u32 + 1))], |_| {});
+    assert!(error.to_string().contains("llama.vocab_size"), "{error}");
+    let (error, _dir) = convert_error(true, Vec::new(), |t| replace_tensor(t, "token_embd.weight", tokens - 1));
+    assert!(error.to_string().contains("token_embd.weight"), "{error}");
+    let (error, _dir) = convert_error(false, Vec::new(), |t| replace_tensor(t, "output.weight", tokens + 1));
+    assert!(error.to_string().contains("output.weight"), "{error}");
+}
+
+#[test]
+fn a_gguf_merge_of_unknown_tokens_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut merges = train_tokenizer(dir.path()).merges;
+    merges.push("zzq zzr".to_string());
+    let merges = ("tokenizer.ggml.merges", strings(merges.iter().map(String::as_str)));
+    let (path, _) = write_tiny_llama_with(dir.path(), true, vec![merges]);
+    let out = dir.path().join("hf");
+    let error = convert_to_hf(&GgufFile::open(&path).unwrap(), &out, DType::F32, &mut |_| {}).unwrap_err();
+    assert!(error.to_string().contains("tokenizer.ggml.merges"), "{error}");
+    assert!(!out.exists(), "a refused conversion wrote {}", out.display());
+}
+
+#[test]
+fn a_gguf_layer_number_not_in_canonical_decimal_is_refused_naming_the_tensor() {
+    for name in ["blk.01.attn_norm.weight", "blk.+1.attn_norm.weight"] {
+        let norm = QTensor::quantize(&gaussian(1, HIDDEN, 5).flatten_all().unwrap(), GgmlDType::F32).unwrap();
+        let (error, _dir) = convert_error(true, Vec::new(), |t| t.push((name.to_string(), norm)));
+        assert!(error.to_string().contains(name), "{error}");
     }
 }
