@@ -3,7 +3,7 @@
 //! at seeded random moments ends with the same `study.json` as one never interrupted. A study
 //! split over two machines, its result files collected in one directory, reports exactly what
 //! one uninterrupted study reports, and so does a seed whose arms finished on two machines; a
-//! result file of another config is refused, named.
+//! result file of another config is refused, named, and so is a seed or condition given twice.
 
 mod common;
 
@@ -250,6 +250,9 @@ fn a_study_split_over_two_machines_reports_what_one_uninterrupted_study_reports(
     assert!(file["cpu"]["model"].as_str().is_some_and(|m| !m.is_empty()) && file["cpu"]["features"].is_array());
     assert!(file["whale"]["version"].is_string() && file["wall_s"].as_f64().is_some_and(|s| s > 0.0), "{file}");
     assert_eq!(file["arms"].as_array().map(Vec::len), Some(3));
+    let digests: Vec<&str> =
+        file["arms"].as_array().expect("arms").iter().filter_map(|arm| arm["test_split"].as_str()).collect();
+    assert!(digests.len() == 3 && digests.iter().all(|d| d.len() == 64 && *d == digests[0]), "{file}");
     assert!(file["coupling"]["cells"].as_array().is_some_and(|cells| cells.len() >= 2));
     let size = std::fs::metadata(&from_a).expect("the file").len();
     assert!(size < 64 * 1024, "a result file holds no checkpoint: {size} bytes");
@@ -305,6 +308,7 @@ fn a_seed_split_by_arm_over_two_machines_runs_each_arm_once_and_reports_what_one
     let file: serde_json::Value = serde_json::from_slice(&left).expect("json");
     assert_eq!(file["arms"].as_array().map(Vec::len), Some(1), "{file}");
     assert!(file["arms"][0]["ran"]["cpu"]["model"].is_string(), "the arm says where it ran: {file}");
+    assert!(file["arms"][0]["test_split"].as_str().is_some_and(|d| d.len() == 64), "its test split: {file}");
     assert!(file["coupling"]["cells"].as_array().is_some_and(|cells| cells.len() >= 2), "{file}");
 
     // Machine B is handed that file: it runs the two other arms only and joins the three.
@@ -363,6 +367,25 @@ fn a_result_file_of_another_config_is_refused_naming_the_file() {
         assert!(stderr.contains("schedule.budget = 24 in the file, 32 here"), "report only {report_only}: {stderr}");
     }
     assert_eq!(std::fs::read(&file).expect("the result file"), written, "a refused file is left as it was");
+}
+
+#[test]
+fn a_seed_or_a_condition_given_twice_is_refused_naming_it_before_anything_runs() {
+    let (_dir, root) = fixture();
+    let cases = [
+        (["--seeds", "7,7", "--conditions", CONDITIONS], "seed 7 is given twice"),
+        (["--seeds", "1", "--conditions", "whale,weight-only,whale"], "the condition `whale` is given twice"),
+    ];
+    for (args, named) in cases {
+        for report_only in [false, true] {
+            let args = [&args[..], if report_only { &["--report-only"] } else { &[] }].concat();
+            let output = study_of(&root, "runs", &args).stderr(Stdio::piped()).output().expect("whale runs");
+            assert!(!output.status.success(), "{args:?} was accepted");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(stderr.contains(named), "{args:?}: {stderr}");
+        }
+    }
+    assert!(!root.join("runs/study/tiny").exists(), "nothing ran");
 }
 
 #[test]

@@ -28,8 +28,19 @@ pub enum StudyError {
         path.display()
     )]
     Refused { path: PathBuf, reason: String },
+    #[error(
+        "{}: {reason}; a study compares the arms of a seed test task by test task, so it is refused",
+        path.display()
+    )]
+    Unpaired { path: PathBuf, reason: String },
+    #[error("not writing {}: {reason}; a study could not read it back", path.display())]
+    Unwritable { path: PathBuf, reason: String },
+    #[error("config `{config}`: its portable form: {reason}")]
+    Portable { config: String, reason: String },
     #[error("two configs are both named `{0}`: a study keeps one directory per config name")]
     DuplicateName(String),
+    #[error("the condition `{0}` is given twice: a study runs each arm once per seed")]
+    DuplicateArm(String),
     #[error(
         "config `{0}`: `[weights] keep_phase_weights = false`, but the study scores every harness a \
          WHALE run accepted under the weights of each of its phases (the coupling matrix), which that \

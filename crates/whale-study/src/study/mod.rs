@@ -74,16 +74,17 @@ pub fn quick(mut config: RunConfig) -> RunConfig {
 /// Runs (or resumes) every arm of every config under every seed that has no result file in
 /// `results`, writing each arm's file there as it finishes (and skipping an arm whose file is
 /// there), and each seed's file once all its arms have one; then writes `root/study.json`,
-/// `root/report.html` and the figures from the files. Every file already in `results` is checked
-/// first, so that one of another config stops the study before it runs anything. Seeds are the
-/// outer loop, and the WHALE run's coupling matrix follows it at once (its phase weights stay
-/// on this machine only), so a study stopped early has every config on the seeds it finished
-/// and, on the seed it was in, the file of every arm it finished. `root` and `results` stay
+/// `root/report.html` and the figures from the files. Every file already in `results` (the seed
+/// files, and the arm files of the seeds to run) is checked first, so that one of another config
+/// stops the study before it runs anything. Seeds are the outer loop, and the WHALE run's
+/// coupling matrix follows it at once (its phase weights stay on this machine only), so a study
+/// stopped early has every config on the seeds it finished and, on the seed it was in, the file
+/// of every arm it finished. `root` and `results` stay
 /// locked throughout ([`DirLock`]; two studies with different `--runs` and one `--results`
 /// would otherwise run the same arms twice), each comparison and coupling matrix under its own
 /// directory's lock too.
 pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) -> Result<Study, StudyError> {
-    check_names(&plan.configs)?;
+    check_plan(plan)?;
     let has_whale = plan.arms.contains(&Arm::from(Condition::Whale));
     if has_whale {
         check_phase_weights(&plan.configs)?;
@@ -100,7 +101,7 @@ pub fn run(plan: &StudyPlan, root: &Path, results: &Path, verbosity: Verbosity) 
         for (index, &arm) in plan.arms.iter().enumerate() {
             parts.push(arm_result(plan, config, (index, arm), root, results, &progress)?);
         }
-        if let Some(result) = SeedResult::joined(parts) {
+        if let Some(result) = SeedResult::joined(parts, results)? {
             result.write(&result_path(results, &config.name, config.seed))?;
             remove_arm_files(plan, results, config)?;
         }
@@ -142,7 +143,7 @@ fn arm_result(
     let path = arm_path(results, name, seed, arm);
     if path.is_file() {
         progress.bar.inc(1 + u64::from(is_whale));
-        return SeedResult::read_arm(&path, &Expected::of(config, &plan.arms), arm);
+        return SeedResult::read_arm(&path, &Expected::of(config, &plan.arms)?, arm);
     }
     let started = Instant::now();
     let dir = seed_dir(root, name, seed);
@@ -202,13 +203,14 @@ fn remove_arm_files(plan: &StudyPlan, results: &Path, config: &RunConfig) -> Res
 }
 
 /// The configs, seeded, of every (config, seed) without a result file in `results`, seeds the
-/// outer loop; every file there is read and checked on the way.
+/// outer loop; every file there is read and checked on the way, a pending seed's arm files too.
 fn pending(plan: &StudyPlan, results: &Path) -> Result<Vec<RunConfig>, StudyError> {
     let mut pending = Vec::new();
     for &seed in &plan.seeds {
         for config in &plan.configs {
             let config = seeded(config, seed, plan.quick);
             if result_of(plan, results, &config)?.is_none() {
+                finished_arms(plan, results, &config)?;
                 pending.push(config);
             }
         }
@@ -223,7 +225,7 @@ fn result_of(plan: &StudyPlan, results: &Path, config: &RunConfig) -> Result<Opt
     if !path.is_file() {
         return Ok(None);
     }
-    SeedResult::read(&path, &Expected::of(config, &plan.arms)).map(Some)
+    SeedResult::read(&path, &Expected::of(config, &plan.arms)?).map(Some)
 }
 
 /// The coupling matrix of the finished run in `run`, under its lock, as its file holds it (so
@@ -234,13 +236,21 @@ fn coupling_of(run: &Path) -> Result<Coupling, CouplingError> {
     Ok(read_json(&run.join(COUPLING_FILE))?)
 }
 
-fn check_names(configs: &[RunConfig]) -> Result<(), StudyError> {
-    for (index, config) in configs.iter().enumerate() {
-        if configs[..index].iter().any(|other| other.name == config.name) {
-            return Err(StudyError::DuplicateName(config.name.clone()));
-        }
+/// Refuses two configs of one name, and an arm given twice (its seeds would count it twice).
+fn check_plan(plan: &StudyPlan) -> Result<(), StudyError> {
+    let names: Vec<&str> = plan.configs.iter().map(|config| config.name.as_str()).collect();
+    if let Some(name) = repeated(&names) {
+        return Err(StudyError::DuplicateName(name.to_string()));
     }
-    Ok(())
+    match repeated(&plan.arms) {
+        Some(arm) => Err(StudyError::DuplicateArm(arm.name())),
+        None => Ok(()),
+    }
+}
+
+/// The first item equal to one before it.
+fn repeated<T: PartialEq>(items: &[T]) -> Option<&T> {
+    items.iter().enumerate().find(|&(index, item)| items[..index].contains(item)).map(|(_, item)| item)
 }
 
 /// Before anything runs: every config trained in-process keeps the phase weights its WHALE
@@ -311,7 +321,7 @@ fn progress_bar(total: u64, show: bool) -> ProgressBar {
 /// The study as the result files in `results` say it went: per config, the seeds that have a
 /// file, and those that have none.
 pub fn read(plan: &StudyPlan, results: &Path) -> Result<Study, StudyError> {
-    check_names(&plan.configs)?;
+    check_plan(plan)?;
     let mut domains = Vec::new();
     for config in &plan.configs {
         let (mut found, mut missing, mut unfinished) = (Vec::new(), Vec::new(), Vec::new());
@@ -337,9 +347,10 @@ pub fn read(plan: &StudyPlan, results: &Path) -> Result<Study, StudyError> {
     Ok(Study { seeds: plan.seeds.clone(), arms: plan.arms.iter().map(Arm::name).collect(), quick: plan.quick, domains })
 }
 
-/// The files of the arms of `config` (seeded) in `results`, each checked.
+/// The files of the arms of `config` (seeded) in `results`, each checked, and checked to pair
+/// with each other.
 fn finished_arms(plan: &StudyPlan, results: &Path, config: &RunConfig) -> Result<Vec<SeedResult>, StudyError> {
-    let expected = Expected::of(config, &plan.arms);
+    let expected = Expected::of(config, &plan.arms)?;
     let mut parts = Vec::new();
     for &arm in &plan.arms {
         let path = arm_path(results, &config.name, config.seed, arm);
@@ -347,6 +358,7 @@ fn finished_arms(plan: &StudyPlan, results: &Path, config: &RunConfig) -> Result
             parts.push(SeedResult::read_arm(&path, &expected, arm)?);
         }
     }
+    SeedResult::check_parts(&parts, results)?;
     Ok(parts)
 }
 
@@ -365,5 +377,65 @@ mod tests {
             (small.seed, small.condition, small.tasks.domain),
             (config.seed, config.condition, config.tasks.domain)
         );
+    }
+
+    fn plan(arms: &[Condition]) -> StudyPlan {
+        let arms = arms.iter().copied().map(Arm::from).collect();
+        StudyPlan { configs: vec![RunConfig::default()], seeds: vec![0], arms, quick: false }
+    }
+
+    #[test]
+    fn a_condition_given_twice_is_refused_by_name() {
+        let results = tempfile::tempdir().expect("tempdir");
+        let twice = plan(&[Condition::Whale, Condition::WeightOnly, Condition::Whale]);
+        let error = read(&twice, results.path()).expect_err("whale twice");
+        assert!(matches!(&error, StudyError::DuplicateArm(arm) if arm == "whale"), "{error}");
+        assert!(error.to_string().contains("the condition `whale` is given twice"), "{error}");
+        assert!(read(&plan(&[Condition::Whale, Condition::WeightOnly]), results.path()).is_ok());
+    }
+
+    #[test]
+    fn an_arm_file_of_another_config_is_refused_before_any_arm_runs() {
+        let results = tempfile::tempdir().expect("tempdir");
+        let plan = plan(&[Condition::Whale, Condition::WeightOnly]);
+        assert_eq!(pending(&plan, results.path()).expect("nothing there").len(), 1);
+        let mut other = RunConfig::default();
+        other.schedule.budget += 1;
+        let evaluation = result::Evaluation {
+            training_rollouts: 0,
+            mean: whale_core::Estimate { value: 0.5, lo: 0.0, hi: 1.0 },
+            pass: 0.5,
+            maj: 0.5,
+            k: 2,
+            task_means: vec![0.5; 4],
+        };
+        let stale = SeedResult {
+            format: result::FORMAT,
+            config: other.name.clone(),
+            seed: 0,
+            config_hash: "0".repeat(64),
+            whale: WhaleBuild::this(),
+            cpu: whale_core::CpuInfo::detect(),
+            wall_s: 1.0,
+            arms: vec![ArmResult {
+                condition: Condition::WeightOnly,
+                algorithm: None,
+                ledger: whale_core::Ledger::default(),
+                evaluations: vec![evaluation],
+                ran: None,
+                test_split: None,
+            }],
+            coupling: None,
+            config_used: result::portable(&other).expect("portable"),
+        };
+        let path = arm_path(results.path(), &other.name, 0, Arm::from(Condition::WeightOnly));
+        stale.write(&path).expect("written");
+        let error = pending(&plan, results.path()).expect_err("a stale arm file");
+        let reason = error.to_string();
+        assert!(
+            matches!(error, StudyError::Refused { .. }) && reason.contains(&path.display().to_string()),
+            "{reason}"
+        );
+        assert!(reason.contains("schedule.budget = "), "{reason}");
     }
 }

@@ -316,6 +316,7 @@ mod tests {
             ledger: Ledger::default(),
             evaluations: Vec::new(),
             ran: Some(ArmProvenance { cpu: cpu(model, &["avx2"]), whale: WhaleBuild::this(), wall_s: 1.0 }),
+            test_split: None,
         };
         let split = SeedResult {
             arms: vec![arm(Condition::Whale, "Xeon"), arm(Condition::WeightOnly, "EPYC")],

@@ -15,6 +15,11 @@
 //! config it ran, made portable (directories dropped from paths, the seed cleared: the file
 //! name carries it) and hashed: a file is refused by a study whose config hashes otherwise, and
 //! the refusal names the file and the keys that differ.
+//!
+//! The arms of a seed are compared task by task, so a file is refused (and never written) unless
+//! every evaluation of every arm holds the same number of test task means, each finite; and
+//! each arm names its test split by a digest ([`ArmResult::test_split`]), so that arms of one
+//! seed run on two machines whose task files differ are refused rather than paired.
 
 use super::error::StudyError;
 use crate::compare::Arm;
@@ -27,7 +32,8 @@ use std::path::{Path, PathBuf};
 use whale_core::{CpuInfo, Estimate, Ledger};
 use whale_loop::condition::Condition;
 use whale_loop::config::{Algorithm, RunConfig};
-use whale_loop::run_dir::{read_json, write_atomic};
+use whale_loop::experiment::task_splits;
+use whale_loop::run_dir::{read_json, write_atomic, CONFIG_FILE};
 
 /// The results directory inside a study's directory, unless `--results` names another.
 pub const RESULTS_DIR: &str = "results";
@@ -105,6 +111,11 @@ pub struct ArmResult {
     /// `None` in files from before arms were recorded one by one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ran: Option<ArmProvenance>,
+    /// SHA-256 of the test split the arm evaluated on (each test task's id and payload, in
+    /// order): two arms of a seed whose digests differ ran on other tasks and are not paired.
+    /// `None` in files from before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_split: Option<String>,
 }
 
 /// The machine, build and time of the invocation that finished an arm.
@@ -127,6 +138,20 @@ pub struct Evaluation {
     pub k: usize,
     /// Each test task's mean reward, in test-split order.
     pub task_means: Vec<f64>,
+}
+
+impl Evaluation {
+    /// Its first number JSON cannot hold (NaN or infinite), named.
+    fn non_finite(&self) -> Option<String> {
+        let (mean, pass, maj) = (self.mean, self.pass, self.maj);
+        let named =
+            [("mean.value", mean.value), ("mean.lo", mean.lo), ("mean.hi", mean.hi), ("pass", pass), ("maj", maj)];
+        if let Some((name, value)) = named.into_iter().find(|(_, value)| !value.is_finite()) {
+            return Some(format!("{name} is {value}"));
+        }
+        let (task, value) = self.task_means.iter().enumerate().find(|(_, value)| !value.is_finite())?;
+        Some(format!("task_means[{task}] is {value}"))
+    }
 }
 
 impl From<&CurvePoint> for Evaluation {
@@ -159,6 +184,57 @@ impl ArmResult {
     pub fn rollouts_to_reach(&self, target: f64) -> Option<u64> {
         self.evaluations.iter().find(|e| e.mean.value >= target - 1e-12).map(|e| e.training_rollouts)
     }
+
+    /// Why this arm cannot be paired task by task with `first`, whose first evaluation has
+    /// `tasks` test task means: no evaluation, one with no or another number of task means, or
+    /// a number JSON cannot hold.
+    fn unpairable(&self, (first, tasks): (Arm, usize)) -> Option<String> {
+        if self.evaluations.is_empty() {
+            return Some("no test evaluation".to_string());
+        }
+        self.evaluations.iter().enumerate().find_map(|(index, evaluation)| {
+            let reason = match evaluation.task_means.len() {
+                0 => Some("no test task means".to_string()),
+                n if n != tasks => Some(format!("{n} test task means, where `{first}`'s first evaluation has {tasks}")),
+                _ => evaluation.non_finite(),
+            }?;
+            Some(format!("evaluation {index} (after {} training rollouts): {reason}", evaluation.training_rollouts))
+        })
+    }
+}
+
+/// Why the arms of one seed cannot be compared task by task, and the arm that breaks it: one of
+/// them is [unpairable](ArmResult::unpairable) against the first arm's test task count, or two
+/// evaluated on test splits whose digests differ.
+fn unpaired(arms: &[ArmResult]) -> Option<(Arm, String)> {
+    let first = arms.first()?;
+    let tasks = first.evaluations.first().map_or(0, |evaluation| evaluation.task_means.len());
+    if let Some((arm, reason)) = arms.iter().find_map(|arm| Some((arm.arm(), arm.unpairable((first.arm(), tasks))?))) {
+        return Some((arm, format!("arm `{arm}`: {reason}")));
+    }
+    let digests: Vec<(Arm, &str)> =
+        arms.iter().filter_map(|arm| Some((arm.arm(), arm.test_split.as_deref()?))).collect();
+    let (first, digest) = *digests.first()?;
+    let &(other, differs) = digests.iter().find(|(_, other)| *other != digest)?;
+    Some((
+        other,
+        format!(
+            "arms `{first}` and `{other}` evaluated on different test splits (digest {} and {}): their task \
+             files or configs differ, so their test tasks cannot be paired",
+            short(digest),
+            short(differs)
+        ),
+    ))
+}
+
+/// SHA-256 of the test split the run in `dir` evaluated on, as its own `config.toml` makes it
+/// (the loop's [`task_splits`]): each test task's id and payload, in order.
+fn test_split_digest(dir: &Path) -> Result<String, StudyError> {
+    let file = dir.join(CONFIG_FILE);
+    let failed = |reason: String| StudyError::Read { path: file.clone(), reason };
+    let config = RunConfig::load(&file).map_err(|e| failed(e.to_string()))?;
+    let test = task_splits(&config).map_err(|e| failed(format!("its test split: {e}")))?.test;
+    Ok(hash(&Value::Array(test.into_iter().map(|task| serde_json::json!([task.id, task.payload])).collect())))
 }
 
 /// What a result file must match to count for a (config, seed) of a study.
@@ -173,12 +249,12 @@ pub struct Expected {
 
 impl Expected {
     /// `config` as the study runs it under its seed; `arms` the study's.
-    pub fn of(config: &RunConfig, arms: &[Arm]) -> Expected {
-        let config_used = portable(config);
+    pub fn of(config: &RunConfig, arms: &[Arm]) -> Result<Expected, StudyError> {
+        let config_used = portable(config)?;
         let hash = hash(&config_used);
         let mut arms: Vec<String> = arms.iter().map(Arm::name).collect();
         arms.sort();
-        Expected { config: config.name.clone(), seed: config.seed, arms, config_used, hash }
+        Ok(Expected { config: config.name.clone(), seed: config.seed, arms, config_used, hash })
     }
 
     /// Why `result` is not this (config, seed)'s; `None` when it is.
@@ -241,7 +317,7 @@ fn differing_keys(file: &Value, here: &Value, prefix: &str, out: &mut Vec<String
 /// The config with what differs between machines running the same experiment taken out: the
 /// directories of its paths (the model, task files, corpus, trainer directory, initial harness
 /// keep their names) and the seed (a study sets it; the file name carries it).
-pub fn portable(config: &RunConfig) -> Value {
+pub fn portable(config: &RunConfig) -> Result<Value, StudyError> {
     let mut config = config.clone();
     config.seed = 0;
     let name = |path: &Path| path.file_name().map_or_else(|| path.to_path_buf(), PathBuf::from);
@@ -252,7 +328,8 @@ pub fn portable(config: &RunConfig) -> Value {
         trainer.workdir = trainer.workdir.as_deref().map(name);
     }
     config.harness.initial = name(Path::new(&config.harness.initial)).display().to_string();
-    serde_json::to_value(&config).unwrap_or_default()
+    serde_json::to_value(&config)
+        .map_err(|e| StudyError::Portable { config: config.name.clone(), reason: e.to_string() })
 }
 
 fn hash(config: &Value) -> String {
@@ -276,7 +353,8 @@ impl SeedResult {
             return Err(StudyError::Read { path: dir, reason: format!("the run of `{arm}` has not finished") });
         }
         let ran = ArmProvenance { cpu: CpuInfo::detect(), whale: WhaleBuild::this(), wall_s };
-        let config_used = portable(config);
+        let test_split = test_split_digest(&dir)?;
+        let config_used = portable(config)?;
         Ok(SeedResult {
             format: FORMAT,
             config: config.name.clone(),
@@ -285,33 +363,47 @@ impl SeedResult {
             whale: ran.whale.clone(),
             cpu: ran.cpu.clone(),
             wall_s,
-            arms: vec![ArmResult::of(arm, &series, ran)],
+            arms: vec![ArmResult::of(arm, &series, ran, test_split)],
             coupling,
             config_used,
         })
     }
 
-    /// The seed's file from the files of its arms (each read with [`SeedResult::read_arm`]):
-    /// the arms in the order `whale compare` lists its runs, the WHALE arm's coupling matrix,
-    /// and the seconds of all of them; the CPU and build are this invocation's, each arm keeps
-    /// its own.
-    pub fn joined(mut parts: Vec<SeedResult>) -> Option<SeedResult> {
+    /// The seed's file from the files of its arms (each read with [`SeedResult::read_arm`] from
+    /// `results`): the arms in the order `whale compare` lists its runs, the WHALE arm's
+    /// coupling matrix, and the seconds of all of them; the CPU and build are this invocation's,
+    /// each arm keeps its own. Refused ([`SeedResult::check_parts`]) unless the arms pair.
+    pub fn joined(mut parts: Vec<SeedResult>, results: &Path) -> Result<Option<SeedResult>, StudyError> {
+        SeedResult::check_parts(&parts, results)?;
         parts.sort_by_key(|part| part.arms.first().map(|arm| report::run_order(&arm.arm().name())));
-        let first = parts.first()?.clone();
+        let Some(first) = parts.first().cloned() else { return Ok(None) };
         let whale = Arm::from(Condition::Whale);
         let coupling = parts.iter().find(|p| p.arms.iter().any(|a| a.arm() == whale)).and_then(|p| p.coupling.clone());
-        Some(SeedResult {
+        Ok(Some(SeedResult {
             whale: WhaleBuild::this(),
             cpu: CpuInfo::detect(),
             wall_s: parts.iter().map(|part| part.wall_s).sum(),
             arms: parts.into_iter().flat_map(|part| part.arms).collect(),
             coupling,
             ..first
-        })
+        }))
     }
 
-    /// Writes the file atomically (a temporary file renamed over it), creating its directory.
+    /// Refuses the arm files of one seed in `results` (each read with
+    /// [`SeedResult::read_arm`]) whose arms do not pair task by task, naming the file of the
+    /// arm that breaks it.
+    pub fn check_parts(parts: &[SeedResult], results: &Path) -> Result<(), StudyError> {
+        let arms: Vec<ArmResult> = parts.iter().flat_map(|part| part.arms.iter().cloned()).collect();
+        let (Some(part), Some((arm, reason))) = (parts.first(), unpaired(&arms)) else { return Ok(()) };
+        Err(StudyError::Unpaired { path: arm_path(results, &part.config, part.seed, arm), reason })
+    }
+
+    /// Writes the file atomically (a temporary file renamed over it), creating its directory;
+    /// refused, writing nothing, when its arms do not pair (a file that could not be read back).
     pub fn write(&self, path: &Path) -> Result<(), StudyError> {
+        if let Some((_, reason)) = unpaired(&self.arms) {
+            return Err(StudyError::Unwritable { path: path.to_path_buf(), reason });
+        }
         let failed = |reason: String| StudyError::Write { path: path.to_path_buf(), reason };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| failed(e.to_string()))?;
@@ -324,31 +416,40 @@ impl SeedResult {
     pub fn read(path: &Path, expected: &Expected) -> Result<SeedResult, StudyError> {
         let result: SeedResult =
             read_json(path).map_err(|e| StudyError::Read { path: path.to_path_buf(), reason: e.to_string() })?;
-        match expected.mismatch(&result) {
-            Some(reason) => Err(StudyError::Refused { path: path.to_path_buf(), reason }),
-            None => Ok(result),
-        }
+        let mismatch = expected.mismatch(&result);
+        result.checked(path, mismatch)
     }
 
     /// Reads the file of `arm` at `path`, refusing it unless it is that arm's of `expected`.
     pub fn read_arm(path: &Path, expected: &Expected, arm: Arm) -> Result<SeedResult, StudyError> {
         let result: SeedResult =
             read_json(path).map_err(|e| StudyError::Read { path: path.to_path_buf(), reason: e.to_string() })?;
-        match expected.arm_mismatch(&result, arm) {
-            Some(reason) => Err(StudyError::Refused { path: path.to_path_buf(), reason }),
-            None => Ok(result),
+        let mismatch = expected.arm_mismatch(&result, arm);
+        result.checked(path, mismatch)
+    }
+
+    /// The file read from `path`, refused when it is not the one expected (`mismatch`) or when
+    /// its arms do not pair task by task.
+    fn checked(self, path: &Path, mismatch: Option<String>) -> Result<SeedResult, StudyError> {
+        if let Some(reason) = mismatch {
+            return Err(StudyError::Refused { path: path.to_path_buf(), reason });
+        }
+        match unpaired(&self.arms) {
+            Some((_, reason)) => Err(StudyError::Unpaired { path: path.to_path_buf(), reason }),
+            None => Ok(self),
         }
     }
 }
 
 impl ArmResult {
-    fn of(arm: Arm, series: &Series, ran: ArmProvenance) -> ArmResult {
+    fn of(arm: Arm, series: &Series, ran: ArmProvenance, test_split: String) -> ArmResult {
         ArmResult {
             condition: arm.condition,
             algorithm: arm.algorithm,
             ledger: series.ledger.clone(),
             evaluations: series.points.iter().map(Evaluation::from).collect(),
             ran: Some(ran),
+            test_split: Some(test_split),
         }
     }
 }
@@ -367,16 +468,18 @@ mod tests {
         there.model.path = Some(PathBuf::from("/work/models/SmolLM2"));
         there.tasks.files = vec![PathBuf::from("/mnt/data/gsm8k.jsonl")];
         let arms = [Arm::from(Condition::WeightOnly)];
-        assert_eq!(Expected::of(&here, &arms).hash, Expected::of(&there, &arms).hash, "another machine, same run");
+        let of = |config: &RunConfig, arms: &[Arm]| Expected::of(config, arms).expect("portable");
+        assert_eq!(of(&here, &arms).hash, of(&there, &arms).hash, "another machine, same run");
 
         there.schedule.budget += 1;
         there.model.path = Some(PathBuf::from("/work/models/Qwen3"));
-        let expected = Expected::of(&here, &arms);
+        let expected = of(&here, &arms);
+        let there_used = portable(&there).expect("portable");
         let result = SeedResult {
             format: FORMAT,
             config: here.name.clone(),
             seed: here.seed,
-            config_hash: hash(&portable(&there)),
+            config_hash: hash(&there_used),
             whale: WhaleBuild::this(),
             cpu: CpuInfo::detect(),
             wall_s: 1.0,
@@ -386,16 +489,18 @@ mod tests {
                 ledger: Ledger::default(),
                 evaluations: Vec::new(),
                 ran: None,
+                test_split: None,
             }],
             coupling: None,
-            config_used: portable(&there),
+            config_used: there_used,
         };
         let reason = expected.mismatch(&result).expect("another config");
         assert!(reason.contains("model.path = \"Qwen3\" in the file, \"SmolLM2\" here"), "{reason}");
         let budget = format!("schedule.budget = {} in the file, {} here", there.schedule.budget, here.schedule.budget);
         assert!(reason.contains(&budget), "{reason}");
 
-        let same = SeedResult { config_hash: expected.hash.clone(), config_used: portable(&here), ..result };
+        let same =
+            SeedResult { config_hash: expected.hash.clone(), config_used: expected.config_used.clone(), ..result };
         assert_eq!(expected.mismatch(&same), None);
         assert_eq!(expected.arm_mismatch(&same, Arm::from(Condition::WeightOnly)), None);
         let reason = expected.arm_mismatch(&same, Arm::from(Condition::Whale)).expect("another arm's file");
@@ -403,11 +508,186 @@ mod tests {
             reason.contains(r#"holds conditions ["weight-only"], this arm's file should hold ["whale"]"#),
             "{reason}"
         );
-        let more_arms = Expected::of(&here, &[Arm::from(Condition::Whale), Arm::from(Condition::WeightOnly)]);
+        let more_arms = of(&here, &[Arm::from(Condition::Whale), Arm::from(Condition::WeightOnly)]);
         let reason = more_arms.mismatch(&same).expect("another set of conditions");
         assert!(
             reason.contains(r#"holds conditions ["weight-only"], this study runs ["weight-only", "whale"]"#),
             "{reason}"
         );
+    }
+
+    const WHALE: Arm = Arm { condition: Condition::Whale, algorithm: None };
+    const WEIGHT_ONLY: Arm = Arm { condition: Condition::WeightOnly, algorithm: None };
+
+    /// An arm whose evaluations hold these task means, one evaluation each, 64 rollouts apart.
+    fn arm(arm: Arm, evaluations: &[&[f64]], test_split: Option<&str>) -> ArmResult {
+        let evaluation = |(index, task_means): (usize, &&[f64])| Evaluation {
+            training_rollouts: 64 * index as u64,
+            mean: Estimate { value: 0.5, lo: 0.25, hi: 0.75 },
+            pass: 0.5,
+            maj: 0.5,
+            k: 2,
+            task_means: task_means.to_vec(),
+        };
+        ArmResult {
+            condition: arm.condition,
+            algorithm: arm.algorithm,
+            ledger: Ledger::default(),
+            evaluations: evaluations.iter().enumerate().map(evaluation).collect(),
+            ran: None,
+            test_split: test_split.map(String::from),
+        }
+    }
+
+    /// The file of `arms` of the default config's seed 0, and what a study of `study_arms`
+    /// expects of it.
+    fn file_of(arms: Vec<ArmResult>, study_arms: &[Arm]) -> (SeedResult, Expected) {
+        let expected = Expected::of(&RunConfig::default(), study_arms).expect("portable");
+        let result = SeedResult {
+            format: FORMAT,
+            config: expected.config.clone(),
+            seed: expected.seed,
+            config_hash: expected.hash.clone(),
+            whale: WhaleBuild::this(),
+            cpu: CpuInfo::detect(),
+            wall_s: 1.0,
+            arms,
+            coupling: None,
+            config_used: expected.config_used.clone(),
+        };
+        (result, expected)
+    }
+
+    /// `result` as a file at `path`, written as another whale might have (unchecked).
+    fn put(path: &Path, result: &SeedResult) {
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("dir");
+        std::fs::write(path, serde_json::to_string(result).expect("json")).expect("written");
+    }
+
+    fn refusal(error: StudyError) -> String {
+        assert!(matches!(error, StudyError::Unpaired { .. }), "{error}");
+        error.to_string()
+    }
+
+    #[test]
+    fn a_seed_file_whose_arms_do_not_pair_task_by_task_is_refused_naming_the_file_and_arm() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("math-seed-0.json");
+        let both = [WHALE, WEIGHT_ONLY];
+        let whale = arm(WHALE, &[&[0.5; 4], &[1.0; 4]], None);
+        let cases: [(ArmResult, &str); 3] = [
+            (
+                arm(WEIGHT_ONLY, &[&[0.5; 4], &[0.5; 3]], None),
+                "arm `weight-only`: evaluation 1 (after 64 training rollouts): 3 test task means, where `whale`'s \
+                 first evaluation has 4",
+            ),
+            (
+                arm(WEIGHT_ONLY, &[&[], &[]], None),
+                "`weight-only`: evaluation 0 (after 0 training rollouts): no test task",
+            ),
+            (arm(WEIGHT_ONLY, &[], None), "arm `weight-only`: no test evaluation"),
+        ];
+        for (other, reason) in cases {
+            let (result, expected) = file_of(vec![whale.clone(), other], &both);
+            put(&path, &result);
+            let refused = refusal(SeedResult::read(&path, &expected).expect_err("unpaired"));
+            assert!(refused.contains(&path.display().to_string()) && refused.contains(reason), "{refused}");
+        }
+        let (result, expected) = file_of(vec![arm(WHALE, &[&[]], None)], &[WHALE]);
+        put(&path, &result);
+        let refused = refusal(SeedResult::read_arm(&path, &expected, WHALE).expect_err("no task means"));
+        assert!(refused.contains("arm `whale`: evaluation 0 (after 0 training rollouts): no test task means"));
+
+        let (result, expected) = file_of(vec![whale.clone(), arm(WEIGHT_ONLY, &[&[0.0; 4]], None)], &both);
+        put(&path, &result);
+        assert_eq!(SeedResult::read(&path, &expected).expect("pairs"), result);
+    }
+
+    #[test]
+    fn arm_files_whose_evaluations_do_not_pair_are_not_joined_naming_the_arms_file() {
+        let results = tempfile::tempdir().expect("tempdir");
+        let both = [WHALE, WEIGHT_ONLY];
+        let (whale, _) = file_of(vec![arm(WHALE, &[&[0.5; 192]], None)], &both);
+        let (short, _) = file_of(vec![arm(WEIGHT_ONLY, &[&[0.5; 192], &[0.5; 191]], None)], &both);
+        let refused = refusal(SeedResult::joined(vec![whale.clone(), short], results.path()).expect_err("unpaired"));
+        let file = arm_path(results.path(), "math", 0, WEIGHT_ONLY);
+        assert!(refused.contains(&file.display().to_string()), "{refused}");
+        assert!(refused.contains("191 test task means, where `whale`'s first evaluation has 192"), "{refused}");
+
+        let (fine, _) = file_of(vec![arm(WEIGHT_ONLY, &[&[0.0; 192]], None)], &both);
+        let joined = SeedResult::joined(vec![fine, whale], results.path()).expect("pairs").expect("a seed");
+        assert_eq!(joined.arms.iter().map(ArmResult::arm).collect::<Vec<_>>(), both);
+    }
+
+    #[test]
+    fn arms_of_one_seed_evaluated_on_different_test_splits_are_refused_naming_both() {
+        let results = tempfile::tempdir().expect("tempdir");
+        let both = [WHALE, WEIGHT_ONLY];
+        let tasks: &[f64] = &[0.5; 4];
+        let part = |which, digest| file_of(vec![arm(which, &[tasks], digest)], &both).0;
+        let parts = vec![part(WHALE, Some("aaaa")), part(WEIGHT_ONLY, Some("bbbb"))];
+        let refused = refusal(SeedResult::joined(parts.clone(), results.path()).expect_err("other tasks"));
+        let file = arm_path(results.path(), "math", 0, WEIGHT_ONLY);
+        assert!(refused.contains(&file.display().to_string()), "{refused}");
+        assert!(refused.contains("arms `whale` and `weight-only` evaluated on different test splits"), "{refused}");
+
+        let path = results.path().join("math-seed-0.json");
+        let (result, expected) = file_of(parts.into_iter().flat_map(|part| part.arms).collect(), &both);
+        put(&path, &result);
+        let refused = refusal(SeedResult::read(&path, &expected).expect_err("other tasks"));
+        assert!(refused.contains("arms `whale` and `weight-only`") && refused.contains(&path.display().to_string()));
+
+        for digests in [(Some("aaaa"), None), (Some("aaaa"), Some("aaaa")), (None, None)] {
+            let parts = vec![part(WHALE, digests.0), part(WEIGHT_ONLY, digests.1)];
+            assert!(SeedResult::joined(parts, results.path()).expect("the same tasks").is_some(), "{digests:?}");
+        }
+    }
+
+    #[test]
+    fn a_file_with_a_number_json_cannot_hold_is_not_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("arms").join("math-seed-0-whale.json");
+        let mut whale = arm(WHALE, &[&[0.5; 4], &[0.5, 1.0, f64::NAN, 0.0]], None);
+        let (result, _) = file_of(vec![whale.clone()], &[WHALE]);
+        let error = result.write(&path).expect_err("NaN");
+        assert!(matches!(error, StudyError::Unwritable { .. }), "{error}");
+        let reason = error.to_string();
+        assert!(reason.contains("arm `whale`: evaluation 1 (after 64 training rollouts): task_means[2] is NaN"));
+        assert!(reason.contains(&path.display().to_string()) && !path.exists(), "{reason}");
+
+        whale.evaluations[1].task_means[2] = 0.0;
+        whale.evaluations[0].mean.hi = f64::INFINITY;
+        let (result, _) = file_of(vec![whale.clone()], &[WHALE]);
+        let reason = result.write(&path).expect_err("infinite").to_string();
+        assert!(reason.contains("evaluation 0 (after 0 training rollouts): mean.hi is inf"), "{reason}");
+
+        whale.evaluations[0].mean.hi = 1.0;
+        let (result, expected) = file_of(vec![whale], &[WHALE]);
+        result.write(&path).expect("finite");
+        assert_eq!(SeedResult::read_arm(&path, &expected, WHALE).expect("read back"), result);
+    }
+
+    #[test]
+    fn the_test_split_digest_is_of_the_runs_test_tasks_wherever_their_file_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let run = |name: &str, answer_offset: u32| {
+            let run = dir.path().join(name);
+            std::fs::create_dir_all(&run).expect("run dir");
+            let tasks = run.join("tasks.jsonl");
+            let lines: Vec<String> = (0..8)
+                .map(|i| serde_json::json!({"question": format!("{i}+1?"), "answer": format!("{}", i + 1 + answer_offset)}))
+                .map(|line| line.to_string())
+                .collect();
+            std::fs::write(&tasks, lines.join("\n")).expect("tasks");
+            let mut config = RunConfig::default();
+            config.tasks.files = vec![tasks];
+            (config.tasks.generate, config.tasks.train, config.tasks.search, config.tasks.test) = (0, 2, 2, 4);
+            std::fs::write(run.join(CONFIG_FILE), config.to_toml().expect("toml")).expect("config");
+            test_split_digest(&run).expect("a digest")
+        };
+        let here = run("here", 0);
+        assert_eq!(here.len(), 64);
+        assert_eq!(run("there", 0), here, "the same tasks in another directory");
+        assert_ne!(run("other-answers", 1), here, "other gold answers");
     }
 }

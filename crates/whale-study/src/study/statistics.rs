@@ -294,6 +294,7 @@ mod tests {
             ledger,
             evaluations: vec![evaluation(0, start), evaluation(64, last)],
             ran: None,
+            test_split: None,
         }
     }
     #[test]

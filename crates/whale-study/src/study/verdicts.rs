@@ -290,7 +290,7 @@ mod tests {
                 task_means: Vec::new(),
             })
             .collect();
-        ArmResult { condition, algorithm: None, ledger, evaluations, ran: None }
+        ArmResult { condition, algorithm: None, ledger, evaluations, ran: None, test_split: None }
     }
 
     fn matrix(cells: [[f64; 2]; 2]) -> SeedCoupling {

@@ -75,7 +75,7 @@ pub struct StudyArgs {
     /// Experiment configs (TOML), one per domain; each config's name names its part.
     #[arg(required = true)]
     configs: Vec<PathBuf>,
-    /// The seeds: a count N (seeds 0 to N-1) or a comma-separated list (`7,8`).
+    /// The seeds: a count N (seeds 0 to N-1) or a comma-separated list (`7,8`), each once.
     #[arg(long, default_value = "3")]
     seeds: Seeds,
     /// Only these conditions (default: all six); `CONDITION:ALGORITHM` as in `whale compare`.
@@ -116,6 +116,9 @@ impl std::str::FromStr for Seeds {
             .split(',')
             .map(|part| part.trim().parse::<u64>().map_err(|_| format!("`{part}` is not a seed")))
             .collect::<Result<_, _>>()?;
+        if let Some(index) = (1..numbers.len()).find(|&index| numbers[..index].contains(&numbers[index])) {
+            return Err(format!("seed {} is given twice: a seed counts once", numbers[index]));
+        }
         match numbers.as_slice() {
             [0] => Err("at least one seed".to_string()),
             [count] if !text.contains(',') => Ok(Seeds((0..*count).collect())),
