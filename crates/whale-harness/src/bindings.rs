@@ -5,6 +5,7 @@
 
 use crate::host::{ActionKind, HostFailure, HostState};
 use crate::watchdog::Watchdog;
+use crate::Limits;
 use rquickjs::context::EvalOptions;
 use rquickjs::prelude::Func;
 use rquickjs::{Coerced, Ctx, Exception, Function, Object, Value};
@@ -54,7 +55,9 @@ fn chat_function<'js>(ctx: &Ctx<'js>, host: &Shared, watchdog: &Rc<Watchdog>) ->
     let (host, dog) = (host.clone(), watchdog.clone());
     Function::new(ctx.clone(), move |ctx: Ctx<'js>, messages: Value<'js>, options: Value<'js>| {
         ensure_alive(&ctx, &dog)?;
-        let (messages, options) = (to_json(&ctx, messages)?, to_json(&ctx, options)?);
+        let most = chat_json_chars(&host.borrow().limits);
+        let messages = to_json(&ctx, messages, most, "ctx.llm.chat: `messages`")?;
+        let options = to_json(&ctx, options, most, "ctx.llm.chat: `opts`")?;
         let result = host.borrow_mut().chat(&messages, &options);
         reply(&ctx, &dog, result)
     })
@@ -64,7 +67,8 @@ fn tool_function<'js>(ctx: &Ctx<'js>, host: &Shared, watchdog: &Rc<Watchdog>) ->
     let (host, dog) = (host.clone(), watchdog.clone());
     Function::new(ctx.clone(), move |ctx: Ctx<'js>, name: String, args: Value<'js>| {
         ensure_alive(&ctx, &dog)?;
-        let args = match to_json(&ctx, args)? {
+        let most = host.borrow().limits.answer_chars;
+        let args = match to_json(&ctx, args, most, &format!("ctx.tools.{name}: the argument list"))? {
             serde_json::Value::Array(args) => args,
             other => vec![other],
         };
@@ -134,15 +138,27 @@ fn reply<'js>(
     }
 }
 
-/// A JavaScript value as JSON (`undefined` and functions become `null`).
-fn to_json<'js>(ctx: &Ctx<'js>, value: Value<'js>) -> rquickjs::Result<serde_json::Value> {
+/// Most characters of JSON that `ctx.llm.chat`'s `messages` or `opts` may take: room for a
+/// whole `prompt_chars` budget of escaped text, and at least 1 MiB.
+fn chat_json_chars(limits: &Limits) -> usize {
+    limits.prompt_chars.saturating_mul(8).max(1 << 20)
+}
+
+/// A JavaScript value as JSON (`undefined` and functions become `null`). JSON text of more than
+/// `most` characters throws a catchable `RangeError` naming `what`, before the host parses it:
+/// the text lies in the script's heap, under its limit, but its parsed form would not (a few
+/// characters like `[],` become tens of bytes each), nor would a trajectory recording it.
+fn to_json<'js>(ctx: &Ctx<'js>, value: Value<'js>, most: usize, what: &str) -> rquickjs::Result<serde_json::Value> {
     if value.is_undefined() {
         return Ok(serde_json::Value::Null);
     }
-    match ctx.json_stringify(value)? {
-        None => Ok(serde_json::Value::Null),
-        Some(json) => serde_json::from_str(&json.to_string()?).map_err(|e| Exception::throw_type(ctx, &e.to_string())),
+    let Some(json) = ctx.json_stringify(value)? else { return Ok(serde_json::Value::Null) };
+    let text = json.to_cstring()?;
+    let text = text.as_str();
+    if text.len() > most && text.chars().count() > most {
+        return Err(Exception::throw_range(ctx, &format!("{what} is more than {most} characters as JSON")));
     }
+    serde_json::from_str(text).map_err(|e| Exception::throw_type(ctx, &e.to_string()))
 }
 
 fn to_js<'js>(ctx: &Ctx<'js>, value: &serde_json::Value) -> rquickjs::Result<Value<'js>> {

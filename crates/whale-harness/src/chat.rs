@@ -9,6 +9,15 @@ use whale_tasks::json_kind;
 /// The option names `ctx.llm.chat` accepts.
 pub const CHAT_OPTIONS: [&str; 6] = ["max_tokens", "temperature", "top_p", "top_k", "stop", "trainable"];
 
+/// Most stop strings of one call, and most bytes of each: what `whale serve` accepts, so that a
+/// harness's request is refused here (a catchable error), never by a server (a policy failure
+/// that would stop the batch), and a local engine never matches an unbounded list at every token.
+pub const MAX_STOPS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 1024;
+
+/// Most characters of a message's `role` (roles are not counted in `prompt_chars`).
+pub const MAX_ROLE_CHARS: usize = 32;
+
 /// A string is one user message; otherwise an array of `{role, content}` objects.
 pub(crate) fn parse_messages(messages: &Value) -> Result<Vec<ChatMessage>, String> {
     match messages {
@@ -32,7 +41,11 @@ fn parse_message(index: usize, message: &Value) -> Result<ChatMessage, String> {
         }
         None => Err(format!("ctx.llm.chat: messages[{index}] has no `{name}`")),
     };
-    Ok(ChatMessage { role: field("role")?, content: field("content")? })
+    let role = field("role")?;
+    if role.chars().count() > MAX_ROLE_CHARS {
+        return Err(format!("ctx.llm.chat: messages[{index}].role is longer than {MAX_ROLE_CHARS} characters"));
+    }
+    Ok(ChatMessage { role, content: field("content")? })
 }
 
 /// Sampling parameters and the `trainable` flag of one call.
@@ -69,8 +82,9 @@ impl ChatOptions {
                 }
                 params.max_tokens = n as usize;
             }
-            "temperature" => params.temperature = number_in(value, 0.0, f64::MAX, "at least 0")? as f32,
-            "top_p" => params.top_p = number_in(value, f64::MIN_POSITIVE, 1.0, "in (0, 1]")? as f32,
+            // Bounded so that the f32 the policy gets is still in range (1e300 is no infinity).
+            "temperature" => params.temperature = number_in(value, 0.0, f32::MAX.into(), "at least 0")? as f32,
+            "top_p" => params.top_p = number_in(value, f32::MIN_POSITIVE.into(), 1.0, "in (0, 1]")? as f32,
             "top_k" => params.top_k = whole_number(value)? as usize,
             "stop" => params.stop = stop_strings(value)?,
             "trainable" => {
@@ -95,13 +109,22 @@ fn number_in(value: &Value, low: f64, high: f64, range: &str) -> Result<f64, Str
 }
 
 fn stop_strings(value: &Value) -> Result<Vec<String>, String> {
-    match value {
-        Value::String(stop) => Ok(vec![stop.clone()]),
+    let stops: Vec<String> = match value {
+        Value::String(stop) => vec![stop.clone()],
+        Value::Array(items) if items.len() > MAX_STOPS => {
+            return Err(format!("must hold at most {MAX_STOPS} strings, got {}", items.len()))
+        }
         Value::Array(items) => items
             .iter()
-            .map(|item| item.as_str().map(str::to_string).ok_or_else(|| format!("must hold strings, got {item}")))
-            .collect(),
-        other => Err(format!("must be a string or an array of strings, got {}", json_kind(other))),
+            .map(|item| {
+                item.as_str().map(str::to_string).ok_or_else(|| format!("must hold strings, got {}", json_kind(item)))
+            })
+            .collect::<Result<_, _>>()?,
+        other => return Err(format!("must be a string or an array of strings, got {}", json_kind(other))),
+    };
+    match stops.iter().find(|stop| stop.len() > MAX_STOP_BYTES) {
+        Some(long) => Err(format!("strings must be at most {MAX_STOP_BYTES} bytes long, got {}", long.len())),
+        None => Ok(stops),
     }
 }
 
@@ -170,6 +193,26 @@ mod tests {
         assert!(ChatOptions::parse(&json!({"stop": [1]}), &defaults, 4096).is_err());
         assert!(ChatOptions::parse(&json!({"trainable": "no"}), &defaults, 4096).is_err());
         assert!(ChatOptions::parse(&json!("fast"), &defaults, 4096).is_err());
+    }
+
+    #[test]
+    fn options_the_policy_would_refuse_are_refused_here() {
+        let defaults = SamplingParams::default();
+        for opts in [json!({"temperature": 1e300}), json!({"top_p": 1e-50})] {
+            let err = ChatOptions::parse(&opts, &defaults, 4096).expect_err("out of f32 range");
+            assert!(err.contains("must be a number"), "{err}");
+        }
+        let ok = ChatOptions::parse(&json!({"temperature": 3e38, "top_p": 1e-30}), &defaults, 4096).unwrap();
+        assert_eq!(ok.params.validate(), Ok(()));
+        let many: Vec<String> = (0..=MAX_STOPS).map(|i| i.to_string()).collect();
+        let err = ChatOptions::parse(&json!({ "stop": many }), &defaults, 4096).unwrap_err();
+        assert!(err.contains("at most 16 strings, got 17"), "{err}");
+        let err = ChatOptions::parse(&json!({"stop": "x".repeat(1025)}), &defaults, 4096).unwrap_err();
+        assert!(err.contains("at most 1024 bytes long, got 1025"), "{err}");
+        let full = vec!["x".repeat(MAX_STOP_BYTES); MAX_STOPS];
+        assert!(ChatOptions::parse(&json!({ "stop": full }), &defaults, 4096).is_ok());
+        let err = parse_messages(&json!([{"role": "r".repeat(33), "content": "hi"}])).unwrap_err();
+        assert!(err.contains("messages[0].role is longer than 32 characters"), "{err}");
     }
 
     #[test]

@@ -79,7 +79,7 @@ impl Trace {
 pub(crate) struct HostState {
     episode: Box<dyn Episode>,
     policy: Arc<dyn Policy>,
-    limits: Limits,
+    pub(crate) limits: Limits,
     sampling: SamplingParams,
     seed: u64,
     rng: ChaCha8Rng,
@@ -139,7 +139,8 @@ impl HostState {
         if trace.log_full {
             return;
         }
-        let chars = line.chars().count();
+        // An empty line counts as one character, so the budget bounds the number of lines too.
+        let chars = line.chars().count().max(1);
         if trace.log_chars + chars > self.limits.log_chars {
             trace.log_full = true;
             trace.log.push(format!("[log truncated: more than {} characters]", self.limits.log_chars));
@@ -286,10 +287,11 @@ impl HostState {
     }
 }
 
-/// A prompt the model cannot take is the harness's problem to handle; anything else about the
-/// policy ends the rollout as a `policy` error.
+/// A prompt the model cannot take, or messages its chat template refuses (a real template may
+/// raise on a misplaced system message or a missing user turn), are the harness's problem to
+/// handle; anything else about the policy ends the rollout as a `policy` error.
 fn policy_failure(error: PolicyError) -> HostFailure {
-    if matches!(error, PolicyError::PromptTooLong { .. }) {
+    if matches!(error, PolicyError::PromptTooLong { .. } | PolicyError::Template(_)) {
         HostFailure::Catchable(format!("ctx.llm.chat: {error}"))
     } else {
         HostFailure::Fatal(ErrorKind::Policy, format!("the policy failed: {error}"))

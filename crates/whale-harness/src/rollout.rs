@@ -98,10 +98,13 @@ fn drive<'js>(
         }
         Ok(())
     };
-    match (attempt(), watchdog.fatal()) {
-        (Ok(()), None) => Ok(()),
-        (Ok(()), Some(fatal)) => Err(fatal.into_rollout_error(None)),
-        (Err(error), fatal) => Err(JsFailure::catch(ctx, error).into_rollout_error(fatal)),
+    match attempt() {
+        Ok(()) => watchdog.fatal().map_or(Ok(()), |fatal| Err(fatal.into_rollout_error(None))),
+        Err(error) => {
+            // Reading what was thrown may run the script (a getter, a proxy) into a limit.
+            let failure = JsFailure::catch(ctx, error);
+            Err(failure.into_rollout_error(watchdog.fatal()))
+        }
     }
 }
 

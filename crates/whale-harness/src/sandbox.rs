@@ -15,6 +15,10 @@ use whale_core::{ErrorKind, RolloutError};
 /// The file name harness source is compiled under; error locations point into it.
 pub const HARNESS_FILE: &str = "harness.js";
 
+/// Most characters of a rollout error's message and of its stack kept in the trajectory (a
+/// harness may throw a string of many megabytes).
+pub const ERROR_CHARS: usize = 4_096;
+
 /// Native stack for a thread that runs a sandbox: the interpreter's own limit plus room for
 /// the host (policy, tools, episode) below it.
 pub(crate) fn thread_stack_bytes(limits: &Limits) -> usize {
@@ -147,7 +151,7 @@ impl JsFailure {
     pub fn into_rollout_error(self, fatal: Option<Fatal>) -> RolloutError {
         match fatal {
             Some(fatal) => fatal.into_rollout_error(self.stack),
-            None => RolloutError { kind: self.kind, message: self.summary(), stack: self.stack },
+            None => clipped(RolloutError { kind: self.kind, message: self.summary(), stack: self.stack }),
         }
     }
 }
@@ -160,8 +164,24 @@ impl Fatal {
             Some(at) => format!("{} ({HARNESS_FILE}:{at})", self.message),
             None => self.message,
         };
-        RolloutError { kind: self.kind, message, stack }
+        clipped(RolloutError { kind: self.kind, message, stack })
     }
+}
+
+/// `error` with its message and stack cut to [`ERROR_CHARS`] characters each.
+fn clipped(mut error: RolloutError) -> RolloutError {
+    fn clip(text: &mut String) {
+        if let Some((cut, _)) = text.char_indices().nth(ERROR_CHARS) {
+            let dropped = text[cut..].chars().count();
+            text.truncate(cut);
+            text.push_str(&format!(" [{dropped} more characters]"));
+        }
+    }
+    clip(&mut error.message);
+    if let Some(stack) = error.stack.as_mut() {
+        clip(stack);
+    }
+    error
 }
 
 /// QuickJS reports its own limits as ordinary (catchable) errors; these two are recognised.
@@ -201,5 +221,14 @@ mod tests {
         assert_eq!(classify("InternalError", "out of memory"), ErrorKind::OutOfMemory);
         assert_eq!(classify("RangeError", "Maximum call stack size exceeded"), ErrorKind::StackOverflow);
         assert_eq!(classify("Error", "out of memory"), ErrorKind::Exception);
+    }
+
+    #[test]
+    fn long_messages_and_stacks_are_clipped() {
+        let error =
+            RolloutError { kind: ErrorKind::Exception, message: "é".repeat(5000), stack: Some("s".repeat(10)) };
+        let error = clipped(error);
+        assert_eq!(error.message, format!("{} [904 more characters]", "é".repeat(ERROR_CHARS)));
+        assert_eq!(error.stack.as_deref(), Some("ssssssssss"));
     }
 }

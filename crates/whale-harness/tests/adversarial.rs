@@ -8,7 +8,8 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 use whale_core::{ErrorKind, Trajectory};
-use whale_harness::{Harness, Limits, SourceLocation};
+use whale_harness::{run_rollouts, Harness, Limits, RunOptions, SourceLocation};
+use whale_policy::{ChatRequest, Completion, Policy, PolicyError};
 
 const ADVERSARY: &str = r#"
 export const meta = { name: "adversary", description: "misbehaves when the task asks it to" };
@@ -42,6 +43,13 @@ export async function solve(task, ctx) {
       throw new Error("harness gave up");
     case "throw_value":
       throw { reason: "not an Error" };
+    case "throw_huge":
+      throw "x".repeat(1000000);
+    case "slow_to_read": {
+      const error = new Error("read me");
+      Object.defineProperty(error, "name", { get() { for (;;) {} } });
+      throw error;
+    }
     case "unknown_tool":
       return ctx.tools.telescope("moon");
     case "malformed":
@@ -108,6 +116,8 @@ fn every_adversary_fails_alone_with_its_own_error_kind() {
         "huge_answer",
         "throw",
         "throw_value",
+        "throw_huge",
+        "slow_to_read",
         "unknown_tool",
         "malformed",
         "null",
@@ -140,6 +150,9 @@ fn every_adversary_fails_alone_with_its_own_error_kind() {
     expect("huge_answer", ErrorKind::BadAnswer, "1000000 characters, more than the limit answer_chars = 10000");
     expect("throw", ErrorKind::Exception, "Error: harness gave up (harness.js:");
     expect("throw_value", ErrorKind::Exception, r#"{"reason":"not an Error"}"#);
+    let (_, huge) = error_of(&results, "throw_huge");
+    assert!(huge.len() < 5_000 && huge.ends_with("x [995918 more characters]"), "{}", &huge[huge.len() - 40..]);
+    expect("slow_to_read", ErrorKind::Timeout, "compute time");
     expect("unknown_tool", ErrorKind::Exception, "ctx.tools.telescope: unknown tool (this task's tools: calculator)");
     expect("malformed", ErrorKind::BadAnswer, "solve returned a value of type object");
     expect("null", ErrorKind::BadAnswer, "solve returned null");
@@ -233,4 +246,111 @@ export function solve(task, ctx) {
     assert_eq!(results[2].model_calls.len(), 2);
     assert_eq!(error(3).kind, ErrorKind::BadAnswer);
     assert!(error(3).message.contains("ctx.env.submit() takes a string or a number"), "{}", error(3).message);
+}
+
+#[test]
+fn host_arguments_whose_json_is_too_long_throw_before_the_host_parses_them() {
+    // A few characters of JSON each (`0,`) would be tens of bytes parsed, and a tool call's
+    // arguments are recorded in the trajectory: the text is refused while it is still text.
+    let source = r#"
+export function solve(task, ctx) {
+  const row = new Array(100).fill(0);
+  for (const call of [
+    () => ctx.tools.calculator(new Array(1000).fill(row)),
+    () => ctx.llm.chat([{ role: "user", content: "What is 1 + 1?", padding: new Array(1000000).fill(0) }]),
+    () => ctx.llm.chat("What is 1 + 1?", { stop: "\n", padding: new Array(1000000).fill(0) }),
+  ]) {
+    try { call(); } catch (e) { ctx.log(e.name, e.message); }
+  }
+  return ctx.tools.calculator(task.a, "+", task.b);
+}"#;
+    let harness = Arc::new(Harness::new("bloated", source));
+    let t = run(
+        vec![arithmetic_job(&harness, "t", json!({"a": 2, "b": 3}), 2, 3, 0)],
+        ArithmeticModel::new(),
+        &limits(),
+        1,
+    )
+    .remove(0);
+    assert_eq!(t.error, None);
+    assert!(t.success);
+    assert_eq!(
+        t.log,
+        [
+            "RangeError ctx.tools.calculator: the argument list is more than 10000 characters as JSON",
+            "RangeError ctx.llm.chat: `messages` is more than 1600000 characters as JSON",
+            "RangeError ctx.llm.chat: `opts` is more than 1600000 characters as JSON",
+        ]
+    );
+    assert_eq!(t.model_calls.len(), 0);
+    let names: Vec<&str> = t.tool_calls.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["calculator", "env.submit"], "the refused call never reached the tool");
+}
+
+/// Checks requests as real policies do: sampling parameters validated, and a chat template
+/// that raises on a system message after the first (as Qwen's do).
+struct StrictModel(Arc<ArithmeticModel>);
+
+impl Policy for StrictModel {
+    fn chat(&self, request: ChatRequest) -> Result<Completion, PolicyError> {
+        request.params.validate()?;
+        if request.messages.iter().skip(1).any(|m| m.role == "system") {
+            return Err(PolicyError::Template("System message must be at the beginning.".into()));
+        }
+        self.0.chat(request)
+    }
+    fn name(&self) -> String {
+        "strict".into()
+    }
+    fn weights_version(&self) -> u64 {
+        0
+    }
+}
+
+#[test]
+fn requests_a_policy_would_refuse_are_the_harness_error_not_a_failed_batch() {
+    let source = r#"
+export function solve(task, ctx) {
+  const q = ctx.env.observation;
+  const tries = {
+    temperature: () => ctx.llm.chat(q, { temperature: 1e300 }),
+    top_p: () => ctx.llm.chat(q, { top_p: 1e-50 }),
+    stops: () => ctx.llm.chat(q, { stop: new Array(17).fill("x") }),
+    role: () => ctx.llm.chat([{ role: "r".repeat(1000000), content: q }]),
+    template: () => ctx.llm.chat([{ role: "user", content: q }, { role: "system", content: "late" }]),
+  };
+  try { tries[task.mode](); } catch (e) { ctx.log(e.message); }
+  return ctx.llm.chat(q).text;
+}"#;
+    let harness = Arc::new(Harness::new("refused", source));
+    let modes = ["temperature", "top_p", "stops", "role", "template"];
+    let jobs = modes.iter().map(|m| arithmetic_job(&harness, m, json!({"mode": m}), 1, 2, 0)).collect();
+    let policy = Arc::new(StrictModel(ArithmeticModel::new()));
+    let options = RunOptions { threads: 2, progress: false, ..RunOptions::default() };
+    let trajectories = run_rollouts(jobs, policy, &limits(), options).expect("no model call failed");
+    let expected = [
+        "ctx.llm.chat: opts.temperature must be a number at least 0, got 1e+300",
+        "ctx.llm.chat: opts.top_p must be a number in (0, 1], got ",
+        "ctx.llm.chat: opts.stop must hold at most 16 strings, got 17",
+        "ctx.llm.chat: messages[0].role is longer than 32 characters",
+        "ctx.llm.chat: System message must be at the beginning.",
+    ];
+    for (t, message) in trajectories.iter().zip(expected) {
+        assert_eq!(t.error, None, "{}", t.task_id);
+        assert!(t.success, "{}", t.task_id);
+        assert_eq!(t.log.len(), 1, "{}", t.task_id);
+        assert!(t.log[0].starts_with(message), "{}: {:?}", t.task_id, t.log);
+        assert_eq!(t.model_calls.len(), 1, "{}", t.task_id);
+    }
+}
+
+#[test]
+fn empty_log_lines_use_the_log_budget_too() {
+    let source = "export function solve(task, ctx) { for (let i = 0; i < 100000; i++) ctx.log(''); }";
+    let harness = Arc::new(Harness::new("blank", source));
+    let limits = Limits { log_chars: 100, ..Limits::default() };
+    let t = run(vec![arithmetic_job(&harness, "t", json!({}), 1, 1, 0)], ArithmeticModel::new(), &limits, 1).remove(0);
+    assert_eq!(t.error, None);
+    assert_eq!(t.log.len(), 101);
+    assert_eq!(t.log[100], "[log truncated: more than 100 characters]");
 }
