@@ -265,6 +265,13 @@ mod tests {
     }
 
     #[test]
+    fn a_scale_word_multiplies_rather_than_being_a_unit() {
+        assert!(equivalent("1500000", "1.5 million"));
+        assert!(!equivalent("1.5", "1.5 million"));
+        assert!(!equivalent("2", r"\$2 billion"));
+    }
+
+    #[test]
     fn tuples_keep_order_and_brackets() {
         assert!(equivalent(r"\left( 3, \frac{\pi}{2} \right)", r"(3,\pi/2)"));
         assert!(!equivalent("(1,2)", "(2,1)"));

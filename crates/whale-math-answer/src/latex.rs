@@ -270,12 +270,20 @@ fn trim_end(mut tokens: Vec<Token>) -> Vec<Token> {
     tokens.split_off(start)
 }
 
+/// Powers of ten that a word after a number stands for: `1.5 million` is no unit.
+const SCALE_WORDS: [(&str, u32); 4] = [("thousand", 3), ("million", 6), ("billion", 9), ("trillion", 12)];
+
 /// Removes trailing units: a `\text{...}` group (with an optional `^2`) after some content,
 /// or a plain word after a number (`10 cm`). An answer that is only `\text{X}` becomes `X`.
+/// A scale word ends the stripping as a factor: `3\text{ million}\text{ dollars}` → `3\cdot10^{6}`.
 fn strip_units(mut tokens: Vec<Token>) -> Vec<Token> {
     loop {
         let body_end = tokens.len() - trailing_power_len(&tokens);
         let unit_start = text_group_start(&tokens[..body_end]).or_else(|| plain_unit_start(&tokens[..body_end]));
+        let scaled = unit_start.filter(|&start| start > 0 && body_end == tokens.len());
+        if let Some((start, power)) = scaled.and_then(|start| Some((start, scale_power(&tokens[start..])?))) {
+            return times_power_of_ten(tokens, start, power);
+        }
         match unit_start {
             Some(start) if tokens[..start].iter().any(|t| *t != Token::Space) => {
                 tokens.truncate(start);
@@ -285,6 +293,26 @@ fn strip_units(mut tokens: Vec<Token>) -> Vec<Token> {
             _ => return tokens,
         }
     }
+}
+
+/// The power of ten of a unit (a plain word or a `\text{}` group) that is a scale word.
+fn scale_power(unit: &[Token]) -> Option<u32> {
+    let letters: String = unit
+        .iter()
+        .filter_map(|t| match t {
+            Token::Char(c) if c.is_alphabetic() => Some(*c),
+            _ => None,
+        })
+        .collect();
+    SCALE_WORDS.iter().find(|(name, _)| letters.eq_ignore_ascii_case(name)).map(|(_, power)| *power)
+}
+
+/// `tokens[..end]` times `10^{power}`.
+fn times_power_of_ten(mut tokens: Vec<Token>, end: usize, power: u32) -> Vec<Token> {
+    tokens.truncate(end);
+    tokens.push(Token::Command("cdot".into()));
+    tokens.extend(format!("10^{{{power}}}").chars().map(Token::Char));
+    tokens
 }
 
 /// Length of a trailing `^x` or `^{...}` (the power of a unit such as `cm^2`).
@@ -449,6 +477,10 @@ mod tests {
         assert_eq!(canon(r"\frac {1} {2}"), canon(r"\frac{1}{2}"));
         assert_eq!(canon(r"\frac{270}7\text{ degrees}"), r"\frac{270}{7}");
         assert_eq!(canon("10 cm"), "10");
+        assert_eq!(canon("1.5 million"), r"1.5\cdot10^{6}");
+        assert_eq!(canon(r"\$2 Billion."), r"2\cdot10^{9}");
+        assert_eq!(canon(r"3\text{ million}\text{ dollars}"), r"3\cdot10^{6}");
+        assert_eq!(canon(r"\text{million}"), "million");
         assert_eq!(canon(r"\text{(C)}"), "(C)");
         assert_eq!(canon(r"\boxed{\frac12}"), r"\frac{1}{2}");
     }

@@ -1,5 +1,6 @@
 //! Loading records from files: every rejection names the file, the line, the field and the reason.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use whale_core::Task;
@@ -42,6 +43,24 @@ impl LoadReport {
     pub fn into_tasks(self) -> Vec<Task> {
         self.tasks.into_iter().map(|(_, t)| t).collect()
     }
+
+    /// Rejects each task whose id an earlier line used (naming `field`); rejections end in line order.
+    pub fn reject_duplicate_ids(&mut self, file: &Path, field: &str) {
+        let mut first_line_of: HashMap<String, usize> = HashMap::new();
+        for (line, task) in std::mem::take(&mut self.tasks) {
+            match first_line_of.get(&task.id) {
+                Some(first) => {
+                    let reason = format!("duplicate id `{}` (first used on line {first})", task.id);
+                    self.rejected.push(RecordError::new(file, line, Some(field), reason));
+                }
+                None => {
+                    first_line_of.insert(task.id.clone(), line);
+                    self.tasks.push((line, task));
+                }
+            }
+        }
+        self.rejected.sort_by_key(|error| error.line);
+    }
 }
 
 /// How error messages name the type of a JSON value ("a string", "an array", ...).
@@ -57,14 +76,50 @@ pub fn json_kind(value: &serde_json::Value) -> &'static str {
     }
 }
 
-/// Reads a JSONL file into (1-based line, JSON value) pairs. Blank lines are skipped; a line
-/// that is not UTF-8 or not JSON becomes a [`RecordError`]; an unreadable or empty file is a
-/// single error at line 0.
+/// A UTF-8 byte-order mark, which some editors and exporters put before the first record.
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+/// The first bytes of a gzip file.
+const GZIP_MAGIC: &[u8] = b"\x1F\x8B";
+
+/// The bytes of a data file, without a leading UTF-8 byte-order mark. An unreadable or
+/// gzip-compressed file is an error at line 0.
+pub fn read_data_file(path: &Path) -> Result<Vec<u8>, RecordError> {
+    let mut bytes =
+        std::fs::read(path).map_err(|e| RecordError::new(path, 0, None, format!("cannot read the file: {e}")))?;
+    if bytes.starts_with(GZIP_MAGIC) {
+        return Err(RecordError::new(path, 0, None, "the file is gzip-compressed: decompress it first (gunzip)"));
+    }
+    if bytes.starts_with(UTF8_BOM) {
+        bytes.drain(..UTF8_BOM.len());
+    }
+    Ok(bytes)
+}
+
+/// Reads a JSONL file (or a JSON array of records) into (1-based line, JSON value) pairs; see
+/// [`parse_json_records`]. An unreadable, compressed or empty file is a single error at line 0.
 pub fn read_jsonl(path: &Path) -> (Vec<(usize, serde_json::Value)>, Vec<RecordError>) {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) => return (vec![], vec![RecordError::new(path, 0, None, format!("cannot read the file: {e}"))]),
-    };
+    match read_data_file(path) {
+        Ok(bytes) => parse_json_records(path, &bytes),
+        Err(error) => (vec![], vec![error]),
+    }
+}
+
+/// The records of a file's bytes: JSON lines, or one JSON array when the first non-blank byte
+/// is `[` (each element numbered by the line it starts on). Blank lines are skipped; a line that
+/// is not UTF-8 or not JSON becomes a [`RecordError`], as does a malformed array (once, at the
+/// line of the error); a file without records is a single error at line 0.
+pub fn parse_json_records(path: &Path, bytes: &[u8]) -> (Vec<(usize, serde_json::Value)>, Vec<RecordError>) {
+    let first_byte = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    let (values, mut errors) =
+        if first_byte == Some(&b'[') { json_array(path, bytes) } else { json_lines(path, bytes) };
+    if values.is_empty() && errors.is_empty() {
+        let reason = "file is empty: expected one JSON record per line (or a JSON array of records)";
+        errors.push(RecordError::new(path, 0, None, reason));
+    }
+    (values, errors)
+}
+
+fn json_lines(path: &Path, bytes: &[u8]) -> (Vec<(usize, serde_json::Value)>, Vec<RecordError>) {
     let mut values = Vec::new();
     let mut errors = Vec::new();
     for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
@@ -82,10 +137,46 @@ pub fn read_jsonl(path: &Path) -> (Vec<(usize, serde_json::Value)>, Vec<RecordEr
             Err(e) => errors.push(RecordError::new(path, line, None, format!("malformed JSON: {e}"))),
         }
     }
-    if values.is_empty() && errors.is_empty() {
-        errors.push(RecordError::new(path, 0, None, "file is empty: expected one JSON record per line"));
-    }
     (values, errors)
+}
+
+/// A file holding one JSON array of records. A syntax error spoils the whole array (past it the
+/// elements cannot be told apart), so it is one error at its line.
+fn json_array(path: &Path, bytes: &[u8]) -> (Vec<(usize, serde_json::Value)>, Vec<RecordError>) {
+    match serde_json::from_slice::<Vec<serde_json::Value>>(bytes) {
+        Ok(elements) => (element_lines(bytes).into_iter().zip(elements).collect(), vec![]),
+        Err(e) => (vec![], vec![RecordError::new(path, e.line(), None, format!("malformed JSON array: {e}"))]),
+    }
+}
+
+/// The 1-based line on which each element of the (valid) top-level JSON array in `bytes` starts.
+fn element_lines(bytes: &[u8]) -> Vec<usize> {
+    let (mut line, mut depth, mut in_string, mut escaped, mut expecting) = (1, 0usize, false, false, false);
+    let mut lines = Vec::new();
+    for &byte in bytes {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        if depth == 1 && expecting && !byte.is_ascii_whitespace() && byte != b']' {
+            lines.push(line);
+            expecting = false;
+        }
+        match byte {
+            b'\n' => line += 1,
+            b'"' => in_string = true,
+            b'[' | b'{' => (depth, expecting) = (depth + 1, depth == 0),
+            b']' | b'}' => depth -= 1,
+            b',' => expecting = depth == 1,
+            _ => {}
+        }
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -102,6 +193,48 @@ mod tests {
         assert_eq!(errors.iter().map(|e| e.line).collect::<Vec<_>>(), vec![3, 4]);
         assert!(errors[0].reason.starts_with("malformed JSON"));
         assert!(errors[1].to_string().contains(":4: line is not valid UTF-8"));
+    }
+
+    fn read(bytes: &[u8]) -> (Vec<(usize, serde_json::Value)>, Vec<RecordError>) {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(bytes).unwrap();
+        read_jsonl(f.path())
+    }
+
+    #[test]
+    fn a_byte_order_mark_and_crlf_endings_cost_no_record() {
+        let (values, errors) = read(b"\xEF\xBB\xBF{\"a\":1}\r\n\r\n{\"a\":2}\r\n");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(values, vec![(1, serde_json::json!({"a": 1})), (3, serde_json::json!({"a": 2}))]);
+    }
+
+    #[test]
+    fn a_json_array_file_gives_each_element_the_line_it_starts_on() {
+        let (values, errors) = read(b"\xEF\xBB\xBF[\n  {\"a\": \"x,]}\\\"[{\"},\n  {\"a\":\n 2}, [3]\n]\n");
+        assert!(errors.is_empty(), "{errors:?}");
+        let lines: Vec<usize> = values.iter().map(|(line, _)| *line).collect();
+        assert_eq!(lines, vec![2, 3, 4]);
+        assert_eq!(values[0].1["a"], "x,]}\"[{");
+        let (values, _) = read(br#"[{"a":1}, {"a":2}]"#);
+        assert_eq!(values.iter().map(|(line, _)| *line).collect::<Vec<_>>(), vec![1, 1]);
+    }
+
+    #[test]
+    fn a_malformed_json_array_is_one_error_at_its_line() {
+        let (values, errors) = read(b"[\n{\"a\":1},\n{oops}\n]");
+        assert!(values.is_empty());
+        assert_eq!(errors.iter().map(|e| e.line).collect::<Vec<_>>(), vec![3]);
+        assert!(errors[0].reason.starts_with("malformed JSON array"), "{}", errors[0]);
+        let (_, errors) = read(b" [ ]\n");
+        assert!(errors[0].line == 0 && errors[0].reason.starts_with("file is empty"), "{errors:?}");
+    }
+
+    #[test]
+    fn a_gzip_file_is_one_error_that_says_so() {
+        let (values, errors) = read(b"\x1F\x8B\x08\x00\x00\x00\x00\x00\x00\x03\n\xff");
+        assert!(values.is_empty());
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].line == 0 && errors[0].reason.contains("gzip"), "{}", errors[0]);
     }
 
     #[test]

@@ -438,6 +438,32 @@ fn bad_json_records_name_their_field() {
 }
 
 #[test]
+fn a_puzzle_id_used_twice_is_rejected_at_its_second_line() {
+    let good = "0kDWS,1r6/1PN5/3p4/4kpp1/1R6/P3n3/K1P5/8 b - - 0 49,e3d5 b4b5 b8b7 b5b7,1947,endgame pin";
+    let bytes = format!("PuzzleId,FEN,Moves,Rating,Themes\n{good}\n{good}\n");
+    let (report, _file) = load_bytes(bytes.as_bytes(), ".csv");
+    assert_eq!(report.tasks.iter().map(|(line, _)| *line).collect::<Vec<_>>(), [2]);
+    let error = error_at(&report, 3);
+    assert_eq!(error.field.as_deref(), Some("PuzzleId"), "{error}");
+    assert!(error.reason.contains("duplicate id `0kDWS` (first used on line 2)"), "{error}");
+}
+
+#[test]
+fn json_with_a_byte_order_mark_or_as_an_array_loads() {
+    let fen = "6k1/5ppp/8/8/7p/8/7P/R3R1K1 b - - 0 1";
+    let record = |id: &str| json!({"PuzzleId": id, "FEN": fen, "Moves": "h4h3 a1a8"});
+    let lines = format!("\u{feff}{}\r\n{}\r\n", record("a"), record("b"));
+    let array = format!("\u{feff}[\n{},\n{}\n]", record("a"), record("b"));
+    let cases = [(lines.as_str(), ".jsonl", 1), (&lines, ".txt", 1), (&array, ".json", 2), (&array, ".txt", 2)];
+    for (text, suffix, first) in cases {
+        let (report, _file) = load_bytes(text.as_bytes(), suffix);
+        assert!(report.rejected.is_empty(), "{suffix}: {:?}", report.rejected);
+        let loaded: Vec<(usize, &str)> = report.tasks.iter().map(|(line, t)| (*line, t.id.as_str())).collect();
+        assert_eq!(loaded, [(first, "a"), (first + 1, "b")], "{suffix}");
+    }
+}
+
+#[test]
 fn shared_puzzles_survive_a_native_round_trip() {
     let tasks = shared_tasks();
     let mut bytes = Vec::new();

@@ -550,6 +550,34 @@ mod math_bad_input {
         let error = math::parse_record(&json!({"id": false, "question": "q", "answer": "1"}), file, 4).unwrap_err();
         assert_eq!(error.field.as_deref(), Some("id"));
     }
+
+    #[test]
+    fn a_null_id_is_no_id_and_a_unique_id_may_be_an_integer() {
+        let file = Path::new("export.jsonl");
+        let parse = |value: Value| math::parse_record(&value, file, 2).expect("accepted");
+        assert_eq!(parse(json!({"id": null, "question": "q", "answer": "1"})).id, "export-2");
+        assert_eq!(parse(json!({"problem": "p", "answer": "1", "unique_id": 42})).id, "42");
+    }
+
+    #[test]
+    fn a_bom_crlf_json_array_file_loads_every_record() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let bytes = b"\xEF\xBB\xBF[\r\n {\"question\": \"q1\", \"answer\": \"a\\n#### 1,234\"},\r\n {\"problem\": \"p\", \"answer\": \"-\\\\frac{3}{4}\"}\r\n]\r\n";
+        let report = math::load(&write_file(dir.path(), "array.json", bytes));
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+        let loaded: Vec<(usize, &str)> = report.tasks.iter().map(|(line, task)| (*line, gold(task))).collect();
+        assert_eq!(loaded, vec![(2, "1234"), (3, r"-\frac{3}{4}")]);
+        assert!(submit(&report.tasks[1].1, "-0.75"));
+    }
+
+    #[test]
+    fn a_gzip_file_is_refused_in_one_error() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let report = math::load(&write_file(dir.path(), "test.jsonl.gz", b"\x1F\x8B\x08\x00\xff\n\xfe"));
+        assert!(report.tasks.is_empty());
+        let [error] = report.rejected.as_slice() else { panic!("{:#?}", report.rejected) };
+        assert!(error.line == 0 && error.reason.contains("gzip"), "{error}");
+    }
 }
 
 /// Native round trip and the public view.

@@ -1,11 +1,12 @@
 //! The Lichess puzzle formats: CSV with a header (columns in any order), headerless
-//! `FEN,Moves,Rating` rows, and JSON lines keyed by the Lichess column names.
+//! `FEN,Moves,Rating` rows, and JSON lines (or a JSON array) keyed by the Lichess column names.
+//! A puzzle id used twice is rejected at its second line.
 //!
 //! Every record is read on its own, so one bad row costs one [`RecordError`] naming its line and
 //! column, never the file. Records are read as bytes so that invalid UTF-8 is such an error too.
 
 use super::puzzle::{Puzzle, RawPuzzle};
-use crate::record::{LoadReport, RecordError};
+use crate::record::{parse_json_records, read_data_file, LoadReport, RecordError};
 use csv::ByteRecord;
 use serde_json::Value;
 use shakmaty::fen::Fen;
@@ -18,20 +19,21 @@ const NATIVE_HEADER: [&str; 5] = ["PuzzleId", "FEN", "Moves", "Rating", "Themes"
 
 pub(crate) fn load(path: &Path) -> LoadReport {
     let mut report = LoadReport::default();
-    let bytes = match std::fs::read(path) {
+    let bytes = match read_data_file(path) {
         Ok(bytes) => bytes,
-        Err(e) => {
-            report.rejected.push(RecordError::new(path, 0, None, format!("cannot read the file: {e}")));
+        Err(error) => {
+            report.rejected.push(error);
             return report;
         }
     };
     let first_byte = bytes.iter().find(|b| !b.is_ascii_whitespace());
     match first_byte {
         None => report.rejected.push(RecordError::new(path, 0, None, "the file is empty")),
-        Some(&b'{') => load_jsonl(path, &bytes, &mut report),
+        Some(&b'{' | &b'[') => load_jsonl(path, &bytes, &mut report),
         Some(_) if has_json_extension(path) => load_jsonl(path, &bytes, &mut report),
         Some(_) => load_csv(path, &bytes, &mut report),
     }
+    report.reject_duplicate_ids(path, "PuzzleId");
     report
 }
 
@@ -48,16 +50,12 @@ fn push(report: &mut LoadReport, line: usize, result: Result<Task, RecordError>)
     }
 }
 
+/// JSON lines, or a JSON array of records.
 fn load_jsonl(path: &Path, bytes: &[u8], report: &mut LoadReport) {
-    for (index, line) in bytes.split(|&b| b == b'\n').enumerate() {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let number = index + 1;
-        let result = serde_json::from_slice::<Value>(line)
-            .map_err(|e| RecordError::new(path, number, None, format!("expected a JSON object: {e}")))
-            .and_then(|value| parse_record(&value, path, number));
-        push(report, number, result);
+    let (values, unreadable) = parse_json_records(path, bytes);
+    report.rejected.extend(unreadable);
+    for (line, value) in values {
+        push(report, line, parse_record(&value, path, line));
     }
 }
 

@@ -9,7 +9,6 @@
 use super::SOURCES;
 use crate::record::{json_kind, read_jsonl, LoadReport, RecordError};
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use whale_core::{Domain, Split, Task};
@@ -19,23 +18,13 @@ use whale_math_answer::{is_thousands_grouped, last_boxed};
 pub fn load(path: &Path) -> LoadReport {
     let (values, unreadable) = read_jsonl(path);
     let mut report = LoadReport { tasks: Vec::new(), rejected: unreadable };
-    let mut first_line_of: HashMap<String, usize> = HashMap::new();
     for (line, value) in values {
         match parse_record(&value, path, line) {
-            Ok(task) => match first_line_of.get(&task.id) {
-                Some(first) => {
-                    let reason = format!("duplicate id `{}` (first used on line {first})", task.id);
-                    report.rejected.push(RecordError::new(path, line, Some("id"), reason));
-                }
-                None => {
-                    first_line_of.insert(task.id.clone(), line);
-                    report.tasks.push((line, task));
-                }
-            },
+            Ok(task) => report.tasks.push((line, task)),
             Err(error) => report.rejected.push(error),
         }
     }
-    report.rejected.sort_by_key(|error| error.line);
+    report.reject_duplicate_ids(path, "id");
     report
 }
 
@@ -112,23 +101,27 @@ impl Record<'_> {
         }
     }
 
-    /// The record's own `id` or `unique_id`, else `<file stem>-<line>`.
+    /// The record's own `id` or `unique_id` (absent or null: none), else `<file stem>-<line>`.
     fn id(&self) -> Result<String, RecordError> {
-        match self.fields.get("id") {
-            Some(Value::String(id)) if !id.trim().is_empty() => return Ok(id.clone()),
-            Some(Value::Number(n)) if n.is_u64() => return Ok(n.to_string()),
-            Some(other) => {
-                return Err(
-                    self.error("id", format!("expected a non-empty string or an integer, found {}", json_kind(other)))
-                )
+        for field in ["id", "unique_id"] {
+            if let Some(id) = self.optional_id(field)? {
+                return Ok(id);
             }
-            None => {}
-        }
-        if let Some(unique_id) = self.optional_string("unique_id")? {
-            return Ok(unique_id.to_string());
         }
         let stem = self.file.file_stem().map_or("math".into(), |s| s.to_string_lossy());
         Ok(format!("{stem}-{}", self.line))
+    }
+
+    fn optional_id(&self, field: &str) -> Result<Option<String>, RecordError> {
+        match self.fields.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(id)) if !id.trim().is_empty() => Ok(Some(id.clone())),
+            Some(Value::Number(n)) if n.is_u64() => Ok(Some(n.to_string())),
+            Some(other) => {
+                let reason = format!("expected a non-empty string or an integer, found {}", json_kind(other));
+                Err(self.error(field, reason))
+            }
+        }
     }
 }
 
