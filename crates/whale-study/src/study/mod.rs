@@ -210,7 +210,10 @@ fn pending(plan: &StudyPlan, results: &Path) -> Result<Vec<RunConfig>, StudyErro
         for config in &plan.configs {
             let config = seeded(config, seed, plan.quick);
             if result_of(plan, results, &config)?.is_none() {
-                finished_arms(plan, results, &config)?;
+                let parts = finished_arms(plan, results, &config)?;
+                if parts.len() < plan.arms.len() {
+                    SeedResult::check_split(&config, &parts, results)?;
+                }
                 pending.push(config);
             }
         }
@@ -394,13 +397,8 @@ mod tests {
         assert!(read(&plan(&[Condition::Whale, Condition::WeightOnly]), results.path()).is_ok());
     }
 
-    #[test]
-    fn an_arm_file_of_another_config_is_refused_before_any_arm_runs() {
-        let results = tempfile::tempdir().expect("tempdir");
-        let plan = plan(&[Condition::Whale, Condition::WeightOnly]);
-        assert_eq!(pending(&plan, results.path()).expect("nothing there").len(), 1);
-        let mut other = RunConfig::default();
-        other.schedule.budget += 1;
+    /// A file of arm `weight-only` of `config` (seeded 0), with one evaluation of 4 tasks.
+    fn arm_file(config: &RunConfig, config_hash: String, test_split: Option<String>) -> SeedResult {
         let evaluation = result::Evaluation {
             training_rollouts: 0,
             mean: whale_core::Estimate { value: 0.5, lo: 0.0, hi: 1.0 },
@@ -409,11 +407,11 @@ mod tests {
             k: 2,
             task_means: vec![0.5; 4],
         };
-        let stale = SeedResult {
+        SeedResult {
             format: result::FORMAT,
-            config: other.name.clone(),
+            config: config.name.clone(),
             seed: 0,
-            config_hash: "0".repeat(64),
+            config_hash,
             whale: WhaleBuild::this(),
             cpu: whale_core::CpuInfo::detect(),
             wall_s: 1.0,
@@ -423,11 +421,21 @@ mod tests {
                 ledger: whale_core::Ledger::default(),
                 evaluations: vec![evaluation],
                 ran: None,
-                test_split: None,
+                test_split,
             }],
             coupling: None,
-            config_used: result::portable(&other).expect("portable"),
-        };
+            config_used: result::portable(config).expect("portable"),
+        }
+    }
+
+    #[test]
+    fn an_arm_file_of_another_config_is_refused_before_any_arm_runs() {
+        let results = tempfile::tempdir().expect("tempdir");
+        let plan = plan(&[Condition::Whale, Condition::WeightOnly]);
+        assert_eq!(pending(&plan, results.path()).expect("nothing there").len(), 1);
+        let mut other = RunConfig::default();
+        other.schedule.budget += 1;
+        let stale = arm_file(&other, "0".repeat(64), None);
         let path = arm_path(results.path(), &other.name, 0, Arm::from(Condition::WeightOnly));
         stale.write(&path).expect("written");
         let error = pending(&plan, results.path()).expect_err("a stale arm file");
@@ -437,5 +445,25 @@ mod tests {
             "{reason}"
         );
         assert!(reason.contains("schedule.budget = "), "{reason}");
+    }
+
+    #[test]
+    fn an_arm_file_evaluated_on_another_test_split_is_refused_before_any_arm_runs() {
+        let results = tempfile::tempdir().expect("tempdir");
+        let plan = plan(&[Condition::Whale, Condition::WeightOnly]);
+        let config = seeded(&plan.configs[0], 0, false);
+        let hash = result::hash(&result::portable(&config).expect("portable"));
+        let path = arm_path(results.path(), &config.name, 0, Arm::from(Condition::WeightOnly));
+        let here = result::split_digest(&config).expect("a test split");
+        arm_file(&config, hash.clone(), Some(here)).write(&path).expect("written");
+        assert_eq!(pending(&plan, results.path()).expect("the same test split").len(), 1);
+        arm_file(&config, hash, Some("f".repeat(64))).write(&path).expect("written");
+        let error = pending(&plan, results.path()).expect_err("another test split");
+        let reason = error.to_string();
+        assert!(matches!(error, StudyError::Unpaired { .. }), "{reason}");
+        assert!(
+            reason.contains(&path.display().to_string()) && reason.contains("this machine's task files make"),
+            "{reason}"
+        );
     }
 }

@@ -233,7 +233,12 @@ fn test_split_digest(dir: &Path) -> Result<String, StudyError> {
     let file = dir.join(CONFIG_FILE);
     let failed = |reason: String| StudyError::Read { path: file.clone(), reason };
     let config = RunConfig::load(&file).map_err(|e| failed(e.to_string()))?;
-    let test = task_splits(&config).map_err(|e| failed(format!("its test split: {e}")))?.test;
+    split_digest(&config).map_err(failed)
+}
+
+/// SHA-256 of the test split `config` makes: each test task's id and payload, in order.
+pub(super) fn split_digest(config: &RunConfig) -> Result<String, String> {
+    let test = task_splits(config).map_err(|e| format!("its test split: {e}"))?.test;
     Ok(hash(&Value::Array(test.into_iter().map(|task| serde_json::json!([task.id, task.payload])).collect())))
 }
 
@@ -332,7 +337,7 @@ pub fn portable(config: &RunConfig) -> Result<Value, StudyError> {
         .map_err(|e| StudyError::Portable { config: config.name.clone(), reason: e.to_string() })
 }
 
-fn hash(config: &Value) -> String {
+pub(super) fn hash(config: &Value) -> String {
     format!("{:x}", Sha256::digest(config.to_string().as_bytes()))
 }
 
@@ -396,6 +401,27 @@ impl SeedResult {
         let arms: Vec<ArmResult> = parts.iter().flat_map(|part| part.arms.iter().cloned()).collect();
         let (Some(part), Some((arm, reason))) = (parts.first(), unpaired(&arms)) else { return Ok(()) };
         Err(StudyError::Unpaired { path: arm_path(results, &part.config, part.seed, arm), reason })
+    }
+
+    /// Refuses, before any arm of `config` (seeded) runs here, an arm file in `results` whose
+    /// test split is not the one this machine's task files make for it: the arm run here would
+    /// otherwise be refused only when the seed is joined, after it ran.
+    pub fn check_split(config: &RunConfig, parts: &[SeedResult], results: &Path) -> Result<(), StudyError> {
+        let recorded =
+            parts.iter().flat_map(|part| &part.arms).find_map(|arm| Some((arm.arm(), arm.test_split.as_deref()?)));
+        let Some((arm, recorded)) = recorded else { return Ok(()) };
+        let path = arm_path(results, &config.name, config.seed, arm);
+        let here = split_digest(config).map_err(|reason| StudyError::Read { path: path.clone(), reason })?;
+        if here == recorded {
+            return Ok(());
+        }
+        let reason = format!(
+            "arm `{arm}` evaluated on test split {}, while this machine's task files make {}: the task files \
+             differ, so an arm run here could not be paired with it",
+            short(recorded),
+            short(&here)
+        );
+        Err(StudyError::Unpaired { path, reason })
     }
 
     /// Writes the file atomically (a temporary file renamed over it), creating its directory;
