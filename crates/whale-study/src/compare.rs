@@ -94,6 +94,9 @@ pub enum CompareError {
     Report(#[from] ReportError),
     #[error(transparent)]
     Lock(#[from] LockError),
+    /// One run directory per arm: an arm given twice would be reported twice.
+    #[error("the condition `{0}` is given twice")]
+    DuplicateArm(Arm),
 }
 
 /// What a comparison produced.
@@ -135,6 +138,9 @@ pub fn compare_with(
     verbosity: Verbosity,
     on_arm: &mut dyn FnMut(ArmEvent),
 ) -> Result<Comparison, CompareError> {
+    if let Some(index) = (1..arms.len()).find(|&index| arms[..index].contains(&arms[index])) {
+        return Err(CompareError::DuplicateArm(arms[index]));
+    }
     let _lock = DirLock::create(root)?;
     let mut seconds = Vec::new();
     let mut base_evals: Vec<EvalMemo> = Vec::new();
@@ -188,6 +194,17 @@ fn add_base_evals(config: &RunConfig, dir: &Path, memos: &mut Vec<EvalMemo>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_arm_given_twice_is_refused_before_anything_is_made() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("comparison");
+        let arms: Vec<Arm> = ["whale", "weight-only", "whale"].iter().map(|arm| arm.parse().expect("an arm")).collect();
+        let error =
+            compare(&RunConfig::default(), &dir, &arms, Verbosity { progress: false }).expect_err("whale twice");
+        assert_eq!(error.to_string(), "the condition `whale` is given twice");
+        assert!(!dir.exists(), "nothing is created");
+    }
 
     #[test]
     fn an_arm_is_a_condition_with_an_optional_algorithm() {
