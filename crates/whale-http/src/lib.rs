@@ -11,6 +11,7 @@
 //! ([`server_message`]). An optional bound on requests in flight keeps a rollout pool of any
 //! size within what the server batches well.
 
+use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::Duration;
@@ -199,7 +200,21 @@ impl JsonClient {
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let text = response.text().map_err(|e| self.transport_error(url, &e))?;
+        let text = read_reply(response, MAX_REPLY_BYTES).map_err(|reason| match reason {
+            ReplyFault::Read(error) => match error.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()) {
+                Some(error) => self.transport_error(url, error),
+                None => HttpError::Transport {
+                    url: url.to_string(),
+                    fault: TransportFault::Connection,
+                    message: error.to_string(),
+                },
+            },
+            ReplyFault::TooLarge => HttpError::Reply {
+                url: url.to_string(),
+                expected: "reply",
+                reason: format!("it is over {MAX_REPLY_BYTES} bytes"),
+            },
+        })?;
         if (200..300).contains(&status) {
             return Ok(text);
         }
@@ -220,6 +235,26 @@ impl JsonClient {
         };
         HttpError::Transport { url: url.to_string(), fault, message }
     }
+}
+
+/// Most bytes of a reply read: far above any completion (128 choices of a long context with
+/// logprobs), so that a broken or hostile server cannot make the client hold gigabytes.
+pub const MAX_REPLY_BYTES: u64 = 256 << 20;
+
+/// Why a reply's body was not read.
+enum ReplyFault {
+    Read(std::io::Error),
+    TooLarge,
+}
+
+/// The body from `reply`, as text (invalid UTF-8 replaced), refused past `limit` bytes.
+fn read_reply(reply: impl Read, limit: u64) -> Result<String, ReplyFault> {
+    let mut bytes = Vec::new();
+    reply.take(limit + 1).read_to_end(&mut bytes).map_err(ReplyFault::Read)?;
+    if bytes.len() as u64 > limit {
+        return Err(ReplyFault::TooLarge);
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// A counting semaphore: at most `capacity` holders at once.
@@ -271,16 +306,17 @@ pub fn server_message(body: &str) -> String {
     let field = |pointer: &str| {
         parsed.as_ref().and_then(|v| v.pointer(pointer)).map(|v| v.as_str().map_or_else(|| v.to_string(), String::from))
     };
-    field("/error/message")
-        .or_else(|| field("/detail"))
-        .or_else(|| field("/message"))
-        .unwrap_or_else(|| body.chars().take(500).collect())
+    let message = field("/error/message").or_else(|| field("/detail")).or_else(|| field("/message"));
+    message.unwrap_or_else(|| body.to_string()).chars().take(MESSAGE_CHARS).collect()
 }
+
+/// Most characters of a server's message kept in an error.
+const MESSAGE_CHARS: usize = 500;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
+    use std::io::Write;
     use std::net::TcpListener;
 
     #[test]
@@ -289,6 +325,16 @@ mod tests {
         assert_eq!(server_message(r#"{"detail": "bad path"}"#), "bad path");
         assert_eq!(server_message(r#"{"success": false, "message": "bad path"}"#), "bad path");
         assert_eq!(server_message("plain text"), "plain text");
+    }
+
+    #[test]
+    fn replies_and_server_messages_are_bounded() {
+        let read = |body: &[u8]| read_reply(std::io::Cursor::new(body.to_vec()), 10);
+        assert_eq!(read(b"0123456789").ok().as_deref(), Some("0123456789"));
+        assert!(matches!(read(b"0123456789a"), Err(ReplyFault::TooLarge)));
+        let long = "x".repeat(10_000);
+        assert_eq!(server_message(&serde_json::json!({"error": {"message": long}}).to_string()).len(), MESSAGE_CHARS);
+        assert_eq!(server_message(&long).len(), MESSAGE_CHARS);
     }
 
     #[test]
