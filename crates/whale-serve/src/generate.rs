@@ -8,10 +8,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use hyper::body::Bytes;
-
 use serde_json::Value;
+use tokio::sync::mpsc::error::TrySendError;
 use whale_engine::sampling::StopMatcher;
 use whale_engine::{LocalPolicy, SampledToken};
 use whale_policy::{Completion, PolicyError};
@@ -189,17 +190,28 @@ impl<'a> ChoiceText<'a> {
     }
 }
 
+/// How long a streamed reply waits for its client to take the next event before it counts the
+/// client as gone: one that stops reading would otherwise hold a worker thread and its
+/// generations for ever.
+pub const STREAM_STALL: Duration = Duration::from_secs(60);
+
 /// Server-sent events into a streamed response body: each event is one frame, handed to the
-/// HTTP layer as soon as it is written (a slow client makes this wait; a client that went away
-/// makes it drop the rest).
+/// HTTP layer as soon as it is written (a slow client makes this wait, up to a stall limit; a
+/// client that went away or stalled makes it drop the rest).
 pub struct EventSink {
     frames: tokio::sync::mpsc::Sender<Bytes>,
+    stall: Duration,
     broken: bool,
 }
 
 impl EventSink {
     pub fn new(frames: tokio::sync::mpsc::Sender<Bytes>) -> Self {
-        Self { frames, broken: false }
+        Self::with_stall(frames, STREAM_STALL)
+    }
+
+    /// A sink that gives up on a client that has taken no event for `stall`.
+    pub fn with_stall(frames: tokio::sync::mpsc::Sender<Bytes>, stall: Duration) -> Self {
+        Self { frames, stall, broken: false }
     }
 
     pub fn send(&mut self, event: &Value) {
@@ -213,7 +225,24 @@ impl EventSink {
 
     fn frame(&mut self, text: String) {
         if !self.broken {
-            self.broken = self.frames.blocking_send(Bytes::from(text)).is_err();
+            self.broken = !self.hand_over(Bytes::from(text));
+        }
+    }
+
+    /// Queues `frame` for the client, waiting while its queue is full; false once the client
+    /// has gone or has taken nothing for the stall limit.
+    fn hand_over(&self, mut frame: Bytes) -> bool {
+        let deadline = Instant::now() + self.stall;
+        loop {
+            match self.frames.try_send(frame) {
+                Ok(()) => return true,
+                Err(TrySendError::Closed(_)) => return false,
+                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                    frame = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(TrySendError::Full(_)) => return false,
+            }
         }
     }
 }
@@ -222,6 +251,22 @@ impl EventSink {
 mod tests {
     use super::*;
     use whale_text::MIN_VOCAB_SIZE;
+
+    #[test]
+    fn a_client_that_stops_reading_is_given_up_after_the_stall_limit() {
+        let (frames, receiver) = tokio::sync::mpsc::channel(1);
+        let (finished, waited) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sink = EventSink::with_stall(frames, Duration::from_millis(50));
+            sink.send(&serde_json::json!({"n": 1}));
+            let first_taken = !sink.broken;
+            sink.send(&serde_json::json!({"n": 2}));
+            let _ = finished.send((first_taken, sink.broken));
+        });
+        let outcome = waited.recv_timeout(Duration::from_secs(10)).expect("the sink gives up instead of blocking");
+        assert_eq!(outcome, (true, true));
+        drop(receiver);
+    }
 
     #[test]
     fn streamed_pieces_hold_back_what_may_start_a_stop_string() {
