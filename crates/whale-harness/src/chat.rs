@@ -3,17 +3,12 @@
 
 use serde_json::Value;
 use whale_core::ChatMessage;
+use whale_policy::sampling::{MAX_STOPS, MAX_STOP_BYTES};
 use whale_policy::SamplingParams;
 use whale_tasks::json_kind;
 
 /// The option names `ctx.llm.chat` accepts.
 pub const CHAT_OPTIONS: [&str; 6] = ["max_tokens", "temperature", "top_p", "top_k", "stop", "trainable"];
-
-/// Most stop strings of one call, and most bytes of each: what `whale serve` accepts, so that a
-/// harness's request is refused here (a catchable error), never by a server (a policy failure
-/// that would stop the batch), and a local engine never matches an unbounded list at every token.
-pub const MAX_STOPS: usize = 16;
-pub const MAX_STOP_BYTES: usize = 1024;
 
 /// Most characters of a message's `role` (roles are not counted in `prompt_chars`).
 pub const MAX_ROLE_CHARS: usize = 32;

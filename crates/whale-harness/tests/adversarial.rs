@@ -323,7 +323,7 @@ export function solve(task, ctx) {
   return ctx.llm.chat(q).text;
 }"#;
     let harness = Arc::new(Harness::new("refused", source));
-    let modes = ["temperature", "top_p", "stops", "role", "template"];
+    let modes = ["temperature", "top_p", "stops", "role"];
     let jobs = modes.iter().map(|m| arithmetic_job(&harness, m, json!({"mode": m}), 1, 2, 0)).collect();
     let policy = Arc::new(StrictModel(ArithmeticModel::new()));
     let options = RunOptions { threads: 2, progress: false, ..RunOptions::default() };
@@ -333,7 +333,6 @@ export function solve(task, ctx) {
         "ctx.llm.chat: opts.top_p must be a number in (0, 1], got ",
         "ctx.llm.chat: opts.stop must hold at most 16 strings, got 17",
         "ctx.llm.chat: messages[0].role is longer than 32 characters",
-        "ctx.llm.chat: System message must be at the beginning.",
     ];
     for (t, message) in trajectories.iter().zip(expected) {
         assert_eq!(t.error, None, "{}", t.task_id);
@@ -342,6 +341,23 @@ export function solve(task, ctx) {
         assert!(t.log[0].starts_with(message), "{}: {:?}", t.task_id, t.log);
         assert_eq!(t.model_calls.len(), 1, "{}", t.task_id);
     }
+}
+
+/// A chat template's refusal cannot be told from a template rendered wrongly, so it is the
+/// policy's failure: the batch did not run, and nothing is scored.
+#[test]
+fn a_chat_template_refusal_is_a_policy_failure_not_a_scored_task() {
+    let source = r#"
+export function solve(task, ctx) {
+  try { ctx.llm.chat([{ role: "user", content: "q" }, { role: "system", content: "late" }]); } catch (e) {}
+  return "0";
+}"#;
+    let harness = Arc::new(Harness::new("late-system", source));
+    let jobs = vec![arithmetic_job(&harness, "t", json!({}), 1, 1, 0)];
+    let policy = Arc::new(StrictModel(ArithmeticModel::new()));
+    let options = RunOptions { threads: 1, progress: false, ..RunOptions::default() };
+    let error = run_rollouts(jobs, policy, &limits(), options).expect_err("the template refused");
+    assert!(error.to_string().contains("System message must be at the beginning."), "{error}");
 }
 
 #[test]

@@ -14,7 +14,7 @@
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde_json::Value;
@@ -192,6 +192,7 @@ impl JsonClient {
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
+        let sent = Instant::now();
         let response = request.send().map_err(|e| self.transport_error(url, &e))?;
         let status = response.status().as_u16();
         let retry_after = response
@@ -200,9 +201,15 @@ impl JsonClient {
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let text = read_reply(response, MAX_REPLY_BYTES).map_err(|reason| match reason {
+        let body = Deadline { reply: response, until: sent + self.request_timeout };
+        let text = read_reply(body, MAX_REPLY_BYTES).map_err(|reason| match reason {
             ReplyFault::Read(error) => match error.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()) {
                 Some(error) => self.transport_error(url, error),
+                None if error.kind() == std::io::ErrorKind::TimedOut => HttpError::Transport {
+                    url: url.to_string(),
+                    fault: TransportFault::Timeout,
+                    message: format!("no complete reply within {} s", self.request_timeout.as_secs_f64()),
+                },
                 None => HttpError::Transport {
                     url: url.to_string(),
                     fault: TransportFault::Connection,
@@ -245,6 +252,22 @@ pub const MAX_REPLY_BYTES: u64 = 256 << 20;
 enum ReplyFault {
     Read(std::io::Error),
     TooLarge,
+}
+
+/// A reply's body that fails to read once `until` has passed: reqwest gives each read the whole
+/// timeout, so a server sending a byte at a time could otherwise hold an attempt for ever.
+struct Deadline<R> {
+    reply: R,
+    until: Instant,
+}
+
+impl<R: Read> Read for Deadline<R> {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        if Instant::now() > self.until {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the request timeout passed"));
+        }
+        self.reply.read(buffer)
+    }
 }
 
 /// The body from `reply`, as text (invalid UTF-8 replaced), refused past `limit` bytes.
@@ -335,6 +358,9 @@ mod tests {
         let long = "x".repeat(10_000);
         assert_eq!(server_message(&serde_json::json!({"error": {"message": long}}).to_string()).len(), MESSAGE_CHARS);
         assert_eq!(server_message(&long).len(), MESSAGE_CHARS);
+        let late =
+            Deadline { reply: std::io::Cursor::new(b"{}".to_vec()), until: Instant::now() - Duration::from_secs(1) };
+        assert!(matches!(read_reply(late, 10), Err(ReplyFault::Read(e)) if e.kind() == std::io::ErrorKind::TimedOut));
     }
 
     #[test]

@@ -304,7 +304,8 @@ fn scale_power(unit: &[Token]) -> Option<u32> {
             _ => None,
         })
         .collect();
-    SCALE_WORDS.iter().find(|(name, _)| letters.eq_ignore_ascii_case(name)).map(|(_, power)| *power)
+    let word = letters.strip_suffix(['s', 'S']).unwrap_or(&letters);
+    SCALE_WORDS.iter().find(|(name, _)| word.eq_ignore_ascii_case(name)).map(|(_, power)| *power)
 }
 
 /// `tokens[..end]` times `10^{power}`.
@@ -478,6 +479,7 @@ mod tests {
         assert_eq!(canon(r"\frac{270}7\text{ degrees}"), r"\frac{270}{7}");
         assert_eq!(canon("10 cm"), "10");
         assert_eq!(canon("1.5 million"), r"1.5\cdot10^{6}");
+        assert_eq!(canon("3 Millions"), r"3\cdot10^{6}");
         assert_eq!(canon(r"\$2 Billion."), r"2\cdot10^{9}");
         assert_eq!(canon(r"3\text{ million}\text{ dollars}"), r"3\cdot10^{6}");
         assert_eq!(canon(r"\text{million}"), "million");

@@ -3,6 +3,13 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Most stop strings of one request, and most bytes of each, wherever a request is made or
+/// served (`whale serve`, a harness's `ctx.llm.chat`): every stop string is searched for in the
+/// text after every token, so an unbounded list would let one request slow a whole batch; one
+/// limit keeps a harness's request from being accepted in process and refused by a server.
+pub const MAX_STOPS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 1024;
+
 /// How to sample one completion. Defaults are the paper's sampling settings (temperature 1.0,
 /// top_p 1.0, top_k 20); `max_tokens` 1024 and seed 0 are ours.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

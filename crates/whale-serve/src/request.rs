@@ -7,18 +7,13 @@
 use serde::Deserialize;
 use serde_json::Value;
 use whale_core::ChatMessage;
+use whale_policy::sampling::{MAX_STOPS, MAX_STOP_BYTES};
 use whale_policy::SamplingParams;
 
 use crate::error::ApiError;
 
 /// Most choices one request may ask for.
 pub const MAX_CHOICES: usize = 128;
-
-/// Most stop strings one request may give, and the longest one in bytes: every stop string is
-/// copied for each choice and searched for in the text after every token, so an unbounded list
-/// would let one request slow the whole batch.
-pub const MAX_STOPS: usize = 16;
-pub const MAX_STOP_BYTES: usize = 1024;
 
 /// Which endpoint a generation request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -141,10 +141,18 @@ fn json_lines(path: &Path, bytes: &[u8]) -> (Vec<(usize, serde_json::Value)>, Ve
 }
 
 /// A file holding one JSON array of records. A syntax error spoils the whole array (past it the
-/// elements cannot be told apart), so it is one error at its line.
+/// elements cannot be told apart), so it is one error at its line. Each element is numbered by
+/// the line it starts on, or, when elements share a line (Python's `json.dump` writes the whole
+/// array on one), by its 1-based position: the number stands for the record in errors and in ids
+/// made from it, so it must tell the records apart.
 fn json_array(path: &Path, bytes: &[u8]) -> (Vec<(usize, serde_json::Value)>, Vec<RecordError>) {
     match serde_json::from_slice::<Vec<serde_json::Value>>(bytes) {
-        Ok(elements) => (element_lines(bytes).into_iter().zip(elements).collect(), vec![]),
+        Ok(elements) => {
+            let lines = element_lines(bytes);
+            let numbers =
+                if lines.windows(2).all(|pair| pair[0] < pair[1]) { lines } else { (1..=elements.len()).collect() };
+            (numbers.into_iter().zip(elements).collect(), vec![])
+        }
         Err(e) => (vec![], vec![RecordError::new(path, e.line(), None, format!("malformed JSON array: {e}"))]),
     }
 }
@@ -209,14 +217,14 @@ mod tests {
     }
 
     #[test]
-    fn a_json_array_file_gives_each_element_the_line_it_starts_on() {
+    fn a_json_array_file_gives_each_element_its_line_or_its_position_when_lines_are_shared() {
         let (values, errors) = read(b"\xEF\xBB\xBF[\n  {\"a\": \"x,]}\\\"[{\"},\n  {\"a\":\n 2}, [3]\n]\n");
         assert!(errors.is_empty(), "{errors:?}");
         let lines: Vec<usize> = values.iter().map(|(line, _)| *line).collect();
         assert_eq!(lines, vec![2, 3, 4]);
         assert_eq!(values[0].1["a"], "x,]}\"[{");
         let (values, _) = read(br#"[{"a":1}, {"a":2}]"#);
-        assert_eq!(values.iter().map(|(line, _)| *line).collect::<Vec<_>>(), vec![1, 1]);
+        assert_eq!(values.iter().map(|(number, _)| *number).collect::<Vec<_>>(), vec![1, 2]);
     }
 
     #[test]

@@ -570,6 +570,18 @@ mod math_bad_input {
         assert!(submit(&report.tasks[1].1, "-0.75"));
     }
 
+    /// Python's `json.dump` writes the array on one line: records without ids must still be
+    /// told apart, by their position.
+    #[test]
+    fn a_one_line_json_array_without_ids_numbers_its_records_by_position() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let bytes = br#####"[{"question": "q1", "answer": "#### 1"}, {"question": "q2", "answer": "#### 2"}, {"question": "q3", "answer": "#### 3"}]"#####;
+        let report = math::load(&write_file(dir.path(), "dump.json", bytes));
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+        let ids: Vec<(usize, &str)> = report.tasks.iter().map(|(number, task)| (*number, task.id.as_str())).collect();
+        assert_eq!(ids, vec![(1, "dump-1"), (2, "dump-2"), (3, "dump-3")]);
+    }
+
     #[test]
     fn a_gzip_file_is_refused_in_one_error() {
         let dir = tempfile::tempdir().expect("temp dir");

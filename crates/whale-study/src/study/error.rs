@@ -41,6 +41,8 @@ pub enum StudyError {
     DuplicateName(String),
     #[error("the condition `{0}` is given twice: a study runs each arm once per seed")]
     DuplicateArm(String),
+    #[error("seed {0} is given twice: a seed counts once")]
+    DuplicateSeed(u64),
     #[error(
         "config `{0}`: `[weights] keep_phase_weights = false`, but the study scores every harness a \
          WHALE run accepted under the weights of each of its phases (the coupling matrix), which that \

@@ -239,11 +239,14 @@ fn coupling_of(run: &Path) -> Result<Coupling, CouplingError> {
     Ok(read_json(&run.join(COUPLING_FILE))?)
 }
 
-/// Refuses two configs of one name, and an arm given twice (its seeds would count it twice).
+/// Refuses two configs of one name, and a seed or an arm given twice (it would count twice).
 fn check_plan(plan: &StudyPlan) -> Result<(), StudyError> {
     let names: Vec<&str> = plan.configs.iter().map(|config| config.name.as_str()).collect();
     if let Some(name) = repeated(&names) {
         return Err(StudyError::DuplicateName(name.to_string()));
+    }
+    if let Some(&seed) = repeated(&plan.seeds) {
+        return Err(StudyError::DuplicateSeed(seed));
     }
     match repeated(&plan.arms) {
         Some(arm) => Err(StudyError::DuplicateArm(arm.name())),
@@ -395,6 +398,9 @@ mod tests {
         assert!(matches!(&error, StudyError::DuplicateArm(arm) if arm == "whale"), "{error}");
         assert!(error.to_string().contains("the condition `whale` is given twice"), "{error}");
         assert!(read(&plan(&[Condition::Whale, Condition::WeightOnly]), results.path()).is_ok());
+        let seeds_twice = StudyPlan { seeds: vec![0, 1, 0], ..plan(&[Condition::Whale]) };
+        let error = read(&seeds_twice, results.path()).expect_err("seed 0 twice");
+        assert!(matches!(error, StudyError::DuplicateSeed(0)), "{error}");
     }
 
     /// A file of arm `weight-only` of `config` (seeded 0), with one evaluation of 4 tasks.
