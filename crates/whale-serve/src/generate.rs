@@ -210,7 +210,7 @@ impl EventSink {
     }
 
     /// A sink that gives up on a client that has taken no event for `stall`.
-    pub fn with_stall(frames: tokio::sync::mpsc::Sender<Bytes>, stall: Duration) -> Self {
+    fn with_stall(frames: tokio::sync::mpsc::Sender<Bytes>, stall: Duration) -> Self {
         Self { frames, stall, broken: false }
     }
 
