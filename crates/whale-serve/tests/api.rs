@@ -9,12 +9,7 @@ use whale_policy::{Policy, SamplingParams};
 use whale_serve::ServeConfig;
 
 fn chat_body(extra: Value) -> String {
-    let mut body = json!({"model": "base", "messages": [{"role": "user", "content": "Tova has 3 cups."}],
-                          "temperature": 0, "max_tokens": 20, "seed": 1});
-    for (key, value) in extra.as_object().expect("an object") {
-        body[key] = value.clone();
-    }
-    body.to_string()
+    common::chat_body_with(json!({"temperature": 0, "max_tokens": 20, "seed": 1}), extra)
 }
 
 fn assert_error(reply: (u16, Value), status: u16, needle: &str) {

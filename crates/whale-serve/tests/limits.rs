@@ -15,12 +15,7 @@ use whale_serve::{ServeConfig, Server};
 const CHAT: &str = "/v1/chat/completions";
 
 fn chat_body(extra: Value) -> String {
-    let mut body = json!({"model": "base", "messages": [{"role": "user", "content": "Tova has 3 cups."}],
-                          "temperature": 1.0, "max_tokens": 12, "seed": 5});
-    for (key, value) in extra.as_object().expect("an object") {
-        body[key] = value.clone();
-    }
-    body.to_string()
+    common::chat_body_with(json!({"temperature": 1.0, "max_tokens": 12, "seed": 5}), extra)
 }
 
 #[test]

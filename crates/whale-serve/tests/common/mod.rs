@@ -139,3 +139,13 @@ pub fn local_with_adapter(base_dir: &Path, adapter_dir: &Path) -> LocalPolicy {
     policy.reload(base.with_adapter(&adapter).expect("it fits"), 0).expect("reloaded");
     policy
 }
+
+/// A chat completion body: one user turn, `sampling` (temperature, max_tokens, seed), and the
+/// fields of `extra` over them.
+pub fn chat_body_with(sampling: serde_json::Value, extra: serde_json::Value) -> String {
+    let mut body = serde_json::json!({"model": "base", "messages": [{"role": "user", "content": "Tova has 3 cups."}]});
+    for (key, value) in sampling.as_object().into_iter().chain(extra.as_object()).flatten() {
+        body[key] = value.clone();
+    }
+    body.to_string()
+}
