@@ -38,6 +38,17 @@ pub use cached_attention::{cached_attention, AttentionShape, CachedSequence};
 pub use frozen_product::frozen_weight_product;
 use host::{f32_slice, map_rows, on_host, PARALLEL_ELEMENTS};
 
+/// The dtype norms and softmaxes compute in for inputs of `dtype`: f32 for f32, bf16 and f16
+/// (as `transformers` computes them), f64 for f64, so that an f64 model (the parity checks')
+/// rounds nowhere to f32.
+pub fn computing_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
 /// True when the fused kernels can run `x` (contiguity is arranged by the callers).
 fn fused(x: &Tensor) -> bool {
     x.device().is_cpu() && x.dtype() == DType::F32
@@ -56,7 +67,7 @@ pub fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
 
 /// `x / sqrt(mean(x²) + eps) * weight` over each run of `weight.len()` values of the last
 /// dimension (the whole of it, or each head of `[.., heads · d]`), computed in f32 as in
-/// `transformers`, differentiable in `x` and `weight`.
+/// `transformers` (in f64 for f64 inputs), differentiable in `x` and `weight`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     let dim = weight.dim(0)?;
     if dim == 0 || x.dim(D::Minus1)? % dim != 0 {
@@ -65,9 +76,9 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Te
     if fused(x) && fused(weight) {
         return x.contiguous()?.apply_op2(&weight.contiguous()?, RmsNorm { eps });
     }
-    let x32 = x.to_dtype(DType::F32)?.reshape(((), dim))?;
-    let inverse_rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
-    x32.broadcast_mul(&inverse_rms)?.to_dtype(x.dtype())?.broadcast_mul(weight)?.reshape(x.shape())
+    let wide = x.to_dtype(computing_dtype(x.dtype()))?.reshape(((), dim))?;
+    let inverse_rms = (wide.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
+    wide.broadcast_mul(&inverse_rms)?.to_dtype(x.dtype())?.broadcast_mul(weight)?.reshape(x.shape())
 }
 
 /// Rotary embedding of token rows `x` `[N, heads · d]` with `cos`, `sin` `[N, d / 2]` (the
@@ -178,7 +189,7 @@ pub fn gather_rows(x: &Tensor, rows: &[Option<u32>]) -> candle_core::Result<Tens
 /// Grouped-query attention from tensor ops, with the given softmax over the last dimension:
 /// `q` `[B, H, T, d]`, `k` and `v` `[B, KV, S, d]`, `mask` additive `[B, 1, 1, T, S]`; the output
 /// is `[B, H, T, d]`. The queries of a group are stacked instead of the keys being copied
-/// (`repeat_kv`); the scores are normalised in f32 whatever the dtype.
+/// (`repeat_kv`); the scores are normalised in f32 (f64 for f64 inputs).
 pub fn composed_attention(
     q: &Tensor,
     k: &Tensor,
@@ -191,10 +202,11 @@ pub fn composed_attention(
     let (_, kv_heads, keys, _) = k.dims4()?;
     let groups = heads / kv_heads;
     let q = q.reshape((batch, kv_heads, groups * steps, head_dim))?;
+    let wide = computing_dtype(q.dtype());
     let scores = (q.matmul(&k.t()?)? * scale)?
         .reshape((batch, kv_heads, groups, steps, keys))?
-        .to_dtype(DType::F32)?
-        .broadcast_add(&mask.reshape((batch, 1, 1, steps, keys))?)?;
+        .to_dtype(wide)?
+        .broadcast_add(&mask.to_dtype(wide)?.reshape((batch, 1, 1, steps, keys))?)?;
     let probs = softmax(&scores)?.to_dtype(v.dtype())?.reshape((batch, kv_heads, groups * steps, keys))?;
     probs.matmul(v)?.reshape((batch, heads, steps, head_dim))
 }
@@ -509,6 +521,48 @@ mod tests {
     fn fused_rms_norm_matches_the_composition_forward_and_backward() {
         let (out, grads) = compare(&[random(&[4, 6, 48]), random(&[48])], |t| rms_norm(&t[0], &t[1], 1e-6), &[0, 1]);
         assert!(out < 1e-5 && grads.iter().all(|&g| g < 1e-4), "{out} {grads:?}");
+    }
+
+    fn rows_f64(x: &Tensor) -> Vec<Vec<f64>> {
+        x.to_vec2().expect("rows")
+    }
+
+    /// In f64 the compositions round nowhere to f32 (an f64 model is the parity checks'
+    /// reference): RMSNorm and packed attention equal their formulas computed by hand in f64
+    /// to 1e-12, where a pass through f32 is about 1e-7 off.
+    #[test]
+    fn f64_inputs_are_normalised_and_attended_in_f64() {
+        let f64_random = |shape: &[usize]| random(shape).to_dtype(DType::F64).expect("f64");
+        let (x, weight) = (f64_random(&[3, 48]), f64_random(&[48]));
+        let normed = rows_f64(&rms_norm(&x, &weight, 1e-6).expect("norm"));
+        let weights: Vec<f64> = weight.to_vec1().expect("weights");
+        for (row, out) in rows_f64(&x).iter().zip(&normed) {
+            let inverse_rms = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / 48.0 + 1e-6).sqrt();
+            for ((v, w), o) in row.iter().zip(&weights).zip(out) {
+                assert!((v * inverse_rms * w - o).abs() < 1e-12, "{} against {o}", v * inverse_rms * w);
+            }
+        }
+        let (lengths, heads, d, scale) = ([5, 3], 2, 4, 0.5);
+        let (q, k, v) = (f64_random(&[8, heads * d]), f64_random(&[8, d]), f64_random(&[8, d]));
+        let out = rows_f64(&attention(&q, &k, &v, &lengths, d, scale).expect("attention"));
+        let (q, k, v) = (rows_f64(&q), rows_f64(&k), rows_f64(&v));
+        for (first, len) in [(0, 5), (5, 3)] {
+            for t in first..first + len {
+                for h in 0..heads {
+                    let query = &q[t][h * d..(h + 1) * d];
+                    let scores: Vec<f64> =
+                        (first..=t).map(|s| scale * query.iter().zip(&k[s]).map(|(a, b)| a * b).sum::<f64>()).collect();
+                    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    for j in 0..d {
+                        let expected: f64 = (first..=t).zip(&weights).map(|(s, w)| w / total * v[s][j]).sum();
+                        let got = out[t][h * d + j];
+                        assert!((expected - got).abs() < 1e-12, "row {t} head {h}: {got} against {expected}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::sync::PoisonError;
 
 /// Whether parameters can be kept in `dtype`: the float types candle trains and decodes in.
 pub(crate) fn is_float(dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+    matches!(dtype, DType::F64 | DType::F32 | DType::BF16 | DType::F16)
 }
 
 /// A map of the `expected` tensors taken from `tensors` (each checked against its shape),

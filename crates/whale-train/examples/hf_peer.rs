@@ -5,8 +5,8 @@
 //!
 //! The workload (written by the script) holds chat conversations to render and tokenize, and
 //! optionally: one token sequence to compute logits for (also through a LoRA adapter, when it
-//! names one), prompts to decode greedily, the prompts of a concurrent generation run and the
-//! examples of a training step. The output holds the rendered token ids and, for each part the
+//! names one, and again with the checkpoint loaded in float64, when it asks), prompts to decode
+//! greedily, the prompts of a concurrent generation run and the examples of a training step. The output holds the rendered token ids and, for each part the
 //! workload has, the logits, the greedy token ids, the generated token count and time, and the
 //! training time per step, of the full weights and, when the workload gives a rank, of a fresh
 //! LoRA adapter. `bench/smollm2_greedy.py` sends only conversations and greedy prompts.
@@ -28,6 +28,10 @@ struct Workload {
     logits_input: Option<Vec<u32>>,
     /// A PEFT adapter directory to compute the same logits through.
     adapter: Option<PathBuf>,
+    /// Also compute those logits with the checkpoint loaded in float64, where no f32 rounding
+    /// hides a difference in what is computed.
+    #[serde(default)]
+    float64: bool,
     greedy: Option<GreedyWorkload>,
     generate: Option<GenerateWorkload>,
     train: Option<TrainWorkload>,
@@ -74,8 +78,10 @@ struct TrainExample {
 #[derive(Serialize)]
 struct Results {
     chat_ids: Vec<Vec<u32>>,
-    logits: Option<Vec<Vec<f32>>>,
-    adapter_logits: Option<Vec<Vec<f32>>>,
+    logits: Option<Logits>,
+    adapter_logits: Option<Logits>,
+    logits_f64: Option<Logits>,
+    adapter_logits_f64: Option<Logits>,
     greedy_ids: Option<Vec<Vec<u32>>>,
     generate_tokens: Option<usize>,
     generate_seconds: Option<f64>,
@@ -108,13 +114,13 @@ fn main() -> Result<(), BoxError> {
     let policy = LocalPolicy::load(model_dir, DType::F32, &Device::Cpu, engine)?;
     let chat_ids =
         workload.conversations.iter().map(|messages| policy.prompt_ids(messages)).collect::<Result<_, _>>()?;
-    let (logits, adapter_logits) = match &workload.logits_input {
-        Some(ids) => {
-            let (plain, adapted) =
-                policy.decoder().with_trainable(SequenceLogits { ids, adapter: &workload.adapter })?;
-            (Some(plain), adapted)
-        }
-        None => (None, None),
+    let (logits, adapter_logits) = workload_logits(&policy, &workload)?;
+    let (logits_f64, adapter_logits_f64) = match workload.float64 {
+        true => workload_logits(
+            &LocalPolicy::load(model_dir, DType::F64, &Device::Cpu, EngineConfig::default())?,
+            &workload,
+        )?,
+        false => (None, None),
     };
     let greedy_ids = workload.greedy.as_ref().map(|work| greedy(&policy, work)).transpose()?;
     let generation = workload.generate.as_ref().map(|work| time_generation(&policy, work)).transpose()?;
@@ -133,6 +139,8 @@ fn main() -> Result<(), BoxError> {
         chat_ids,
         logits,
         adapter_logits,
+        logits_f64,
+        adapter_logits_f64,
         greedy_ids,
         generate_tokens: generation.map(|(tokens, _)| tokens),
         generate_seconds: generation.map(|(_, seconds)| seconds),
@@ -146,6 +154,16 @@ fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The logits of the workload's sequence from `policy`'s model, and through its adapter when
+/// it names one; none when it has no sequence.
+fn workload_logits(policy: &LocalPolicy, workload: &Workload) -> Result<(Option<Logits>, Option<Logits>), BoxError> {
+    let Some(ids) = &workload.logits_input else {
+        return Ok((None, None));
+    };
+    let (plain, adapted) = policy.decoder().with_trainable(SequenceLogits { ids, adapter: &workload.adapter })?;
+    Ok((Some(plain), adapted))
+}
+
 /// The logits `[T, vocab]` of one unpadded sequence from the training forward pass, and through
 /// the PEFT adapter in `adapter` when there is one, for whichever architecture is served.
 struct SequenceLogits<'a> {
@@ -153,7 +171,8 @@ struct SequenceLogits<'a> {
     adapter: &'a Option<PathBuf>,
 }
 
-type Logits = Vec<Vec<f32>>;
+/// In f64 whatever the model's dtype: an f32 widens exactly.
+type Logits = Vec<Vec<f64>>;
 
 impl WithTrainable for SequenceLogits<'_> {
     type Output = Result<(Logits, Option<Logits>), BoxError>;
@@ -169,7 +188,7 @@ impl WithTrainable for SequenceLogits<'_> {
 }
 
 fn sequence_logits(model: &impl TrainableModel, ids: &[u32]) -> Result<Logits, BoxError> {
-    Ok(model.logits(&model.packed_hidden(&[ids])?)?.to_vec2()?)
+    Ok(model.logits(&model.packed_hidden(&[ids])?)?.to_dtype(DType::F64)?.to_vec2()?)
 }
 
 /// The greedy token ids of every prompt (end-of-turn token included when it came), decoded

@@ -270,9 +270,11 @@ struct Rotary {
 }
 
 impl Rotary {
-    /// `positions` is `[B, T]` in f32; `inv_freq` is `[head_dim / 2]` in f32.
+    /// `positions` is `[B, T]` in f32; `inv_freq` is `[head_dim / 2]` in f32 (in f64 in an f64
+    /// model), and the angles are computed in its dtype.
     fn new(inv_freq: &Tensor, positions: &Tensor, dtype: DType) -> candle_core::Result<Self> {
         let half = inv_freq.dim(0)?;
+        let positions = positions.to_dtype(inv_freq.dtype())?;
         let freqs = positions.unsqueeze(2)?.broadcast_mul(&inv_freq.reshape((1, 1, half))?)?;
         Ok(Self { cos: freqs.cos()?.to_dtype(dtype)?, sin: freqs.sin()?.to_dtype(dtype)? })
     }
@@ -503,7 +505,7 @@ impl<C: DenseConfig> DenseModel<C> {
         let embed_tokens = take("model.embed_tokens.weight")?;
         let lm_head = if settings.tie_word_embeddings { embed_tokens.clone() } else { take("lm_head.weight")? };
         let norm = RmsNorm { weight: take("model.norm.weight")?, eps };
-        let inv_freq = rotary_inverse_frequencies(&settings, device)?;
+        let inv_freq = rotary_inverse_frequencies(&settings, dtype, device)?;
         Ok(Self {
             config: config.clone(),
             settings,
@@ -677,9 +679,9 @@ impl<C: DenseConfig> DenseModel<C> {
         Ok(kernels::gather_rows(&hidden, &packing.rows)?.reshape((rows, steps, self.settings.hidden_size))?)
     }
 
-    /// Logits (f32) of hidden states with any leading dimensions.
+    /// Logits (f32; f64 in an f64 model) of hidden states with any leading dimensions.
     pub fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
-        linear(hidden, &self.lm_head)?.to_dtype(DType::F32)
+        linear(hidden, &self.lm_head)?.to_dtype(kernels::computing_dtype(self.dtype))
     }
 
     fn check_vocabulary(&self, ids: &[u32]) -> Result<(), ModelError> {
@@ -799,16 +801,54 @@ impl<C: DenseConfig> DenseModel<C> {
     }
 }
 
-/// The settings' rotary inverse frequencies as an f32 tensor `[head_dim / 2]`.
-fn rotary_inverse_frequencies(settings: &DenseSettings, device: &Device) -> candle_core::Result<Tensor> {
+/// The settings' rotary inverse frequencies as a tensor `[head_dim / 2]`: in f32 (as
+/// `transformers` computes the rotary angles, whatever the model's dtype), except in an f64
+/// model, which is there to compute the model without f32 rounding (parity checks).
+fn rotary_inverse_frequencies(settings: &DenseSettings, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
+    let half = settings.inverse_frequencies.len();
+    if dtype == DType::F64 {
+        return Tensor::from_vec(settings.inverse_frequencies.clone(), half, device);
+    }
     let inv_freq: Vec<f32> = settings.inverse_frequencies.iter().map(|&frequency| frequency as f32).collect();
-    let half = inv_freq.len();
     Tensor::from_vec(inv_freq, half, device)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An f64 model (the parity checks' reference) rounds nowhere to f32: its rotary angles are
+    /// computed in f64 (in f32 an angle of a million radians is off by up to 0.03) and its
+    /// logits come out in f64, equal to the f32 model's up to f32 rounding.
+    #[test]
+    fn an_f64_model_computes_its_angles_and_logits_in_f64() {
+        let config = Qwen3Config::with_size(64, crate::qwen3::config::ModelSize::TINY);
+        let settings = config.settings();
+        let inverse = rotary_inverse_frequencies(&settings, DType::F64, &Device::Cpu).unwrap();
+        let position = 1_000_003f32;
+        let positions = Tensor::new(&[[position]], &Device::Cpu).unwrap();
+        let rotary = Rotary::new(&inverse, &positions, DType::F64).unwrap();
+        let cos: Vec<f64> = rotary.cos.flatten_all().unwrap().to_vec1().unwrap();
+        for (cos, frequency) in cos.iter().zip(&settings.inverse_frequencies) {
+            let expected = (f64::from(position) * frequency).cos();
+            assert!((cos - expected).abs() < 1e-9, "{cos} against {expected}");
+        }
+        let wide = Qwen3Model::new_random(&config, 3, DType::F64, &Device::Cpu).unwrap();
+        let narrow = Qwen3Model::new_random(&config, 3, DType::F32, &Device::Cpu).unwrap();
+        let ids = [1u32, 5, 9, 2, 7];
+        let logits = |model: &Qwen3Model| model.logits(&model.packed_hidden(&[&ids]).unwrap()).unwrap();
+        let (wide, narrow) = (logits(&wide), logits(&narrow));
+        assert_eq!((wide.dtype(), narrow.dtype()), (DType::F64, DType::F32));
+        let difference: f64 = (wide - narrow.to_dtype(DType::F64).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap();
+        assert!(difference > 0.0 && difference < 1e-4, "{difference}");
+    }
 
     /// A `[rows, cols]` matrix of uniform draws in (-1, 1).
     fn random_matrix(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> Tensor {
