@@ -34,15 +34,20 @@ pub fn prompt_ids(policy: &LocalPolicy, request: &GenerationRequest) -> Result<V
     .map_err(|error| ApiError::from_policy(error, field))
 }
 
-/// Every choice of `request`, generated concurrently.
+/// Every choice of `request`, generated concurrently; each stops at its next token once
+/// `client_gone` is raised (the answer is then [`PolicyError::Cancelled`], which nobody reads).
 pub fn complete(
     policy: &LocalPolicy,
     request: &GenerationRequest,
     prompt: &[u32],
+    client_gone: &AtomicBool,
 ) -> Result<Vec<Completion>, ApiError> {
     let field = request.endpoint.prompt_field();
     let generate = |index: usize| {
-        policy.generate(prompt.to_vec(), &request.choice_params(index)).map_err(|e| ApiError::from_policy(e, field))
+        let mut until_gone = |_: SampledToken| !client_gone.load(Ordering::Relaxed);
+        policy
+            .generate_streaming(prompt.to_vec(), &request.choice_params(index), &mut until_gone)
+            .map_err(|e| ApiError::from_policy(e, field))
     };
     if request.n == 1 {
         return Ok(vec![generate(0)?]);

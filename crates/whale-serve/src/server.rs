@@ -24,7 +24,7 @@ use std::convert::Infallible;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -312,9 +312,23 @@ async fn reply(state: &Arc<State>, parts: &hyper::http::request::Parts, body: In
     }
     let body = read_body(&parts.headers, body, state.max_body_bytes, state.body_read_timeout).await?;
     let worker_state = Arc::clone(state);
-    tokio::task::spawn_blocking(move || answer(&worker_state, route, &body))
+    let client_gone = Arc::new(AtomicBool::new(false));
+    let _raised_when_dropped = RaisedOnDrop(Arc::clone(&client_gone));
+    tokio::task::spawn_blocking(move || answer(&worker_state, route, &body, &client_gone))
         .await
         .unwrap_or_else(|_| Err(ApiError::internal("the request handler panicked")))
+}
+
+/// Raises its flag when dropped. hyper drops a request's future when the client hangs up
+/// before the reply is written, and the blocking work it waited for would otherwise run to
+/// its end for nobody; the flag tells a whole-reply generation to stop at its next token.
+/// (Raised too after a reply is written, when nothing reads it any more.)
+struct RaisedOnDrop(Arc<AtomicBool>);
+
+impl Drop for RaisedOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 fn error_response(error: &ApiError) -> Response<ReplyBody> {
@@ -359,12 +373,12 @@ async fn read_body(headers: &HeaderMap, body: Incoming, limit: usize, timeout: D
     }
 }
 
-/// The blocking part of a request: everything after the body is read.
-fn answer(state: &State, route: Route, body: &[u8]) -> Result<Reply, ApiError> {
+/// The blocking part of a request: everything after the body is read, until `client_gone`.
+fn answer(state: &State, route: Route, body: &[u8], client_gone: &AtomicBool) -> Result<Reply, ApiError> {
     match route {
         Route::Health => health(state),
         Route::Models => Ok(Reply::Json(200, models(&state.registry.list()))),
-        Route::Generate(endpoint) => generation(state, body, endpoint),
+        Route::Generate(endpoint) => generation(state, body, endpoint, client_gone),
         Route::Load => load(state, body),
         Route::Unload => unload(state, body),
         Route::ReloadBase => reload_base(state, body),
@@ -380,7 +394,7 @@ fn health(state: &State) -> Result<Reply, ApiError> {
     }
 }
 
-fn generation(state: &State, body: &[u8], endpoint: Endpoint) -> Result<Reply, ApiError> {
+fn generation(state: &State, body: &[u8], endpoint: Endpoint, client_gone: &AtomicBool) -> Result<Reply, ApiError> {
     if state.faults.should_fail() {
         return Err(ApiError::unavailable(format!("injected fault (fail rate {})", state.faults.rate()))
             .with_code("injected_fault"));
@@ -391,7 +405,7 @@ fn generation(state: &State, body: &[u8], endpoint: Endpoint) -> Result<Reply, A
     if parsed.stream {
         return Ok(Reply::Stream(Box::new(parsed), policy, prompt));
     }
-    let completions = generate::complete(&policy, &parsed, &prompt)?;
+    let completions = generate::complete(&policy, &parsed, &prompt, client_gone)?;
     let header = ReplyHeader::new(endpoint, &parsed.model);
     Ok(Reply::Json(200, header.completion(&completions, policy.tokenizer(), parsed.logprobs)))
 }

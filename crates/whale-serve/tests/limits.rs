@@ -1,6 +1,7 @@
 //! What a careless or hostile client cannot do to `whale serve`: stop the engine with a huge
 //! `top_k`, slow every step with stop strings, or hold connections with headers or a body that
-//! never finish; and `/health` telling when the engine has stopped.
+//! never finish, or make it generate for clients that have hung up; and `/health` telling when
+//! the engine has stopped.
 
 mod common;
 
@@ -101,4 +102,34 @@ fn health_is_503_once_the_engine_has_stopped() {
     let (status, body) = get(&server, "/health");
     assert_eq!(status, 503, "{body}");
     assert!(body["error"]["message"].as_str().is_some_and(|message| message.contains("stopped")), "{body}");
+}
+
+/// A client that hangs up before its whole reply is ready stops that reply's generation at
+/// the next token: sending requests and hanging up at once costs the engine almost nothing.
+/// The same request with its client waiting generates every token, so the count measures it.
+#[test]
+fn a_whole_reply_stops_generating_when_its_client_hangs_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_model(dir.path(), 6);
+    let server = start(dir.path(), ServeConfig::default());
+    let policy = server.registry().get("base").expect("the base model");
+    let (choices, tokens) = (16, 200);
+    let body = chat_body(json!({"n": choices, "max_tokens": tokens, "ignore_eos": true}));
+    let (status, reply) = post(&server, CHAT, &body);
+    assert_eq!(status, 200, "{reply}");
+    let whole = policy.stats();
+    assert_eq!(whole.tokens_generated, (choices * tokens) as u64, "{whole:?}");
+
+    let request = format!(
+        "POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    TcpStream::connect(server.addr()).expect("connected").write_all(request.as_bytes()).expect("sent");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while policy.stats().requests_done < whole.requests_done + choices as u64 {
+        assert!(Instant::now() < deadline, "the hung-up request's choices never ended: {:?}", policy.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = policy.stats().tokens_generated - whole.tokens_generated;
+    assert!(after < (choices * tokens / 2) as u64, "{after} tokens generated for a client that hung up");
 }
