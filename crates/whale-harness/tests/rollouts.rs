@@ -162,7 +162,8 @@ fn finished_trajectories_stream_to_the_sink_as_json_lines() {
     assert!(streamed == returned, "the returned vector is in job order, which these seeds follow");
 }
 
-/// Refuses prompts over 20 characters; stops altogether on "halt".
+/// Refuses prompts over 20 characters (as a server does when they start with "served"); stops
+/// altogether on "halt".
 struct PickyPolicy;
 
 impl Policy for PickyPolicy {
@@ -170,6 +171,9 @@ impl Policy for PickyPolicy {
         let text = &request.messages[0].content;
         if text == "halt" {
             return Err(PolicyError::EngineStopped);
+        }
+        if text.len() > 20 && text.starts_with("served") {
+            return Err(PolicyError::ContextExceeded("maximum context length is 20 tokens".into()));
         }
         if text.len() > 20 {
             return Err(PolicyError::PromptTooLong { prompt_tokens: text.len(), context_window: 20 });
@@ -192,7 +196,7 @@ impl Policy for PickyPolicy {
 }
 
 #[test]
-fn a_prompt_too_long_is_catchable_and_a_failed_policy_call_fails_the_batch() {
+fn a_prompt_too_long_in_process_or_served_is_catchable_and_a_failed_policy_call_fails_the_batch() {
     let source = r#"
 export function solve(task, ctx) {
   let reply;
@@ -202,6 +206,11 @@ export function solve(task, ctx) {
     ctx.log(e.message);
     reply = ctx.llm.chat("short");
   }
+  try {
+    ctx.llm.chat("served " + "x".repeat(50));
+  } catch (e) {
+    ctx.log(e.message);
+  }
   if (task.halt) ctx.llm.chat("halt");
   return String(task.a + task.b);
 }"#;
@@ -210,7 +219,14 @@ export function solve(task, ctx) {
     let results = run(vec![recovers()], Arc::new(PickyPolicy), &Limits::default(), 2);
     assert_eq!(results[0].error, None);
     assert!(results[0].success);
-    assert_eq!(results[0].log, ["ctx.llm.chat: prompt of 50 tokens does not fit the context window of 20"]);
+    assert_eq!(
+        results[0].log,
+        [
+            "ctx.llm.chat: prompt of 50 tokens does not fit the context window of 20",
+            "ctx.llm.chat: the server refused the prompt as too long for the model's context: maximum context \
+             length is 20 tokens"
+        ]
+    );
     assert_eq!(results[0].model_calls.len(), 1, "failed calls are not recorded");
 
     // A call the policy fails is no score: the whole batch is an error, the good rollout too.

@@ -84,6 +84,10 @@ impl Completion {
 pub enum PolicyError {
     #[error("prompt of {prompt_tokens} tokens does not fit the context window of {context_window}")]
     PromptTooLong { prompt_tokens: usize, context_window: usize },
+    /// A server refused the prompt (with the reply asked for) as longer than its model's
+    /// context: the served form of [`PolicyError::PromptTooLong`], the numbers in its message.
+    #[error("the server refused the prompt as too long for the model's context: {0}")]
+    ContextExceeded(String),
     #[error("the generation engine has stopped")]
     EngineStopped,
     /// The caller of a streamed generation asked to stop (its client went away).

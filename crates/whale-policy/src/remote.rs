@@ -188,7 +188,7 @@ impl RemotePolicy {
             Ok(_) => stats.succeeded += 1,
             Err(_) => stats.failed += 1,
         }
-        Ok(outcome?)
+        outcome.map_err(refused_as_too_long)
     }
 
     fn request_body(&self, request: &ChatRequest, n: usize) -> Result<Value, RemoteError> {
@@ -234,6 +234,26 @@ impl RemotePolicy {
         }
         Ok(body)
     }
+}
+
+/// A server's 400 that says the prompt does not fit the model's context, as
+/// [`PolicyError::ContextExceeded`] (the harness may catch it, as it may the in-process
+/// [`PolicyError::PromptTooLong`]); any other failure as it is.
+fn refused_as_too_long(error: RemoteError) -> PolicyError {
+    match &error {
+        RemoteError::Status { status: 400, message, .. } if says_context_exceeded(message) => {
+            PolicyError::ContextExceeded(message.clone())
+        }
+        _ => PolicyError::Remote(error),
+    }
+}
+
+/// Whether a server's message is about its model's context: vLLM's and OpenAI's "maximum
+/// context length", SGLang's "context length", llama.cpp's "context size", whale serve's
+/// "context window".
+fn says_context_exceeded(message: &str) -> bool {
+    let message = message.to_lowercase();
+    ["context length", "context window", "context size"].iter().any(|phrase| message.contains(phrase))
 }
 
 impl Policy for RemotePolicy {
@@ -401,6 +421,31 @@ mod tests {
         assert!(plain.request_body(&request, 1).expect("top_k 0").get("top_k").is_none());
         request.params.top_k = 20;
         assert!(matches!(plain.request_body(&request, 1), Err(RemoteError::Config { key: "extensions", .. })));
+    }
+
+    /// The refusals of a prompt over the context that vLLM, OpenAI, SGLang, llama.cpp and whale
+    /// serve send are the harness's to catch; other 400s and other statuses stay the server's.
+    #[test]
+    fn a_prompt_refused_as_too_long_for_the_context_is_told_apart() {
+        let status = |status, message: &str| RemoteError::Status {
+            url: "u".into(),
+            status,
+            message: message.into(),
+            retry_after: None,
+        };
+        let too_long = [
+            "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens.",
+            "The prompt (total length 3000) is too long to fit into the model (context length 2048).",
+            "The input (3000 tokens) is longer than the model's context length (2048 tokens).",
+            "the request exceeds the available context size, try increasing it",
+            "prompt of 300 tokens does not fit the context window of 256",
+        ];
+        for message in too_long {
+            assert!(matches!(refused_as_too_long(status(400, message)), PolicyError::ContextExceeded(_)), "{message}");
+        }
+        for (code, message) in [(400, "temperature must be non-negative"), (500, "context length"), (404, "no model")] {
+            assert!(matches!(refused_as_too_long(status(code, message)), PolicyError::Remote(_)), "{code} {message}");
+        }
     }
 
     #[test]

@@ -110,7 +110,7 @@ impl ApiError {
     /// The reply to a generation that failed: the request's fault (4xx) or the server's (5xx).
     pub fn from_policy(error: PolicyError, prompt_field: &str) -> Self {
         match error {
-            PolicyError::PromptTooLong { .. } => {
+            PolicyError::PromptTooLong { .. } | PolicyError::ContextExceeded(_) => {
                 Self::bad_request(error.to_string()).with_param(prompt_field).with_code("context_length_exceeded")
             }
             PolicyError::InvalidPrompt(_) => Self::bad_request(error.to_string()).with_param(prompt_field),

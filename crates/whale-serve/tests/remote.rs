@@ -163,6 +163,20 @@ fn a_bad_request_is_reported_at_once_with_the_servers_message() {
     assert_eq!(server.stats().requests, 2, "each request was sent once");
 }
 
+/// A prompt over the served model's context is refused with a 400 that the client tells apart
+/// from other bad requests: the harness may catch it, as it may in process.
+#[test]
+fn a_prompt_over_the_context_is_refused_as_too_long() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_model(dir.path(), 4);
+    let server = start(dir.path(), ServeConfig::default());
+    let client = remote(&server, "base", 5);
+    let error = client.chat(request(&"hello ".repeat(400), 0.0, 0, 4)).expect_err("over the context");
+    let PolicyError::ContextExceeded(message) = &error else { panic!("{error}") };
+    assert!(message.contains("context window"), "{message}");
+    assert_eq!(client.stats().retries, 0);
+}
+
 #[test]
 fn set_model_routes_requests_to_loaded_checkpoints_and_adapters() {
     let (base_dir, other_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
