@@ -4,16 +4,16 @@
 Checks, on a whale checkpoint (Qwen3, or Llama such as SmolLM2 from `whale lm convert`) loaded
 with `AutoModelForCausalLM`:
   1. the tokenizer and chat template give the same token ids in both (64 GSM8K questions);
-  2. the logits of one sequence agree, and so do they through a LoRA adapter that whale trains
-     here and `peft` loads (the proof that whale's checkpoints and adapters are real Hugging Face
-     and PEFT ones and that the two implementations compute the same model). Both sides compute
-     them twice: in float64, where nothing rounds to f32 (transformers' rotary angles and
-     RMSNorm, which it computes in f32 whatever the dtype, are computed in float64 here), and
-     they must agree within 1e-9; and in f32, within 1e-4, the bar of the 4-layer default model.
-     Deeper models round more: at SmolLM2's 30 layers f32 runs differ by about 1e-4 even between
-     transformers' own attention kernels, which the script then measures and prints, so there
-     an f32 difference above 1e-4 passes when the float64 check does and it stays under
-     F32_DEEP_BOUND;
+  2. the logits of a chat of two GSM8K turns (a few hundred tokens) agree, and so do they
+     through a LoRA adapter that whale trains here and `peft` loads (the proof that whale's
+     checkpoints and adapters are real Hugging Face and PEFT ones and that the two
+     implementations compute the same model). Both sides compute them twice: in float64, where
+     nothing rounds to f32 (transformers' rotary angles and RMSNorm, which it computes in f32
+     whatever the dtype, are computed in float64 here), and they must agree within 1e-9; and in
+     f32, within 1e-4, the bar of the 4-layer default model. Deeper models round more: at
+     SmolLM2's 30 layers f32 runs differ by about 1e-4 even between transformers' own attention
+     kernels (the script then measures and prints that), so there an f32 difference above 1e-4
+     passes when the float64 check does and it stays under F32_DEEP_BOUND;
 then times, with the same prompts, sampling settings and batch:
   3. generation of 64 concurrent requests (whale's engine vs `model.generate` at batch 64; the
      median of 3 runs);
@@ -115,6 +115,14 @@ def template_ids(tokenizer, conversation):
     return list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
 
 
+def chat_logits_input(tokenizer, records):
+    """The token ids of a real chat of a few hundred tokens: each record's question and its
+    GSM8K solution as a user and an assistant turn, rendered by the chat template."""
+    turns = [turn for r in records for turn in (*conversation(r), {"role": "assistant", "content": r["answer"]})]
+    ids = tokenizer.apply_chat_template(turns, tokenize=True)
+    return list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+
+
 def build_workload(tokenizer, args):
     records = gsm8k(args.batch)
     conversations = [conversation(r) for r in records]
@@ -126,7 +134,7 @@ def build_workload(tokenizer, args):
         examples.append({"prompt": ids, "completion": answer[: args.train_completion_tokens] + [im_end]})
     return {
         "conversations": conversations,
-        "logits_input": chat_ids[0] + examples[0]["completion"],
+        "logits_input": chat_logits_input(tokenizer, records[:2]),
         "generate": {"prompts": chat_ids, "max_tokens": args.max_tokens, "temperature": 1.0, "top_k": 20, "top_p": 1.0,
                      "repeats": args.repeats},
         "train": {"examples": examples, "micro_batch": args.micro_batch, "steps": args.train_steps,
