@@ -6,10 +6,11 @@
 //! The workload (written by the script) holds chat conversations to render and tokenize, and
 //! optionally: one token sequence to compute logits for (also through a LoRA adapter, when it
 //! names one, and again with the checkpoint loaded in float64, when it asks), prompts to decode
-//! greedily, the prompts of a concurrent generation run and the examples of a training step. The output holds the rendered token ids and, for each part the
-//! workload has, the logits, the greedy token ids, the generated token count and time, and the
-//! training time per step, of the full weights and, when the workload gives a rank, of a fresh
-//! LoRA adapter. `bench/smollm2_greedy.py` sends only conversations and greedy prompts.
+//! greedily, the prompts of a concurrent generation run and the examples of a training step.
+//! The output holds the rendered token ids and, for each part the workload has, the logits, the
+//! greedy token ids, the generated token count and time, and the training time per step, of the
+//! full weights and, when the workload gives a rank, of a fresh LoRA adapter.
+//! `bench/smollm2_greedy.py` sends only conversations and greedy prompts.
 
 use std::path::PathBuf;
 use std::time::Instant;
