@@ -287,13 +287,17 @@ impl HostState {
     }
 }
 
-/// A prompt the model cannot take (in process or refused by a server) is the harness's problem
-/// to handle; anything else about the
-/// policy ends the rollout as a `policy` error. A chat template's failure stays the policy's: it
-/// cannot yet be told apart from a template the engine renders wrongly, which would otherwise be
-/// scored as failed tasks.
+/// A prompt the model cannot take (too long, in process or refused by a server, or refused by
+/// the chat template's own `raise_exception`) is the harness's problem to handle; anything else
+/// about the policy ends the rollout as a `policy` error. A template that fails to render for
+/// another reason stays the policy's: it cannot be told apart from a template the engine
+/// renders wrongly, which would otherwise be scored as failed tasks.
 fn policy_failure(error: PolicyError) -> HostFailure {
-    if matches!(error, PolicyError::PromptTooLong { .. } | PolicyError::ContextExceeded(_)) {
+    let catchable = matches!(
+        error,
+        PolicyError::PromptTooLong { .. } | PolicyError::ContextExceeded(_) | PolicyError::TemplateRefused(_)
+    );
+    if catchable {
         HostFailure::Catchable(format!("ctx.llm.chat: {error}"))
     } else {
         HostFailure::Fatal(ErrorKind::Policy, format!("the policy failed: {error}"))

@@ -287,15 +287,19 @@ export function solve(task, ctx) {
     assert_eq!(names, ["calculator", "env.submit"], "the refused call never reached the tool");
 }
 
-/// Checks requests as real policies do: sampling parameters validated, and a chat template
-/// that raises on a system message after the first (as Qwen's do).
+/// Checks requests as real policies do: sampling parameters validated, a chat template that
+/// raises on a system message after the first (as Qwen's do), and one that fails to render a
+/// message whose role is "tool".
 struct StrictModel(Arc<ArithmeticModel>);
 
 impl Policy for StrictModel {
     fn chat(&self, request: ChatRequest) -> Result<Completion, PolicyError> {
         request.params.validate()?;
         if request.messages.iter().skip(1).any(|m| m.role == "system") {
-            return Err(PolicyError::Template("System message must be at the beginning.".into()));
+            return Err(PolicyError::TemplateRefused("System message must be at the beginning.".into()));
+        }
+        if request.messages.iter().any(|m| m.role == "tool") {
+            return Err(PolicyError::Template("undefined value (in chat_template:7)".into()));
         }
         self.0.chat(request)
     }
@@ -323,7 +327,7 @@ export function solve(task, ctx) {
   return ctx.llm.chat(q).text;
 }"#;
     let harness = Arc::new(Harness::new("refused", source));
-    let modes = ["temperature", "top_p", "stops", "role"];
+    let modes = ["temperature", "top_p", "stops", "role", "template"];
     let jobs = modes.iter().map(|m| arithmetic_job(&harness, m, json!({"mode": m}), 1, 2, 0)).collect();
     let policy = Arc::new(StrictModel(ArithmeticModel::new()));
     let options = RunOptions { threads: 2, progress: false, ..RunOptions::default() };
@@ -333,6 +337,7 @@ export function solve(task, ctx) {
         "ctx.llm.chat: opts.top_p must be a number in (0, 1], got ",
         "ctx.llm.chat: opts.stop must hold at most 16 strings, got 17",
         "ctx.llm.chat: messages[0].role is longer than 32 characters",
+        "ctx.llm.chat: System message must be at the beginning.",
     ];
     for (t, message) in trajectories.iter().zip(expected) {
         assert_eq!(t.error, None, "{}", t.task_id);
@@ -343,21 +348,22 @@ export function solve(task, ctx) {
     }
 }
 
-/// A chat template's refusal cannot be told from a template rendered wrongly, so it is the
-/// policy's failure: the batch did not run, and nothing is scored.
+/// A chat template that fails to render for another reason than its own refusal cannot be
+/// told from a template whale renders wrongly, so it is the policy's failure: the batch did not
+/// run, and nothing is scored.
 #[test]
-fn a_chat_template_refusal_is_a_policy_failure_not_a_scored_task() {
+fn a_chat_template_that_fails_to_render_is_a_policy_failure_not_a_scored_task() {
     let source = r#"
 export function solve(task, ctx) {
-  try { ctx.llm.chat([{ role: "user", content: "q" }, { role: "system", content: "late" }]); } catch (e) {}
+  try { ctx.llm.chat([{ role: "user", content: "q" }, { role: "tool", content: "42" }]); } catch (e) {}
   return "0";
 }"#;
-    let harness = Arc::new(Harness::new("late-system", source));
+    let harness = Arc::new(Harness::new("tool-role", source));
     let jobs = vec![arithmetic_job(&harness, "t", json!({}), 1, 1, 0)];
     let policy = Arc::new(StrictModel(ArithmeticModel::new()));
     let options = RunOptions { threads: 1, progress: false, ..RunOptions::default() };
-    let error = run_rollouts(jobs, policy, &limits(), options).expect_err("the template refused");
-    assert!(error.to_string().contains("System message must be at the beginning."), "{error}");
+    let error = run_rollouts(jobs, policy, &limits(), options).expect_err("the template failed");
+    assert!(error.to_string().contains("undefined value (in chat_template:7)"), "{error}");
 }
 
 #[test]

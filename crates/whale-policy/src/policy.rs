@@ -109,6 +109,10 @@ pub enum PolicyError {
     /// The chat template could not render the messages.
     #[error("{0}")]
     Template(String),
+    /// The chat template's own `raise_exception` refused the messages (e.g. a system message
+    /// after the first): the request's fault, told apart from a failed render.
+    #[error("{0}")]
+    TemplateRefused(String),
     /// The tokenizer could not encode the prompt or decode the reply.
     #[error("{0}")]
     Tokenizer(String),

@@ -47,6 +47,10 @@ pub enum ChatTemplateError {
     Syntax { template: String, line: Option<usize>, reason: String },
     #[error("chat template {template}{}: {reason}", at_line(*line))]
     Render { template: String, line: Option<usize>, reason: String },
+    /// The template's own `raise_exception` refused the messages (a system message after the
+    /// first, roles that do not alternate): what the request asked for, not how it was rendered.
+    #[error("chat template {template}{} refused the messages: {message}", at_line(*line))]
+    Refused { template: String, line: Option<usize>, message: String },
 }
 
 fn at_line(line: Option<usize>) -> String {
@@ -209,8 +213,14 @@ fn hugging_face_environment() -> Environment<'static> {
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, message))
+    Err(Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(Raised(message)))
 }
+
+/// What marks an error as the template's own `raise_exception` (its message, as the template
+/// gave it), so that [`failure`] tells a refusal apart from a failed render.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Raised(String);
 
 /// `json.dumps(value, ensure_ascii=False, indent=indent)` as `transformers` defines `tojson`:
 /// `", "` and `": "` separators, non-ASCII kept, no HTML escaping.
@@ -259,6 +269,10 @@ fn failure(template: &str, error: &Error, at_compile: bool) -> ChatTemplateError
     };
     let template = template.to_string();
     let line = error.line();
+    let raised = std::error::Error::source(error).and_then(|source| source.downcast_ref::<Raised>());
+    if let Some(Raised(message)) = raised {
+        return ChatTemplateError::Refused { template, line, message: message.clone() };
+    }
     if at_compile {
         ChatTemplateError::Syntax { template, line, reason }
     } else {

@@ -9,7 +9,10 @@ use crate::tokenizer::TokenizerError;
 
 impl From<ChatTemplateError> for PolicyError {
     fn from(error: ChatTemplateError) -> Self {
-        PolicyError::Template(error.to_string())
+        match error {
+            ChatTemplateError::Refused { .. } => PolicyError::TemplateRefused(error.to_string()),
+            _ => PolicyError::Template(error.to_string()),
+        }
     }
 }
 

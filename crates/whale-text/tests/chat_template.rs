@@ -209,7 +209,7 @@ fn tojson_matches_python_json_dumps() {
 }
 
 #[test]
-fn raise_exception_fails_the_render_with_template_name_and_line() {
+fn raise_exception_is_a_refusal_with_template_name_line_and_message() {
     let source = "{%- for message in messages %}\n\
                   {%- if message.role not in ['user', 'assistant'] %}\n\
                   {{- raise_exception('Only user and assistant roles are supported!') }}\n\
@@ -219,10 +219,25 @@ fn raise_exception_fails_the_render_with_template_name_and_line() {
     let strict = ChatTemplate::new("strict", source).expect("compiles");
     assert_eq!(strict.render(&[msg("user", "hi")], &RenderOptions::default()).expect("render"), "hi");
     let err = strict.render(&system_and_user(), &RenderOptions::default()).expect_err("system role");
-    assert!(matches!(&err, ChatTemplateError::Render { line: Some(3), .. }), "{err:?}");
+    let ChatTemplateError::Refused { line: Some(3), message, .. } = &err else { panic!("{err:?}") };
+    assert_eq!(message, "Only user and assistant roles are supported!");
     let shown = err.to_string();
-    assert!(shown.contains("strict") && shown.contains("line 3"), "{shown}");
-    assert!(shown.contains("Only user and assistant roles are supported!"), "{shown}");
+    assert!(shown.starts_with("chat template strict line 3 refused the messages: Only user"), "{shown}");
+}
+
+/// A render that fails for another reason (here an unknown filter) is not a refusal: it may be
+/// whale's rendering at fault, not the messages.
+#[test]
+fn a_failed_render_is_not_a_refusal() {
+    let broken = ChatTemplate::new("odd", "{{ messages[0].content | no_such_filter }}");
+    let err = match broken {
+        Ok(template) => template.render(&[msg("user", "hi")], &RenderOptions::default()).expect_err("unknown filter"),
+        Err(err) => err,
+    };
+    assert!(!matches!(err, ChatTemplateError::Refused { .. }), "{err:?}");
+    let undefined = ChatTemplate::new("undefined", "{{ messages[0].content.no_such_method() }}").expect("compiles");
+    let err = undefined.render(&[msg("user", "hi")], &RenderOptions::default()).expect_err("unknown method");
+    assert!(matches!(err, ChatTemplateError::Render { .. }), "{err:?}");
 }
 
 #[test]
