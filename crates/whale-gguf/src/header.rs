@@ -33,12 +33,28 @@ fn scalar_size(value_type: u32) -> Option<u64> {
     }
 }
 
-/// The value of `general.alignment` candle will divide by: the last entry of that key, when it is
-/// one of the integer types candle takes it from (u8, i8, u16, i16, u32, i32; any other type
-/// leaves candle at its default of 32). `None` when there is none or the walk fails (and then
+/// The last `general.alignment` entry of a file (the one candle keeps).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DeclaredAlignment {
+    /// One of the integer types candle takes it from (u8, i8, u16, i16, u32, i32): what candle
+    /// will divide by.
+    Value(i64),
+    /// A value of any other GGUF type (this id): candle ignores it and reads the tensors at its
+    /// default of 32 bytes, whatever the writer aligned them to.
+    IgnoredType(u32),
+}
+
+/// The file's `general.alignment`; `None` when there is none or the walk fails (and then
 /// candle's own reader fails too, its limits being the walk's or tighter).
-pub fn declared_alignment(file: &Path) -> Option<i64> {
+pub fn declared_alignment(file: &Path) -> Option<DeclaredAlignment> {
     HeaderReader::open(file)?.metadata()?.alignment
+}
+
+/// The GGUF spec's name of value type `id`.
+pub fn value_type_name(id: u32) -> &'static str {
+    const NAMES: [&str; 13] =
+        ["u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"];
+    NAMES.get(id as usize).copied().unwrap_or("unknown")
 }
 
 /// The first tensor whose type id candle does not know, with that id.
@@ -66,7 +82,7 @@ pub fn first_unknown_tensor_type(file: &Path) -> Option<(String, u32)> {
 /// What the walk over the metadata keeps.
 struct MetadataSummary {
     tensors: u64,
-    alignment: Option<i64>,
+    alignment: Option<DeclaredAlignment>,
 }
 
 struct HeaderReader {
@@ -98,7 +114,7 @@ impl HeaderReader {
             let key = self.string()?;
             let value_type = self.u32()?;
             if key == ALIGNMENT_KEY {
-                alignment = self.alignment_value(value_type)?;
+                alignment = Some(self.alignment_value(value_type)?);
             } else {
                 self.skip_value(value_type, 0)?;
             }
@@ -106,9 +122,8 @@ impl HeaderReader {
         Some(MetadataSummary { tensors, alignment })
     }
 
-    /// The value of an alignment entry of type `value_type`, `Some(None)` for a type candle
-    /// ignores.
-    fn alignment_value(&mut self, value_type: u32) -> Option<Option<i64>> {
+    /// An alignment entry of type `value_type`.
+    fn alignment_value(&mut self, value_type: u32) -> Option<DeclaredAlignment> {
         let value = match value_type {
             0 => i64::from(u8::from_le_bytes(self.bytes()?)),
             1 => i64::from(i8::from_le_bytes(self.bytes()?)),
@@ -116,9 +131,9 @@ impl HeaderReader {
             3 => i64::from(i16::from_le_bytes(self.bytes()?)),
             4 => i64::from(self.u32()?),
             5 => i64::from(i32::from_le_bytes(self.bytes()?)),
-            other => return self.skip_value(other, 0).map(|()| None),
+            other => return self.skip_value(other, 0).map(|()| DeclaredAlignment::IgnoredType(other)),
         };
-        Some(Some(value))
+        Some(DeclaredAlignment::Value(value))
     }
 
     /// Skips one value of GGUF value type `value_type` (0..=12, see the GGUF spec), `depth`

@@ -45,6 +45,8 @@ use candle_core::{DType, Device, Tensor};
 
 use whale_text::{ChatTemplate, Tokenizer};
 
+use header::DeclaredAlignment;
+
 pub use convert::{convert_to_hf, ConvertProgress, ConvertReport};
 pub use error::GgufError;
 pub use llama::{LlamaHyperparameters, RopeScaling};
@@ -228,13 +230,19 @@ fn open_reader(path: &Path) -> Result<BufReader<File>, GgufError> {
     Ok(BufReader::new(File::open(path).map_err(|e| GgufError::io(path, e))?))
 }
 
-/// Refuses a `general.alignment` of 0 (candle divides by it and panics) or one that is not a power
-/// of two (as llama.cpp does), before candle reads the file.
+/// Refuses a `general.alignment` of 0 (candle divides by it and panics), one that is not a power
+/// of two (as llama.cpp does), and one of a type candle ignores (a u64, a float: it would read
+/// the tensors at 32 bytes whatever the writer aligned them to), before candle reads the file.
 fn check_alignment(path: &Path) -> Result<(), GgufError> {
+    let refused = |reason: String| Err(GgufError::invalid_key(path, header::ALIGNMENT_KEY, reason));
     match header::declared_alignment(path) {
-        Some(alignment) if !u64::try_from(alignment).is_ok_and(u64::is_power_of_two) => {
-            Err(GgufError::invalid_key(path, header::ALIGNMENT_KEY, format!("{alignment} is not a power of two")))
+        Some(DeclaredAlignment::Value(alignment)) if !u64::try_from(alignment).is_ok_and(u64::is_power_of_two) => {
+            refused(format!("{alignment} is not a power of two"))
         }
+        Some(DeclaredAlignment::IgnoredType(id)) => refused(format!(
+            "a {} value, which candle does not read (the GGUF spec's type is u32)",
+            header::value_type_name(id)
+        )),
         _ => Ok(()),
     }
 }

@@ -721,7 +721,7 @@ fn a_gguf_refused_by_candle_for_another_reason_is_not_blamed_on_a_tensor_type() 
 }
 
 #[test]
-fn a_gguf_alignment_of_zero_or_not_a_power_of_two_is_refused_naming_the_key() {
+fn a_gguf_alignment_of_zero_not_a_power_of_two_or_not_an_integer_is_refused_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("alignment.gguf");
     let tensor = QTensor::quantize(&gaussian(2, 64, 2), GgmlDType::F32).unwrap();
@@ -735,6 +735,16 @@ fn a_gguf_alignment_of_zero_or_not_a_power_of_two_is_refused_naming_the_key() {
         let error = GgufFile::open(&path).unwrap_err();
         assert!(matches!(error, GgufError::InvalidKey { .. }), "{alignment:?}: {error}");
         assert!(error.to_string().contains("general.alignment"), "{error}");
+    }
+    // candle ignores an alignment of another type and reads the tensors at 32 bytes.
+    for (alignment, name) in
+        [(Value::U64(64), "u64"), (Value::F32(32.0), "f32"), (Value::String("32".into()), "string")]
+    {
+        let metadata = [llama_architecture(), ("general.alignment", alignment.clone())];
+        write_gguf(&path, &metadata, &[("t.weight", &tensor)]);
+        let error = GgufFile::open(&path).unwrap_err();
+        assert!(matches!(error, GgufError::InvalidKey { .. }), "{alignment:?}: {error}");
+        assert!(error.to_string().contains(&format!("general.alignment`: a {name} value")), "{error}");
     }
     write_gguf(&path, &[llama_architecture(), ("general.alignment", Value::U32(32))], &[("t.weight", &tensor)]);
     assert_eq!(GgufFile::open(&path).unwrap().dequantize("t.weight", DType::F32).unwrap().dims(), [2, 64]);
