@@ -236,6 +236,65 @@ mod qa {
         assert_eq!(qa::f1("anything", &[]), 0.0);
     }
 
+    /// The official HotpotQA release (one JSON array; `_id`; `context` and `supporting_facts` as
+    /// lists of pairs) reads as the same tasks as Hugging Face's shape of the same records, and
+    /// its malformed entries are named by position.
+    #[test]
+    fn the_official_hotpotqa_shape_reads_as_the_datasets_shape() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let official = json!([{
+            "_id": "q1", "question": "Which river flows past both towns?", "answer": "the Vell",
+            "type": "bridge", "level": "medium",
+            "supporting_facts": [["Arnby", 1], ["Orsk", 0], ["Arnby", 0]],
+            "context": [
+                ["Arnby", ["Arnby is a market town.", " It lies on the Vell."]],
+                ["Decoy", ["Decoy is a hamlet."]],
+                ["Orsk", ["Orsk stands where the Vell meets the sea."]]
+            ]
+        }]);
+        let datasets = json!({
+            "id": "q1", "question": "Which river flows past both towns?", "answer": "the Vell",
+            "type": "bridge", "level": "medium",
+            "supporting_facts": {"title": ["Arnby", "Orsk", "Arnby"], "sent_id": [1, 0, 0]},
+            "context": {
+                "title": ["Arnby", "Decoy", "Orsk"],
+                "sentences": [
+                    ["Arnby is a market town.", " It lies on the Vell."],
+                    ["Decoy is a hamlet."],
+                    ["Orsk stands where the Vell meets the sea."]
+                ]
+            }
+        });
+        let (official_path, datasets_path) = (dir.path().join("official.json"), dir.path().join("datasets.jsonl"));
+        std::fs::write(&official_path, official.to_string()).expect("write");
+        std::fs::write(&datasets_path, datasets.to_string()).expect("write");
+        let (from_official, from_datasets) = (qa::load(&official_path), qa::load(&datasets_path));
+        assert!(from_official.rejected.is_empty(), "{:?}", from_official.rejected);
+        let task = &from_official.tasks[0].1;
+        assert_eq!(task, &from_datasets.tasks[0].1);
+        let payload = QaPayload::from_task(task).expect("a QA payload");
+        assert_eq!(
+            (task.id.as_str(), payload.supporting_titles),
+            ("q1", vec!["Arnby".to_string(), "Orsk".to_string()])
+        );
+        assert_eq!(payload.context[0].text, "Arnby is a market town. It lies on the Vell.");
+
+        let bad = [
+            (json!([["Arnby", ["s"]], ["Decoy"]]), json!([]), "context[1]"),
+            (json!([["Arnby", ["s"]]]), json!([["Nowhere", 0]]), "supporting_facts[0][0]"),
+            (json!([["Arnby", ["s"]]]), json!([["Arnby", -1]]), "supporting_facts[0][1]"),
+            (json!([[7, ["s"]]]), json!([]), "context[0][0]"),
+        ];
+        for (context, facts, field) in bad {
+            let record =
+                json!({"_id": "b", "question": "q", "answer": "a", "context": context, "supporting_facts": facts});
+            std::fs::write(&official_path, record.to_string()).expect("write");
+            let report = qa::load(&official_path);
+            assert_eq!(report.rejected.len(), 1, "{field}");
+            assert_eq!(report.rejected[0].field.as_deref(), Some(field), "{}", report.rejected[0]);
+        }
+    }
+
     #[test]
     fn every_bad_record_is_reported_with_its_line_and_field() {
         let dir = tempfile::tempdir().expect("temp dir");

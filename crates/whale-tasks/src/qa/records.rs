@@ -1,6 +1,7 @@
-//! QA task records in and out: the three question formats found in the wild (HotpotQA,
-//! NQ-open, FlashRAG), detected per line, and the one whale writes (HotpotQA form, which keeps
-//! the context paragraphs a generated task needs for its corpus).
+//! QA task records in and out: the three question formats found in the wild (HotpotQA, in
+//! Hugging Face's shape or the official release's, NQ-open, FlashRAG), detected per record, and
+//! the one whale writes (HotpotQA form, which keeps the context paragraphs a generated task
+//! needs for its corpus).
 //!
 //! The HotpotQA form written here carries two extra keys, `answers` (every alias) and `source`,
 //! so that any task reads back equal; sentence ids are not kept (a paragraph is written as one
@@ -44,7 +45,11 @@ pub fn load(path: &Path) -> LoadReport {
 /// `context` or `supporting_facts` is HotpotQA, `answer` alone is NQ-open.
 pub fn parse_record(value: &Value, file: &Path, line: usize) -> Result<Task, RecordError> {
     let fields = RecordFields::new(value, file, line)?;
-    let id = fields.optional_id("id")?.unwrap_or_else(|| default_id(file, line));
+    let id = match fields.optional_id("id")? {
+        Some(id) => id,
+        // The official HotpotQA release names it `_id`.
+        None => fields.optional_id("_id")?.unwrap_or_else(|| default_id(file, line)),
+    };
     let payload = if fields.has("golden_answers") {
         simple_payload(&fields, "golden_answers", Source::Flashrag)?
     } else if fields.has("context") || fields.has("supporting_facts") {
@@ -112,19 +117,17 @@ fn hotpot_answers(fields: &RecordFields) -> Result<Vec<String>, RecordError> {
     Ok(aliases)
 }
 
-/// `context: {"title": [..], "sentences": [[..]]}`, one paragraph per title, sentences joined.
+/// `context`, one paragraph per title, sentences joined: `{"title": [..], "sentences": [[..]]}`
+/// (Hugging Face's datasets) or `[[title, [sentences]], ..]` (the official release).
 fn hotpot_context(fields: &RecordFields) -> Result<Vec<ContextParagraph>, RecordError> {
     let Some(context) = fields.get("context") else {
         return Ok(Vec::new());
     };
-    let (titles, sentences) = parallel_lists(fields, context, "context", "title", "sentences")?;
-    titles
-        .iter()
-        .zip(sentences)
-        .enumerate()
-        .map(|(i, (title, paragraph))| {
-            let title = fields.text_at(title, &format!("context.title[{i}]"))?;
-            let text = paragraph_text(fields, paragraph, &format!("context.sentences[{i}]"))?;
+    pairs(fields, context, "context", "title", "sentences")?
+        .into_iter()
+        .map(|pair| {
+            let title = fields.text_at(pair.left, &pair.left_path)?;
+            let text = paragraph_text(fields, pair.right, &pair.right_path)?;
             Ok(ContextParagraph { title, text })
         })
         .collect()
@@ -145,24 +148,20 @@ fn paragraph_text(fields: &RecordFields, paragraph: &Value, path: &str) -> Resul
     Ok(pieces.join(" "))
 }
 
-/// `supporting_facts: {"title": [..], "sent_id": [..]}`; every title must be a context title.
+/// `supporting_facts`, `{"title": [..], "sent_id": [..]}` or `[[title, sent_id], ..]`; every
+/// title must be a context title.
 fn hotpot_supporting_titles(fields: &RecordFields, context: &[ContextParagraph]) -> Result<Vec<String>, RecordError> {
     let Some(facts) = fields.get("supporting_facts") else {
         return Ok(Vec::new());
     };
-    let (titles, sentence_ids) = parallel_lists(fields, facts, "supporting_facts", "title", "sent_id")?;
     let mut supporting: Vec<String> = Vec::new();
-    for (i, (title, sentence_id)) in titles.iter().zip(sentence_ids).enumerate() {
-        let title = fields.text_at(title, &format!("supporting_facts.title[{i}]"))?;
-        if !sentence_id.is_u64() {
-            return Err(fields
-                .error(&format!("supporting_facts.sent_id[{i}]"), "expected a non-negative integer sentence index"));
+    for pair in pairs(fields, facts, "supporting_facts", "title", "sent_id")? {
+        let title = fields.text_at(pair.left, &pair.left_path)?;
+        if !pair.right.is_u64() {
+            return Err(fields.error(&pair.right_path, "expected a non-negative integer sentence index"));
         }
         if !context.iter().any(|p| p.title == title) {
-            return Err(fields.error(
-                &format!("supporting_facts.title[{i}]"),
-                format!("{title:?} is not the title of any context paragraph"),
-            ));
+            return Err(fields.error(&pair.left_path, format!("{title:?} is not the title of any context paragraph")));
         }
         if !supporting.contains(&title) {
             supporting.push(title);
@@ -171,17 +170,42 @@ fn hotpot_supporting_titles(fields: &RecordFields, context: &[ContextParagraph])
     Ok(supporting)
 }
 
-/// An object holding two lists of equal length under `left` and `right`.
-fn parallel_lists<'a>(
+/// One entry of a two-part HotpotQA field, with the paths that name its halves in errors.
+struct Pair<'a> {
+    left: &'a Value,
+    left_path: String,
+    right: &'a Value,
+    right_path: String,
+}
+
+/// The entries of a HotpotQA field in either of its shapes: an object holding two lists of
+/// equal length under `left` and `right` (Hugging Face's datasets), or a list of two-element
+/// lists (the official release).
+fn pairs<'a>(
     fields: &RecordFields<'a>,
-    object: &'a Value,
+    value: &'a Value,
     name: &str,
     left: &str,
     right: &str,
-) -> Result<(&'a Vec<Value>, &'a Vec<Value>), RecordError> {
+) -> Result<Vec<Pair<'a>>, RecordError> {
+    if let Value::Array(entries) = value {
+        return entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| match entry.as_array().map(Vec::as_slice) {
+                Some([first, second]) => Ok(Pair {
+                    left: first,
+                    left_path: format!("{name}[{i}][0]"),
+                    right: second,
+                    right_path: format!("{name}[{i}][1]"),
+                }),
+                _ => Err(fields.error(&format!("{name}[{i}]"), format!("expected a [{left}, {right}] pair"))),
+            })
+            .collect();
+    }
     let list = |key: &str| {
         let path = format!("{name}.{key}");
-        let value = object.get(key).ok_or_else(|| {
+        let value = value.get(key).ok_or_else(|| {
             fields.error(&path, format!("missing: expected an object with `{left}` and `{right}` lists"))
         })?;
         fields.list_at(value, &path)
@@ -193,7 +217,17 @@ fn parallel_lists<'a>(
             format!("`{left}` has {} entries but `{right}` has {}", left_items.len(), right_items.len()),
         ));
     }
-    Ok((left_items, right_items))
+    Ok(left_items
+        .iter()
+        .zip(right_items)
+        .enumerate()
+        .map(|(i, (l, r))| Pair {
+            left: l,
+            left_path: format!("{name}.{left}[{i}]"),
+            right: r,
+            right_path: format!("{name}.{right}[{i}]"),
+        })
+        .collect())
 }
 
 /// Writes tasks as HotpotQA-form JSONL that [`load`] reads back to equal tasks.
