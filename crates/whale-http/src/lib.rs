@@ -87,9 +87,10 @@ pub enum HttpError {
     /// A setting of the client is invalid.
     #[error("remote config `{key}`: {reason}")]
     Config { key: &'static str, reason: String },
-    /// The server answered with an error status; its own message when it gave one.
+    /// The server answered with an error status; its own message and error code (OpenAI's
+    /// `error.code`) when it gave them.
     #[error("{url}: HTTP {status}: {message}")]
-    Status { url: String, status: u16, message: String, retry_after: Option<Duration> },
+    Status { url: String, status: u16, message: String, code: Option<String>, retry_after: Option<Duration> },
     #[error("{url}: {fault}: {message}")]
     Transport { url: String, fault: TransportFault, message: String },
     /// A success status whose body is not what was asked for.
@@ -225,7 +226,13 @@ impl JsonClient {
         if (200..300).contains(&status) {
             return Ok(text);
         }
-        Err(HttpError::Status { url: url.to_string(), status, message: server_message(&text), retry_after })
+        Err(HttpError::Status {
+            url: url.to_string(),
+            status,
+            message: server_message(&text),
+            code: server_code(&text),
+            retry_after,
+        })
     }
 
     fn transport_error(&self, url: &str, error: &reqwest::Error) -> HttpError {
@@ -333,6 +340,16 @@ pub fn server_message(body: &str) -> String {
     message.unwrap_or_else(|| body.to_string()).chars().take(MESSAGE_CHARS).collect()
 }
 
+/// An OpenAI-shaped error body's `error.code`, when it is a short string.
+pub fn server_code(body: &str) -> Option<String> {
+    let parsed: Value = serde_json::from_str(body).ok()?;
+    let code = parsed.pointer("/error/code")?.as_str()?;
+    (code.len() <= MAX_CODE_CHARS).then(|| code.to_string())
+}
+
+/// The longest error code kept.
+const MAX_CODE_CHARS: usize = 64;
+
 /// Most characters of a server's message kept in an error.
 const MESSAGE_CHARS: usize = 500;
 
@@ -348,6 +365,13 @@ mod tests {
         assert_eq!(server_message(r#"{"detail": "bad path"}"#), "bad path");
         assert_eq!(server_message(r#"{"success": false, "message": "bad path"}"#), "bad path");
         assert_eq!(server_message("plain text"), "plain text");
+        assert_eq!(
+            server_code(r#"{"error": {"message": "m", "code": "template_refused"}}"#).as_deref(),
+            Some("template_refused")
+        );
+        assert_eq!(server_code(r#"{"error": {"message": "m", "code": null}}"#), None);
+        assert_eq!(server_code(&format!(r#"{{"error": {{"code": "{}"}}}}"#, "x".repeat(65))), None);
+        assert_eq!(server_code("plain text"), None);
     }
 
     #[test]

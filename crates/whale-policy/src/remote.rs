@@ -188,7 +188,7 @@ impl RemotePolicy {
             Ok(_) => stats.succeeded += 1,
             Err(_) => stats.failed += 1,
         }
-        outcome.map_err(refused_as_too_long)
+        outcome.map_err(request_refusal)
     }
 
     fn request_body(&self, request: &ChatRequest, n: usize) -> Result<Value, RemoteError> {
@@ -236,24 +236,52 @@ impl RemotePolicy {
     }
 }
 
-/// A server's 400 that says the prompt does not fit the model's context, as
-/// [`PolicyError::ContextExceeded`] (the harness may catch it, as it may the in-process
-/// [`PolicyError::PromptTooLong`]); any other failure as it is.
-fn refused_as_too_long(error: RemoteError) -> PolicyError {
+/// A server's refusal that is the request's own to handle, as the harness may catch it in
+/// process: a prompt over the model's context ([`PolicyError::ContextExceeded`]) and `whale
+/// serve`'s `template_refused` ([`PolicyError::TemplateRefused`]); any other failure as it is.
+fn request_refusal(error: RemoteError) -> PolicyError {
     match &error {
-        RemoteError::Status { status: 400, message, .. } if says_context_exceeded(message) => {
-            PolicyError::ContextExceeded(message.clone())
+        RemoteError::Status { status: 422, code: Some(code), message, .. } if code == "template_refused" => {
+            PolicyError::TemplateRefused(message.clone())
+        }
+        RemoteError::Status { url, status: 400, message, .. } if prompt_over_context(message) => {
+            PolicyError::ContextExceeded(format!("{url}: {message}"))
         }
         _ => PolicyError::Remote(error),
     }
 }
 
-/// Whether a server's message is about its model's context: vLLM's and OpenAI's "maximum
-/// context length", SGLang's "context length", llama.cpp's "context size", whale serve's
-/// "context window".
-fn says_context_exceeded(message: &str) -> bool {
+/// Whether a server's message says the prompt itself does not fit the model's context: vLLM's
+/// and OpenAI's "maximum context length" when the messages alone reach it, SGLang's "context
+/// length", llama.cpp's "context size", whale serve's "context window". A prompt that fits with
+/// a `max_tokens` that does not (vLLM: "'max_tokens' ... is too large"; OpenAI: "N in the
+/// messages, M in the completion" with N under the context) is the run's setting, not the
+/// harness's prompt: in process whale shortens such a reply instead.
+fn prompt_over_context(message: &str) -> bool {
     let message = message.to_lowercase();
+    if message.contains("max_tokens") || message.contains("max_completion_tokens") {
+        return false;
+    }
+    let context = number_after(&message, "maximum context length is ");
+    let prompt = number_before(&message, " in the messages").or_else(|| number_before(&message, " input tokens"));
+    if let (Some(context), Some(prompt)) = (context, prompt) {
+        return prompt >= context;
+    }
     ["context length", "context window", "context size"].iter().any(|phrase| message.contains(phrase))
+}
+
+/// The whole number right after the first `marker` in `text`.
+fn number_after(text: &str, marker: &str) -> Option<u64> {
+    let rest = &text[text.find(marker)? + marker.len()..];
+    let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    rest[..digits].parse().ok()
+}
+
+/// The whole number right before the first `marker` in `text`.
+fn number_before(text: &str, marker: &str) -> Option<u64> {
+    let before = &text[..text.find(marker)?];
+    let start = before.rfind(|c: char| !c.is_ascii_digit()).map_or(0, |at| at + 1);
+    before[start..].parse().ok()
 }
 
 impl Policy for RemotePolicy {
@@ -424,33 +452,58 @@ mod tests {
     }
 
     /// The refusals of a prompt over the context that vLLM, OpenAI, SGLang, llama.cpp and whale
-    /// serve send are the harness's to catch; other 400s and other statuses stay the server's.
+    /// serve send, and whale serve's template refusal, are the harness's to catch; a `max_tokens`
+    /// past the context with a prompt that fits, other 400s and other statuses stay the server's.
     #[test]
-    fn a_prompt_refused_as_too_long_for_the_context_is_told_apart() {
-        let status = |status, message: &str| RemoteError::Status {
+    fn a_refusal_of_the_request_itself_is_told_apart() {
+        let status = |status, message: &str, code: Option<&str>| RemoteError::Status {
             url: "u".into(),
             status,
             message: message.into(),
+            code: code.map(String::from),
             retry_after: None,
         };
         let too_long = [
-            "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens.",
+            "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2090 in the \
+             messages, 10 in the completion).",
+            "This model's maximum context length is 2048 tokens. However, your request has 3000 input tokens.",
             "The prompt (total length 3000) is too long to fit into the model (context length 2048).",
             "The input (3000 tokens) is longer than the model's context length (2048 tokens).",
             "the request exceeds the available context size, try increasing it",
             "prompt of 300 tokens does not fit the context window of 256",
         ];
         for message in too_long {
-            assert!(matches!(refused_as_too_long(status(400, message)), PolicyError::ContextExceeded(_)), "{message}");
+            assert!(
+                matches!(request_refusal(status(400, message, None)), PolicyError::ContextExceeded(_)),
+                "{message}"
+            );
         }
+        let reply_too_long = [
+            "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (1900 in the \
+             messages, 200 in the completion).",
+            "'max_tokens' or 'max_completion_tokens' is too large: 300. This model's maximum context length is 2048 \
+             tokens and your request has 1900 input tokens (300 > 2048 - 1900).",
+        ];
+        for message in reply_too_long {
+            assert!(matches!(request_refusal(status(400, message, None)), PolicyError::Remote(_)), "{message}");
+        }
+        let refused = status(422, "chat template x refused the messages: no", Some("template_refused"));
+        assert!(matches!(request_refusal(refused), PolicyError::TemplateRefused(_)));
+        assert!(matches!(request_refusal(status(422, "undefined value", None)), PolicyError::Remote(_)));
         for (code, message) in [(400, "temperature must be non-negative"), (500, "context length"), (404, "no model")] {
-            assert!(matches!(refused_as_too_long(status(code, message)), PolicyError::Remote(_)), "{code} {message}");
+            assert!(matches!(request_refusal(status(code, message, None)), PolicyError::Remote(_)), "{code} {message}");
         }
     }
 
     #[test]
     fn errors_are_sorted_into_transient_and_permanent_and_configs_checked() {
-        let status = |status| RemoteError::Status { url: "u".into(), status, message: "m".into(), retry_after: None };
+        let status = |status| RemoteError::Status {
+            url: "u".into(),
+            status,
+            message: "m".into(),
+            code: None,
+            retry_after: None,
+        };
         assert!([408, 429, 500, 502, 503].iter().all(|&s| status(s).is_transient()));
         assert!([400, 401, 404, 422].iter().all(|&s| !status(s).is_transient()));
         let bad = RemoteConfig { base_url: "localhost:8000".into(), model: "m".into(), ..RemoteConfig::default() };

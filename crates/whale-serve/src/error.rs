@@ -115,7 +115,10 @@ impl ApiError {
             }
             PolicyError::InvalidPrompt(_) => Self::bad_request(error.to_string()).with_param(prompt_field),
             PolicyError::Sampling(_) => Self::bad_request(error.to_string()),
-            PolicyError::Template(_) | PolicyError::TemplateRefused(_) | PolicyError::Tokenizer(_) => {
+            PolicyError::TemplateRefused(_) => {
+                Self::unprocessable(error.to_string()).with_param(prompt_field).with_code("template_refused")
+            }
+            PolicyError::Template(_) | PolicyError::Tokenizer(_) => {
                 Self::unprocessable(error.to_string()).with_param(prompt_field)
             }
             PolicyError::EngineStopped => Self::unavailable(error.to_string()),

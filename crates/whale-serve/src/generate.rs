@@ -34,8 +34,9 @@ pub fn prompt_ids(policy: &LocalPolicy, request: &GenerationRequest) -> Result<V
     .map_err(|error| ApiError::from_policy(error, field))
 }
 
-/// Every choice of `request`, generated concurrently; each stops at its next token once
-/// `client_gone` is raised (the answer is then [`PolicyError::Cancelled`], which nobody reads).
+/// Every choice of `request`, generated concurrently; none starts once `client_gone` is raised,
+/// and each stops at its next token when it is (the answer is then [`PolicyError::Cancelled`],
+/// which nobody reads).
 pub fn complete(
     policy: &LocalPolicy,
     request: &GenerationRequest,
@@ -43,6 +44,9 @@ pub fn complete(
     client_gone: &AtomicBool,
 ) -> Result<Vec<Completion>, ApiError> {
     let field = request.endpoint.prompt_field();
+    if client_gone.load(Ordering::Relaxed) {
+        return Err(ApiError::from_policy(PolicyError::Cancelled, field));
+    }
     let generate = |index: usize| {
         let mut until_gone = |_: SampledToken| !client_gone.load(Ordering::Relaxed);
         policy

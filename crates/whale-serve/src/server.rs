@@ -120,6 +120,9 @@ pub struct ServerStats {
     pub requests: u64,
     /// Generation requests answered 503 by the fault injector.
     pub injected_faults: u64,
+    /// Whole-reply generation requests given up because their client hung up first (counted
+    /// once every choice has stopped).
+    pub abandoned: u64,
 }
 
 /// What the request handlers share.
@@ -132,6 +135,7 @@ struct State {
     header_read_timeout: Duration,
     body_read_timeout: Duration,
     requests: AtomicU64,
+    abandoned: AtomicU64,
 }
 
 /// A running server; dropping it stops it.
@@ -178,6 +182,7 @@ impl Server {
             header_read_timeout: config.header_read_timeout,
             body_read_timeout: config.body_read_timeout,
             requests: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
         });
         runtime.spawn(accept(listener, Arc::clone(&state)));
         Ok(Self { runtime: Some(runtime), state, addr })
@@ -200,6 +205,7 @@ impl Server {
         ServerStats {
             requests: self.state.requests.load(Ordering::Relaxed),
             injected_faults: self.state.faults.injected(),
+            abandoned: self.state.abandoned.load(Ordering::Relaxed),
         }
     }
 
@@ -322,7 +328,7 @@ async fn reply(state: &Arc<State>, parts: &hyper::http::request::Parts, body: In
 /// Raises its flag when dropped. hyper drops a request's future when the client hangs up
 /// before the reply is written, and the blocking work it waited for would otherwise run to
 /// its end for nobody; the flag tells a whole-reply generation to stop at its next token.
-/// (Raised too after a reply is written, when nothing reads it any more.)
+/// (Raised too when the future ends normally, once the blocking work is done.)
 struct RaisedOnDrop(Arc<AtomicBool>);
 
 impl Drop for RaisedOnDrop {
@@ -405,7 +411,11 @@ fn generation(state: &State, body: &[u8], endpoint: Endpoint, client_gone: &Atom
     if parsed.stream {
         return Ok(Reply::Stream(Box::new(parsed), policy, prompt));
     }
-    let completions = generate::complete(&policy, &parsed, &prompt, client_gone)?;
+    let completions = generate::complete(&policy, &parsed, &prompt, client_gone);
+    if completions.is_err() && client_gone.load(Ordering::Relaxed) {
+        state.abandoned.fetch_add(1, Ordering::Relaxed);
+    }
+    let completions = completions?;
     let header = ReplyHeader::new(endpoint, &parsed.model);
     Ok(Reply::Json(200, header.completion(&completions, policy.tokenizer(), parsed.logprobs)))
 }

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{local, remote, request, start, write_model};
+use common::{local, remote, request, start, write_model, write_strict_model};
+use whale_core::ChatMessage;
 use whale_policy::remote::TransportFault;
-use whale_policy::{Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
+use whale_policy::{ChatRequest, Policy, PolicyError, RemoteConfig, RemoteError, RemotePolicy};
 use whale_serve::ServeConfig;
 
 #[test]
@@ -161,6 +162,26 @@ fn a_bad_request_is_reported_at_once_with_the_servers_message() {
     assert!(matches!(error, PolicyError::Remote(RemoteError::Status { status: 404, .. })), "{error}");
     assert_eq!((client.stats().retries, unknown.stats().retries), (0, 0));
     assert_eq!(server.stats().requests, 2, "each request was sent once");
+}
+
+/// A chat template's own refusal is the same error served as in process, so a harness catches
+/// it in both; any other request reaches the model.
+#[test]
+fn a_template_refusal_is_told_apart_served_and_in_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_strict_model(dir.path(), 5);
+    let server = start(dir.path(), ServeConfig::default());
+    let late_system = ChatRequest {
+        messages: vec![ChatMessage::new("user", "hi"), ChatMessage::new("system", "late")],
+        params: request("hi", 0.0, 0, 4).params,
+    };
+    let served = remote(&server, "base", 5).chat(late_system.clone()).expect_err("refused");
+    let in_process = local(dir.path()).chat(late_system).expect_err("refused");
+    for error in [&served, &in_process] {
+        let PolicyError::TemplateRefused(message) = error else { panic!("{error}") };
+        assert!(message.contains("refused the messages: System message must be at the beginning."), "{message}");
+    }
+    assert!(remote(&server, "base", 5).chat(request("hi", 0.0, 0, 4)).is_ok());
 }
 
 /// A prompt over the served model's context is refused with a 400 that the client tells apart

@@ -32,6 +32,18 @@ pub fn write_model(dir: &Path, seed: u64) {
     write_tokenizer_config(dir, CHATML_TEMPLATE, &tokenizer.specials(), CONTEXT).expect("tokenizer config written");
 }
 
+/// Writes a tiny random model (as [`write_model`]) whose chat template refuses a system
+/// message after the first with its own `raise_exception`, as Qwen's templates do.
+pub fn write_strict_model(dir: &Path, seed: u64) {
+    write_model(dir, seed);
+    let tokenizer = Tokenizer::from_file(dir.join(TOKENIZER_FILE)).expect("the tokenizer");
+    let strict = format!(
+        "{{%- for m in messages %}}{{%- if m.role == 'system' and not loop.first %}}\
+         {{{{ raise_exception('System message must be at the beginning.') }}}}{{%- endif %}}{{%- endfor %}}{CHATML_TEMPLATE}"
+    );
+    write_tokenizer_config(dir, &strict, &tokenizer.specials(), CONTEXT).expect("tokenizer config written");
+}
+
 /// Writes a tiny random Qwen3.5 model (weights from `seed`, spread wider than the usual
 /// initialisation) in the Hugging Face layout to `dir`.
 pub fn write_qwen35_model(dir: &Path, seed: u64) {
