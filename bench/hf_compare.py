@@ -12,8 +12,9 @@ with `AutoModelForCausalLM`:
      whatever the dtype, are computed in float64 here), and they must agree within 1e-9; and in
      f32, within 1e-4, the bar of the 4-layer default model. Deeper models round more: at
      SmolLM2's 30 layers f32 runs differ by about 1e-4 even between transformers' own attention
-     kernels (the script then measures and prints that), so there an f32 difference above 1e-4
-     passes when the float64 check does and it stays under F32_DEEP_BOUND;
+     kernels. So an f32 difference above 1e-4 is measured against that: the script runs
+     transformers with its other attention kernel, and the difference passes when the float64
+     check passed and it is within twice what transformers moves by against itself;
 then times, with the same prompts, sampling settings and batch:
   3. generation of 64 concurrent requests (whale's engine vs `model.generate` at batch 64; the
      median of 3 runs);
@@ -44,7 +45,6 @@ VENV = Path(os.environ.get("WHALE_HF_VENV", REPO / "bench" / ".venv"))
 PACKAGES = ["torch", "transformers", "safetensors", "peft"]
 LOGITS_TOLERANCE = 1e-4
 FLOAT64_TOLERANCE = 1e-9
-F32_DEEP_BOUND = 1e-3
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 INSTRUCTION = "\nGive the final answer after ####."
 
@@ -273,17 +273,21 @@ def padding_and_packing(torch, model, tokenizer, workload):
     return padded_positions, tokens, padded_loss, packed_loss
 
 
+def plain_rotary(config):
+    """Whether `config`'s rotary embedding is unscaled, the one `exact_float64` computes."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    scaling = getattr(config, "rope_scaling", None) or {}
+    return parameters.get("rope_type", "default") == "default" and scaling.get("rope_type", "default") == "default"
+
+
 def exact_float64(torch, model):
-    """`model` in float64 with nothing rounded to f32: transformers computes the rotary angles
-    and RMSNorm in f32 whatever the dtype, so both are replaced by their float64 formulas (the
-    unscaled rotary frequencies `1 / theta^(2i / d)`). None for a scaled rotary embedding."""
+    """`model` (with a plain rotary embedding) in float64 with nothing rounded to f32:
+    transformers computes the rotary angles and RMSNorm in f32 whatever the dtype, so both are
+    replaced by their float64 formulas (the frequencies `1 / theta^(2i / d)`)."""
     import types
 
     config = model.config
     parameters = getattr(config, "rope_parameters", None) or {}
-    scaling = getattr(config, "rope_scaling", None) or {}
-    if parameters.get("rope_type", "default") != "default" or scaling.get("rope_type", "default") != "default":
-        return None
     theta = parameters.get("rope_theta") or config.rope_theta
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     inverse = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
@@ -347,7 +351,7 @@ def main():
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     workload = build_workload(tokenizer, args)
-    workload["float64"] = True
+    workload["float64"] = plain_rotary(model.config)
     inputs = torch.tensor([workload["logits_input"]])
     with tempfile.TemporaryDirectory() as scratch:
         workload["adapter"] = str(train_adapter(model_dir, gsm8k(32, offset=args.batch), scratch))
@@ -356,7 +360,7 @@ def main():
         with torch.no_grad():
             theirs = model(input_ids=inputs).logits[0]
             theirs_adapted = peft.PeftModel.from_pretrained(fresh(), workload["adapter"])(input_ids=inputs).logits[0]
-            exact = exact_float64(torch, fresh())
+            exact = exact_float64(torch, fresh()) if workload["float64"] else None
             if exact is not None:
                 exact_logits = exact(input_ids=inputs).logits[0]
                 exact_adapted = peft.PeftModel.from_pretrained(exact, workload["adapter"]).double()
@@ -379,13 +383,14 @@ def main():
         if not difference <= FLOAT64_TOLERANCE:
             failures.append(f"float64 logits ({name}) differ by {difference:.3g} > {FLOAT64_TOLERANCE}")
     exact_agrees = bool(float64_differences) and all(d <= FLOAT64_TOLERANCE for d in float64_differences.values())
-    f32_bound = F32_DEEP_BOUND if exact_agrees else LOGITS_TOLERANCE
-    for name, difference in f32_differences.items():
-        if not difference <= f32_bound:
-            failures.append(f"f32 logits ({name}) differ by {difference:.3g} > {f32_bound}")
-    spread = None
+    spread, f32_bound = None, LOGITS_TOLERANCE
     if max(f32_differences.values()) > LOGITS_TOLERANCE:
         spread = own_spread(torch, model, model_dir, workload["logits_input"], theirs)
+        if exact_agrees:
+            f32_bound = max(LOGITS_TOLERANCE, 2 * spread)
+    for name, difference in f32_differences.items():
+        if not difference <= f32_bound:
+            failures.append(f"f32 logits ({name}) differ by {difference:.3g} > {f32_bound:.3g}")
     adapter_effect = (theirs_adapted - theirs).abs().max().item()
     if not adapter_effect > 100 * LOGITS_TOLERANCE:
         failures.append(f"the trained adapter moves the logits by only {adapter_effect:.3g}; the check proves nothing")
@@ -407,7 +412,7 @@ def main():
     else:
         print("float64 logits: not compared (a scaled rotary embedding)")
     print(f"the same logits in f32: max |whale - transformers| = {f32_differences['base']:.2e}, through the adapter "
-          f"{f32_differences['through the adapter']:.2e} (tolerance {f32_bound:g}; the adapter moves the logits by "
+          f"{f32_differences['through the adapter']:.2e} (tolerance {f32_bound:.3g}; the adapter moves the logits by "
           f"up to {adapter_effect:.2f})")
     if exact is not None:
         print(f"  each against the float64 logits: transformers f32 {(theirs.double() - exact_logits).abs().max():.2e},"

@@ -1,5 +1,6 @@
 //! A second, minimal walk over a GGUF header, beside candle's reader: before candle reads, it finds
-//! `general.alignment` (candle divides by it unchecked, so 0 panics); after candle has stopped at
+//! `general.alignment` (candle divides by it unchecked, so 0 panics, and silently ignores one of a
+//! type it does not read); after candle has stopped at
 //! a tensor type it does not know ("unknown dtype for tensor 20"), it finds that tensor's name, so
 //! that the refusal names the tensor as every other refusal does. It reads nothing else and
 //! trusts nothing: it is bounded as candle is (nesting depth, dimensions, bytes left in the file),

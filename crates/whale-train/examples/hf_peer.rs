@@ -116,12 +116,11 @@ fn main() -> Result<(), BoxError> {
     let chat_ids =
         workload.conversations.iter().map(|messages| policy.prompt_ids(messages)).collect::<Result<_, _>>()?;
     let (logits, adapter_logits) = workload_logits(&policy, &workload)?;
-    let (logits_f64, adapter_logits_f64) = match workload.float64 {
-        true => workload_logits(
-            &LocalPolicy::load(model_dir, DType::F64, &Device::Cpu, EngineConfig::default())?,
-            &workload,
-        )?,
-        false => (None, None),
+    let (logits_f64, adapter_logits_f64) = if workload.float64 {
+        let wide = LocalPolicy::load(model_dir, DType::F64, &Device::Cpu, EngineConfig::default())?;
+        workload_logits(&wide, &workload)?
+    } else {
+        (None, None)
     };
     let greedy_ids = workload.greedy.as_ref().map(|work| greedy(&policy, work)).transpose()?;
     let generation = workload.generate.as_ref().map(|work| time_generation(&policy, work)).transpose()?;

@@ -416,13 +416,18 @@ impl Qwen35Model {
     }
 
     /// A model from named tensors ([`parameter_shapes`]), converted to `dtype` on `device`;
-    /// tensors the text model does not use (a vision tower, MTP heads) are ignored.
+    /// tensors the text model does not use (a vision tower, MTP heads) are ignored. Not in f64:
+    /// the delta rule, norms and rotary angles compute in f32, so an f64 model would round
+    /// there silently.
     pub fn from_tensors(
         config: &Qwen35Config,
         mut tensors: HashMap<String, Tensor>,
         dtype: DType,
         device: &Device,
     ) -> Result<Self, ModelError> {
+        if dtype == DType::F64 {
+            return Err(input_error("Qwen3.5 computes in f32 at most; float64 is not supported"));
+        }
         let (varmap, params) = parameters::checked_variables(parameter_shapes(config), &mut tensors, dtype, device)?;
         Self::assemble(config, varmap, params, dtype, device, None)
     }

@@ -206,7 +206,10 @@ fn pairs<'a>(
     let list = |key: &str| {
         let path = format!("{name}.{key}");
         let value = value.get(key).ok_or_else(|| {
-            fields.error(&path, format!("missing: expected an object with `{left}` and `{right}` lists"))
+            fields.error(
+                &path,
+                format!("missing: expected an object with `{left}` and `{right}` lists, or a list of [{left}, {right}] pairs"),
+            )
         })?;
         fields.list_at(value, &path)
     };
