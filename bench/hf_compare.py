@@ -356,7 +356,10 @@ def main():
     with tempfile.TemporaryDirectory() as scratch:
         workload["adapter"] = str(train_adapter(model_dir, gsm8k(32, offset=args.batch), scratch))
         ours = run_whale(model_dir, workload, scratch)
-        fresh = lambda: transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+        def fresh():
+            return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
         with torch.no_grad():
             theirs = model(input_ids=inputs).logits[0]
             theirs_adapted = peft.PeftModel.from_pretrained(fresh(), workload["adapter"])(input_ids=inputs).logits[0]
