@@ -203,26 +203,7 @@ impl JsonClient {
             .and_then(|value| value.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
         let body = Deadline { reply: response, until: sent + self.request_timeout };
-        let text = read_reply(body, MAX_REPLY_BYTES).map_err(|reason| match reason {
-            ReplyFault::Read(error) => match error.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()) {
-                Some(error) => self.transport_error(url, error),
-                None if error.kind() == std::io::ErrorKind::TimedOut => HttpError::Transport {
-                    url: url.to_string(),
-                    fault: TransportFault::Timeout,
-                    message: format!("no complete reply within {} s", self.request_timeout.as_secs_f64()),
-                },
-                None => HttpError::Transport {
-                    url: url.to_string(),
-                    fault: TransportFault::Connection,
-                    message: error.to_string(),
-                },
-            },
-            ReplyFault::TooLarge => HttpError::Reply {
-                url: url.to_string(),
-                expected: "reply",
-                reason: format!("it is over {MAX_REPLY_BYTES} bytes"),
-            },
-        })?;
+        let text = read_reply(body, MAX_REPLY_BYTES).map_err(|fault| self.reply_error(url, fault))?;
         if (200..300).contains(&status) {
             return Ok(text);
         }
@@ -233,6 +214,26 @@ impl JsonClient {
             code: server_code(&text),
             retry_after,
         })
+    }
+
+    /// Why a reply's body could not be read, as the error of the request to `url`.
+    fn reply_error(&self, url: &str, fault: ReplyFault) -> HttpError {
+        let transport = |fault, message| HttpError::Transport { url: url.to_string(), fault, message };
+        match fault {
+            ReplyFault::Read(error) => match error.get_ref().and_then(|inner| inner.downcast_ref::<reqwest::Error>()) {
+                Some(error) => self.transport_error(url, error),
+                None if error.kind() == std::io::ErrorKind::TimedOut => transport(
+                    TransportFault::Timeout,
+                    format!("no complete reply within {} s", self.request_timeout.as_secs_f64()),
+                ),
+                None => transport(TransportFault::Connection, error.to_string()),
+            },
+            ReplyFault::TooLarge => HttpError::Reply {
+                url: url.to_string(),
+                expected: "reply",
+                reason: format!("it is over {MAX_REPLY_BYTES} bytes"),
+            },
+        }
     }
 
     fn transport_error(&self, url: &str, error: &reqwest::Error) -> HttpError {

@@ -138,8 +138,8 @@ pub fn compare_with(
     verbosity: Verbosity,
     on_arm: &mut dyn FnMut(ArmEvent),
 ) -> Result<Comparison, CompareError> {
-    if let Some(index) = (1..arms.len()).find(|&index| arms[..index].contains(&arms[index])) {
-        return Err(CompareError::DuplicateArm(arms[index]));
+    if let Some(&arm) = crate::study::repeated(arms) {
+        return Err(CompareError::DuplicateArm(arm));
     }
     let _lock = DirLock::create(root)?;
     let mut seconds = Vec::new();

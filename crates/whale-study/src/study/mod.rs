@@ -255,7 +255,7 @@ fn check_plan(plan: &StudyPlan) -> Result<(), StudyError> {
 }
 
 /// The first item equal to one before it.
-fn repeated<T: PartialEq>(items: &[T]) -> Option<&T> {
+pub(crate) fn repeated<T: PartialEq>(items: &[T]) -> Option<&T> {
     items.iter().enumerate().find(|&(index, item)| items[..index].contains(item)).map(|(_, item)| item)
 }
 

@@ -116,9 +116,6 @@ impl std::str::FromStr for Seeds {
             .split(',')
             .map(|part| part.trim().parse::<u64>().map_err(|_| format!("`{part}` is not a seed")))
             .collect::<Result<_, _>>()?;
-        if let Some(index) = (1..numbers.len()).find(|&index| numbers[..index].contains(&numbers[index])) {
-            return Err(format!("seed {} is given twice: a seed counts once", numbers[index]));
-        }
         match numbers.as_slice() {
             [0] => Err("at least one seed".to_string()),
             [count] if !text.contains(',') => Ok(Seeds((0..*count).collect())),
