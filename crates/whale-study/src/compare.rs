@@ -129,6 +129,11 @@ pub fn compare(
     compare_with(config, root, arms, verbosity, &mut |_| {})
 }
 
+/// The first item equal to one before it.
+pub(crate) fn repeated<T: PartialEq>(items: &[T]) -> Option<&T> {
+    items.iter().enumerate().find(|&(index, item)| items[..index].contains(item)).map(|(_, item)| item)
+}
+
 /// [`compare`], telling `on_arm` when each arm it runs starts and ends (an arm that had
 /// finished before is kept, not run, and not told).
 pub fn compare_with(
@@ -138,7 +143,7 @@ pub fn compare_with(
     verbosity: Verbosity,
     on_arm: &mut dyn FnMut(ArmEvent),
 ) -> Result<Comparison, CompareError> {
-    if let Some(&arm) = crate::study::repeated(arms) {
+    if let Some(&arm) = repeated(arms) {
         return Err(CompareError::DuplicateArm(arm));
     }
     let _lock = DirLock::create(root)?;

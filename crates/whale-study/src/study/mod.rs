@@ -33,7 +33,7 @@ pub use statistics::{
 pub use summary::{domain_study, ArmSoFar, DomainStudy, SeedProvenance, Study, UnfinishedSeed};
 pub use verdicts::{alternating_beats_sequential, bottleneck, whale_beats_the_baselines, Status, Verdict};
 
-use crate::compare::{self, Arm, ArmEvent};
+use crate::compare::{self, repeated, Arm, ArmEvent};
 use crate::coupling::{self, Coupling, CouplingError, COUPLING_FILE};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use result::Expected;
@@ -252,11 +252,6 @@ fn check_plan(plan: &StudyPlan) -> Result<(), StudyError> {
         Some(arm) => Err(StudyError::DuplicateArm(arm.name())),
         None => Ok(()),
     }
-}
-
-/// The first item equal to one before it.
-pub(crate) fn repeated<T: PartialEq>(items: &[T]) -> Option<&T> {
-    items.iter().enumerate().find(|&(index, item)| items[..index].contains(item)).map(|(_, item)| item)
 }
 
 /// Before anything runs: every config trained in-process keeps the phase weights its WHALE
