@@ -21,6 +21,8 @@ const MAX_DIMENSIONS: u32 = 4;
 const MAX_DEPTH: usize = 64;
 const STRING_TYPE: u32 = 8;
 const ARRAY_TYPE: u32 = 9;
+const U64_TYPE: u32 = 10;
+const I64_TYPE: u32 = 11;
 
 /// Bytes of a scalar of a GGUF value type: u8, i8, u16, i16, u32, i32, f32, bool, then (after
 /// string and array) u64, i64, f64.
@@ -40,15 +42,19 @@ pub enum DeclaredAlignment {
     /// One of the integer types candle takes it from (u8, i8, u16, i16, u32, i32): what candle
     /// will divide by.
     Value(i64),
-    /// A value of any other GGUF type (this id): candle ignores it and reads the tensors at its
-    /// default of 32 bytes, whatever the writer aligned them to.
-    IgnoredType(u32),
+    /// A value of any other GGUF type: candle ignores it and reads the tensors at its default of
+    /// 32 bytes, whatever the writer aligned them to. `integer` is the value of a u64 or i64.
+    IgnoredType { id: u32, integer: Option<i128> },
 }
 
 /// The file's `general.alignment`; `None` when there is none or the walk fails (and then
 /// candle's own reader fails too, its limits being the walk's or tighter).
 pub fn declared_alignment(file: &Path) -> Option<DeclaredAlignment> {
     HeaderReader::open(file)?.metadata()?.alignment
+}
+
+fn ignored(id: u32, integer: i128) -> DeclaredAlignment {
+    DeclaredAlignment::IgnoredType { id, integer: Some(integer) }
 }
 
 /// The GGUF spec's name of value type `id`.
@@ -132,7 +138,12 @@ impl HeaderReader {
             3 => i64::from(i16::from_le_bytes(self.bytes()?)),
             4 => i64::from(self.u32()?),
             5 => i64::from(i32::from_le_bytes(self.bytes()?)),
-            other => return self.skip_value(other, 0).map(|()| DeclaredAlignment::IgnoredType(other)),
+            U64_TYPE => return Some(ignored(value_type, u64::from_le_bytes(self.bytes()?).into())),
+            I64_TYPE => return Some(ignored(value_type, i64::from_le_bytes(self.bytes()?).into())),
+            other => {
+                self.skip_value(other, 0)?;
+                return Some(DeclaredAlignment::IgnoredType { id: other, integer: None });
+            }
         };
         Some(DeclaredAlignment::Value(value))
     }

@@ -233,19 +233,25 @@ fn open_reader(path: &Path) -> Result<BufReader<File>, GgufError> {
 /// Refuses a `general.alignment` of 0 (candle divides by it and panics), one that is not a power
 /// of two (as llama.cpp does), and one of a type candle ignores (a u64, a float: it would read
 /// the tensors at 32 bytes whatever the writer aligned them to), before candle reads the file.
+/// A u64 or i64 of 32 is what candle reads at, so it is taken.
 fn check_alignment(path: &Path) -> Result<(), GgufError> {
     let refused = |reason: String| Err(GgufError::invalid_key(path, header::ALIGNMENT_KEY, reason));
     match header::declared_alignment(path) {
         Some(DeclaredAlignment::Value(alignment)) if !u64::try_from(alignment).is_ok_and(u64::is_power_of_two) => {
             refused(format!("{alignment} is not a power of two"))
         }
-        Some(DeclaredAlignment::IgnoredType(id)) => refused(format!(
+        Some(DeclaredAlignment::IgnoredType { integer: Some(CANDLE_ALIGNMENT), .. }) => Ok(()),
+        Some(DeclaredAlignment::IgnoredType { id, .. }) => refused(format!(
             "a {} value, which candle does not read (the GGUF spec's type is u32)",
             header::value_type_name(id)
         )),
         _ => Ok(()),
     }
 }
+
+/// The alignment candle reads tensors at when `general.alignment` is absent or of a type it
+/// ignores.
+const CANDLE_ALIGNMENT: i128 = 32;
 
 /// candle's message when a tensor's type id is one it does not know (`GgmlDType::from_u32`).
 const UNKNOWN_TYPE_MESSAGE: &str = "unknown dtype for tensor";

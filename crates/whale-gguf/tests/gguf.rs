@@ -737,17 +737,24 @@ fn a_gguf_alignment_of_zero_not_a_power_of_two_or_not_an_integer_is_refused_nami
         assert!(error.to_string().contains("general.alignment"), "{error}");
     }
     // candle ignores an alignment of another type and reads the tensors at 32 bytes.
-    for (alignment, name) in
-        [(Value::U64(64), "u64"), (Value::F32(32.0), "f32"), (Value::String("32".into()), "string")]
-    {
+    for (alignment, name) in [
+        (Value::U64(64), "u64"),
+        (Value::I64(-32), "i64"),
+        (Value::F32(32.0), "f32"),
+        (Value::String("32".into()), "string"),
+    ] {
         let metadata = [llama_architecture(), ("general.alignment", alignment.clone())];
         write_gguf(&path, &metadata, &[("t.weight", &tensor)]);
         let error = GgufFile::open(&path).unwrap_err();
         assert!(matches!(error, GgufError::InvalidKey { .. }), "{alignment:?}: {error}");
         assert!(error.to_string().contains(&format!("general.alignment`: a {name} value")), "{error}");
     }
-    write_gguf(&path, &[llama_architecture(), ("general.alignment", Value::U32(32))], &[("t.weight", &tensor)]);
-    assert_eq!(GgufFile::open(&path).unwrap().dequantize("t.weight", DType::F32).unwrap().dims(), [2, 64]);
+    // A 32 of those types is what candle reads at, so those files read.
+    for alignment in [Value::U32(32), Value::U64(32), Value::I64(32)] {
+        write_gguf(&path, &[llama_architecture(), ("general.alignment", alignment.clone())], &[("t.weight", &tensor)]);
+        let weight = GgufFile::open(&path).unwrap().dequantize("t.weight", DType::F32).unwrap();
+        assert_eq!(weight.to_vec2::<f32>().unwrap(), gaussian(2, 64, 2).to_vec2::<f32>().unwrap(), "{alignment:?}");
+    }
 }
 
 #[test]
