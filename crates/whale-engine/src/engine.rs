@@ -3,7 +3,8 @@
 //!
 //! Why one scheduler: a decode step reads every weight once however many sequences it serves,
 //! so throughput comes from decoding all live requests together. Callers render and tokenize in
-//! their own threads, send the prompt over a channel and block on their own reply channel.
+//! their own threads, send the prompt over a channel and block on their own reply channel (the
+//! choices of one served request share one, so that one thread waits on all of them).
 //! Between steps the scheduler admits waiting requests (at most `max_batch_size` live), prefills
 //! new prompts together in one [`Decoder::forward_step`] call — apart from the one-token
 //! decodes, since a long chunk in a decode batch would pad every row to its length — then
@@ -309,6 +310,45 @@ impl LocalPolicy {
         self.submit(prompt, params, Some(on_token))
     }
 
+    /// Continues `prompt` once for each entry of `choices` (the choices of one request, each
+    /// with its own parameters and seed), all waited on in this thread: `on_event` gets each
+    /// choice's tokens as they are sampled and its outcome when it ends. Returns once every
+    /// choice has ended, or [`PolicyError::Cancelled`] at the first event `on_event` answers
+    /// false (the choices still running then stop at their next token). A request of n choices
+    /// thus holds one thread, not n.
+    pub fn generate_choices(
+        &self,
+        prompt: Vec<u32>,
+        choices: &[SamplingParams],
+        on_event: &mut dyn FnMut(ChoiceEvent) -> bool,
+    ) -> Result<(), PolicyError> {
+        choices.iter().try_for_each(SamplingParams::validate)?;
+        self.check_prompt(&prompt)?;
+        let prompt_tokens = prompt.len();
+        let (reply, answer) = mpsc::channel();
+        for (choice, params) in choices.iter().enumerate() {
+            let reply = ReplyTo { choice, channel: reply.clone() };
+            let job = Job { prompt: prompt.clone(), params: params.clone(), stream: true, reply };
+            self.commands.send(Command::Generate(job)).map_err(|_| PolicyError::EngineStopped)?;
+        }
+        let mut running = choices.len();
+        while running > 0 {
+            let (index, message) = answer.recv().map_err(|_| PolicyError::EngineStopped)?;
+            let event = match message {
+                Reply::Token(token) => ChoiceEvent::Token { index, token },
+                Reply::Done(generated) => {
+                    running -= 1;
+                    let outcome = generated.and_then(|g| self.completion(g, prompt_tokens, &choices[index].stop));
+                    ChoiceEvent::Done { index, outcome }
+                }
+            };
+            if !on_event(event) {
+                return Err(PolicyError::Cancelled);
+            }
+        }
+        Ok(())
+    }
+
     fn submit(
         &self,
         prompt: Vec<u32>,
@@ -319,10 +359,11 @@ impl LocalPolicy {
         self.check_prompt(&prompt)?;
         let prompt_tokens = prompt.len();
         let (reply, answer) = mpsc::channel();
+        let reply = ReplyTo { choice: 0, channel: reply };
         let job = Job { prompt, params: params.clone(), stream: on_token.is_some(), reply };
         self.commands.send(Command::Generate(job)).map_err(|_| PolicyError::EngineStopped)?;
         loop {
-            match answer.recv().map_err(|_| PolicyError::EngineStopped)? {
+            match answer.recv().map_err(|_| PolicyError::EngineStopped)?.1 {
                 Reply::Token(token) => {
                     // Returning drops `answer`; the scheduler then retires the sequence at its
                     // next token instead of generating on for nobody.
@@ -451,7 +492,20 @@ struct Job {
     params: SamplingParams,
     /// Whether the caller wants each token as it is sampled.
     stream: bool,
-    reply: Sender<Reply>,
+    reply: ReplyTo,
+}
+
+/// Where a sequence's replies go: its caller's channel, tagged with its choice's index.
+struct ReplyTo {
+    choice: usize,
+    channel: Sender<(usize, Reply)>,
+}
+
+impl ReplyTo {
+    /// False when the caller has gone away (it cancelled).
+    fn send(&self, reply: Reply) -> bool {
+        self.channel.send((self.choice, reply)).is_ok()
+    }
 }
 
 /// What the scheduler sends a caller: each sampled token (streaming requests only), then the
@@ -459,6 +513,12 @@ struct Job {
 enum Reply {
     Token(SampledToken),
     Done(Result<Generated, PolicyError>),
+}
+
+/// What [`LocalPolicy::generate_choices`] tells its caller of choice `index`.
+pub enum ChoiceEvent {
+    Token { index: usize, token: SampledToken },
+    Done { index: usize, outcome: Result<Completion, PolicyError> },
 }
 
 /// The scheduler's answer; the caller decodes the text in its own thread.
@@ -472,7 +532,7 @@ struct Generated {
 struct Sequence {
     prompt: Vec<u32>,
     stream: bool,
-    reply: Sender<Reply>,
+    reply: ReplyTo,
     sampler: Sampler,
     stops: Option<StopMatcher>,
     /// Sample past end-of-sequence tokens.
@@ -522,7 +582,7 @@ impl Sequence {
                 return;
             }
         };
-        if self.stream && self.reply.send(Reply::Token(token)).is_err() {
+        if self.stream && !self.reply.send(Reply::Token(token)) {
             // The caller went away (it cancelled): nobody waits for the rest.
             self.outcome = Some(Err(PolicyError::Cancelled));
             return;
@@ -559,7 +619,7 @@ impl Sequence {
             finish_reason,
         });
         // The caller may have gone away; nobody is left to tell.
-        let _ = self.reply.send(Reply::Done(message));
+        self.reply.send(Reply::Done(message));
     }
 }
 
@@ -687,7 +747,7 @@ impl Scheduler {
             match started {
                 Ok((sampler, cache)) => self.live.push(Sequence::new(job, sampler, cache, self.context_window)),
                 Err(error) => {
-                    let _ = job.reply.send(Reply::Done(Err(error)));
+                    job.reply.send(Reply::Done(Err(error)));
                     self.stats().requests_done += 1;
                 }
             }

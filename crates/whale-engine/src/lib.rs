@@ -20,5 +20,5 @@
 pub mod engine;
 pub mod sampling;
 
-pub use engine::{EngineConfig, EngineError, EngineStats, LocalPolicy};
+pub use engine::{ChoiceEvent, EngineConfig, EngineError, EngineStats, LocalPolicy};
 pub use sampling::{SampledToken, Sampler, SamplingError, StopMatch, StopMatcher};

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Device, Tensor};
 use common::{argmax, full_logits};
 use whale_core::ChatMessage;
-use whale_engine::{EngineConfig, EngineError, LocalPolicy};
+use whale_engine::{ChoiceEvent, EngineConfig, EngineError, LocalPolicy};
 use whale_lm::{save_model, GenerationConfig, Qwen3Config, Qwen3Model};
 use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError, SamplingParams};
 use whale_text::{write_tokenizer_config, ChatTemplate, Tokenizer, CHATML_TEMPLATE, TOKENIZER_FILE};
@@ -448,6 +448,66 @@ fn streaming_hands_over_every_token_of_the_completion_as_it_is_sampled() {
     assert_eq!(streamed.iter().map(|token| token.id).collect::<Vec<_>>(), completion.token_ids);
     assert_eq!(streamed.iter().map(|token| token.logprob).collect::<Vec<_>>(), completion.logprobs);
     assert_eq!(completion, policy.generate(prompt, &sampled(4, 24)).expect("the same request unstreamed"));
+}
+
+#[test]
+fn the_choices_of_one_request_are_waited_on_together_and_get_what_each_gets_alone() {
+    let policy = engine(tiny_model(9), EngineConfig::default());
+    let prompt = prompt_of(&ask(2));
+    let choices: Vec<SamplingParams> = (0..6).map(|i| sampled(40 + i, 10 + i as usize)).collect();
+    let alone: Vec<Completion> =
+        choices.iter().map(|params| policy.generate(prompt.clone(), params).expect("alone")).collect();
+    let distinct: std::collections::HashSet<&Vec<u32>> = alone.iter().map(|c| &c.token_ids).collect();
+    assert!(distinct.len() > 2, "the seeds gave the same samples, so the comparison proves little");
+    let mut streamed = vec![Vec::new(); choices.len()];
+    let mut done: Vec<Option<Completion>> = vec![None; choices.len()];
+    policy
+        .generate_choices(prompt, &choices, &mut |event| {
+            match event {
+                ChoiceEvent::Token { index, token } => {
+                    assert!(done[index].is_none(), "a token of choice {index} after its end");
+                    streamed[index].push(token.id);
+                }
+                ChoiceEvent::Done { index, outcome } => done[index] = Some(outcome.expect("a completion")),
+            }
+            true
+        })
+        .expect("every choice ends");
+    for (index, want) in alone.iter().enumerate() {
+        // The same tokens; the log-probabilities up to a batched forward pass's rounding.
+        let got = done[index].as_ref().expect("each choice ends once");
+        assert_eq!((&got.token_ids, &got.text, got.finish_reason), (&want.token_ids, &want.text, want.finish_reason));
+        assert!(got.logprobs.iter().zip(&want.logprobs).all(|(a, b)| (a - b).abs() < 1e-4), "choice {index}");
+        assert_eq!(streamed[index], want.token_ids, "choice {index}'s tokens as streamed");
+    }
+}
+
+#[test]
+fn choices_stop_together_when_their_caller_answers_false() {
+    let policy = engine(model_without_eos(5), EngineConfig::default());
+    let max_tokens = 4000;
+    let choices: Vec<SamplingParams> = (0..8).map(|i| sampled(i, max_tokens)).collect();
+    let mut received = 0;
+    let outcome = policy.generate_choices(prompt_of(&ask(0)), &choices, &mut |_| {
+        received += 1;
+        received < 20
+    });
+    assert!(matches!(outcome, Err(PolicyError::Cancelled)), "{outcome:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while policy.stats().requests_done < 8 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stats = policy.stats();
+    assert_eq!(stats.requests_done, 8, "the engine did not retire every cancelled choice");
+    assert!(
+        stats.tokens_generated < 8 * max_tokens as u64 / 4,
+        "generated {} tokens for a caller that left after 20",
+        stats.tokens_generated
+    );
+    let invalid = [sampled(1, 4), SamplingParams { temperature: -1.0, ..sampled(2, 4) }];
+    let refused = policy.generate_choices(prompt_of(&ask(1)), &invalid, &mut |_| true);
+    assert!(matches!(refused, Err(PolicyError::Sampling(_))), "{refused:?}");
+    assert_eq!(policy.stats().requests_done, 8, "a request with one invalid choice starts none");
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! Generation requests run against a served [`LocalPolicy`]: all choices at once (the engine
-//! batches them), answered whole or streamed as server-sent events while the engine samples.
+//! batches them, and the request's one worker thread waits on all: a thread per choice would let
+//! a few requests of `n` = 128 start thousands), answered whole or streamed as server-sent
+//! events while the engine samples.
 //!
 //! Streaming sends each token's text as soon as its characters are complete, except that the
 //! last `longest stop string - 1` bytes are held back (they may turn out to begin a stop
@@ -7,14 +9,13 @@
 //! reach the client. The streamed pieces therefore always add up to the final completion's text.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hyper::body::Bytes;
 use serde_json::Value;
 use tokio::sync::mpsc::error::TrySendError;
 use whale_engine::sampling::StopMatcher;
-use whale_engine::{LocalPolicy, SampledToken};
+use whale_engine::{ChoiceEvent, LocalPolicy};
 use whale_policy::{Completion, PolicyError};
 
 use crate::error::ApiError;
@@ -34,9 +35,10 @@ pub fn prompt_ids(policy: &LocalPolicy, request: &GenerationRequest) -> Result<V
     .map_err(|error| ApiError::from_policy(error, field))
 }
 
-/// Every choice of `request`, generated concurrently; none starts once `client_gone` is raised,
-/// and each stops at its next token when it is (the answer is then [`PolicyError::Cancelled`],
-/// which nobody reads).
+/// Every choice of `request`, generated concurrently (the engine batches them; this thread
+/// waits on all); none starts once `client_gone` is raised, and each stops at its next token
+/// when it is (the answer is then [`PolicyError::Cancelled`], which nobody reads). The first
+/// choice to fail stops the others.
 pub fn complete(
     policy: &LocalPolicy,
     request: &GenerationRequest,
@@ -47,28 +49,23 @@ pub fn complete(
     if client_gone.load(Ordering::Relaxed) {
         return Err(ApiError::from_policy(PolicyError::Cancelled, field));
     }
-    let generate = |index: usize| {
-        let mut until_gone = |_: SampledToken| !client_gone.load(Ordering::Relaxed);
-        policy
-            .generate_streaming(prompt.to_vec(), &request.choice_params(index), &mut until_gone)
-            .map_err(|e| ApiError::from_policy(e, field))
-    };
-    if request.n == 1 {
-        return Ok(vec![generate(0)?]);
+    let mut completions: Vec<Option<Completion>> = vec![None; request.n];
+    let mut failure = None;
+    let outcome = policy.generate_choices(prompt.to_vec(), &request.choices(), &mut |event| match event {
+        ChoiceEvent::Token { .. } => !client_gone.load(Ordering::Relaxed),
+        ChoiceEvent::Done { index, outcome: Ok(completion) } => {
+            completions[index] = Some(completion);
+            true
+        }
+        ChoiceEvent::Done { outcome: Err(error), .. } => {
+            failure = Some(error);
+            false
+        }
+    });
+    match (failure, outcome) {
+        (Some(error), _) | (None, Err(error)) => Err(ApiError::from_policy(error, field)),
+        (None, Ok(())) => Ok(completions.into_iter().flatten().collect()),
     }
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..request.n).map(|index| scope.spawn(move || generate(index))).collect();
-        handles
-            .into_iter()
-            .map(|handle| handle.join().unwrap_or_else(|_| Err(ApiError::internal("a generation thread panicked"))))
-            .collect()
-    })
-}
-
-/// What a choice's generation thread tells the writer.
-enum Event {
-    Token { index: usize, token: SampledToken },
-    Done { index: usize, outcome: Result<Completion, ApiError> },
 }
 
 /// Streams every choice of `request` to `sink` as the engine samples them, then the usage
@@ -88,63 +85,48 @@ pub fn stream(
             sink.send(&header.chunk(index, first, tokenizer, request.logprobs));
         }
     }
-    let (events, inbox) = mpsc::channel();
     let mut completions: Vec<Option<Completion>> = vec![None; request.n];
     let mut failure = None;
-    let client_gone = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        for index in 0..request.n {
-            let events = events.clone();
-            let client_gone = &client_gone;
-            scope.spawn(move || {
-                let mut on_token = |token| {
-                    // The writer outlives every generation thread; a send cannot fail.
-                    let _ = events.send(Event::Token { index, token });
-                    !client_gone.load(Ordering::Relaxed)
+    let mut texts: Vec<ChoiceText> =
+        (0..request.n).map(|_| ChoiceText::new(tokenizer, policy.eos_token_ids(), &request.params.stop)).collect();
+    let outcome = policy.generate_choices(prompt.to_vec(), &request.choices(), &mut |event| {
+        match event {
+            ChoiceEvent::Token { index, token } => {
+                let text = texts[index].push(token.id);
+                let update = ChunkUpdate {
+                    text: &text,
+                    token_ids: &[token.id],
+                    logprobs: &[token.logprob],
+                    ..ChunkUpdate::default()
                 };
-                let outcome = policy
-                    .generate_streaming(prompt.to_vec(), &request.choice_params(index), &mut on_token)
-                    .map_err(|e| ApiError::from_policy(e, request.endpoint.prompt_field()));
-                let _ = events.send(Event::Done { index, outcome });
-            });
-        }
-        drop(events);
-        let mut texts: Vec<ChoiceText> =
-            (0..request.n).map(|_| ChoiceText::new(tokenizer, policy.eos_token_ids(), &request.params.stop)).collect();
-        for event in inbox {
-            match event {
-                Event::Token { index, token } => {
-                    let text = texts[index].push(token.id);
-                    let update = ChunkUpdate {
-                        text: &text,
-                        token_ids: &[token.id],
-                        logprobs: &[token.logprob],
-                        ..ChunkUpdate::default()
-                    };
-                    sink.send(&header.chunk(index, update, tokenizer, request.logprobs));
-                    if sink.broken {
-                        client_gone.store(true, Ordering::Relaxed);
-                    }
-                }
-                Event::Done { index, outcome: Ok(completion) } => {
-                    let rest = texts[index].rest(&completion.text);
-                    let update = ChunkUpdate {
-                        text: rest,
-                        finish_reason: Some(completion.finish_reason.as_str()),
-                        ..ChunkUpdate::default()
-                    };
-                    sink.send(&header.chunk(index, update, tokenizer, request.logprobs));
-                    completions[index] = Some(completion);
-                }
-                Event::Done { outcome: Err(error), .. } => failure = Some(error),
+                sink.send(&header.chunk(index, update, tokenizer, request.logprobs));
+            }
+            ChoiceEvent::Done { index, outcome: Ok(completion) } => {
+                let rest = texts[index].rest(&completion.text);
+                let update = ChunkUpdate {
+                    text: rest,
+                    finish_reason: Some(completion.finish_reason.as_str()),
+                    ..ChunkUpdate::default()
+                };
+                sink.send(&header.chunk(index, update, tokenizer, request.logprobs));
+                completions[index] = Some(completion);
+            }
+            ChoiceEvent::Done { outcome: Err(error), .. } => {
+                failure.get_or_insert(error);
             }
         }
+        !sink.broken
     });
-    if let Some(error) = failure {
-        sink.send(&error.body());
-    } else if request.include_usage {
-        let completions: Vec<Completion> = completions.into_iter().flatten().collect();
-        sink.send(&header.usage_chunk(&completions));
+    if let Err(error) = outcome {
+        failure.get_or_insert(error);
+    }
+    match failure {
+        Some(error) => sink.send(&ApiError::from_policy(error, request.endpoint.prompt_field()).body()),
+        None if request.include_usage => {
+            let completions: Vec<Completion> = completions.into_iter().flatten().collect();
+            sink.send(&header.usage_chunk(&completions));
+        }
+        None => {}
     }
     sink.done();
 }

@@ -172,9 +172,11 @@ impl GenerationRequest {
         })
     }
 
-    /// The parameters of choice `index`.
-    pub fn choice_params(&self, index: usize) -> SamplingParams {
-        SamplingParams { seed: self.params.seed.wrapping_add(index as u64), ..self.params.clone() }
+    /// The parameters of each of the `n` choices: choice i samples with seed `seed + i`.
+    pub fn choices(&self) -> Vec<SamplingParams> {
+        (0..self.n as u64)
+            .map(|index| SamplingParams { seed: self.params.seed.wrapping_add(index), ..self.params.clone() })
+            .collect()
     }
 }
 
@@ -319,7 +321,7 @@ mod tests {
             ignore_eos: true,
         };
         assert_eq!(request.params, expected);
-        assert_eq!(request.choice_params(1).seed, 4);
+        assert_eq!(request.choices().iter().map(|c| c.seed).collect::<Vec<_>>(), [3, 4]);
         assert!(request.logprobs && request.stream && request.include_usage);
         assert_eq!(request.n, 2);
     }
