@@ -8,7 +8,10 @@
 //! harness better (a weight gain that needs no search). Cells are scored as the run's test
 //! evaluations are (same tasks, same rollout seeds, same sampling), so a cell equals `whale
 //! harness run` of that harness on that model directory with `--seed` the run's evaluation
-//! seed. Each cell is written to `coupling.json` as soon as it is scored, so a killed
+//! seed. A cell the run evaluated itself (its harness and weights at a phase boundary) is
+//! taken from that evaluation's row in `metrics.jsonl` instead of being scored again: the same
+//! rollouts give the same scores (checked on SmolLM2, where such a cell can take 40 minutes).
+//! Each cell is written to `coupling.json` as soon as it is scored, so a killed
 //! computation continues where it stopped. It writes into the run directory, so it runs under
 //! the run's [`DirLock`] (and never beside a resume of that run).
 
@@ -24,6 +27,7 @@ use whale_harness::Harness;
 use whale_loop::config::RunConfig;
 use whale_loop::experiment::{self, task_splits, ExperimentError};
 use whale_loop::lock::{DirLock, LockError};
+use whale_loop::metrics_row::MetricsRow;
 use whale_loop::run_dir::{read_json, write_atomic, RunDir, RunDirError, CONFIG_FILE};
 use whale_loop::test_eval::{eval_seed, EvalReason, TestSet};
 use whale_policy::Policy;
@@ -203,9 +207,53 @@ fn weight_columns(run: &RunDir, config: &RunConfig) -> Result<Vec<WeightsColumn>
     Ok(columns)
 }
 
+/// What a cell needs of one of the run's evaluation rows in `metrics.jsonl`.
+#[derive(Deserialize)]
+struct EvaluationRow {
+    /// Both absent in runs from before they were recorded; such a row is never taken.
+    #[serde(default)]
+    harness_id: Option<String>,
+    #[serde(default)]
+    weights_version: Option<u64>,
+    scores: EvaluationScores,
+    #[serde(default)]
+    task_means: Vec<f64>,
+}
+
+#[derive(Deserialize)]
+struct EvaluationScores {
+    k: usize,
+    mean: Estimate,
+}
+
+impl EvaluationRow {
+    /// The cell of `harness` under weights `version` that this row is, if it is one.
+    fn cell(&self, harness: &str, version: u64, k: usize, tasks: usize) -> Option<Cell> {
+        let same = self.harness_id.as_deref() == Some(harness)
+            && self.weights_version == Some(version)
+            && self.scores.k == k
+            && self.task_means.len() == tasks;
+        same.then(|| Cell {
+            harness: harness.to_string(),
+            weights_version: version,
+            mean: self.scores.mean,
+            task_means: self.task_means.clone(),
+        })
+    }
+}
+
+/// What [`compute`] did.
+pub struct Computed {
+    pub matrix: Coupling,
+    /// Cells scored by this call.
+    pub scored: usize,
+    /// Cells this call took from the run's own evaluations.
+    pub from_evaluations: usize,
+}
+
 /// Computes (or completes) the coupling matrix of the finished run in the locked directory
 /// `run`, writing `coupling.json` after each cell.
-pub fn compute(run: &DirLock, progress: bool) -> Result<Coupling, CouplingError> {
+pub fn compute(run: &DirLock, progress: bool) -> Result<Computed, CouplingError> {
     let run = run.dir();
     let dir = RunDir::open(run)?;
     let setting = run_setting(run)?;
@@ -234,22 +282,34 @@ pub fn compute(run: &DirLock, progress: bool) -> Result<Coupling, CouplingError>
                 && coupling.weights.iter().any(|w| w.version == c.weights_version)
         })
         .collect();
+    let evaluations: Vec<EvaluationRow> = MetricsRow::read_evaluations(&dir)?;
+    let (mut scored, mut from_evaluations) = (0, 0);
     let bar = bar((coupling.harnesses.len() * coupling.weights.len()) as u64, progress);
     bar.set_position(coupling.cells.len() as u64);
     for column in coupling.weights.clone() {
-        let missing: Vec<&(AcceptedHarness, Harness)> = accepted
-            .iter()
-            .filter(|(row, _)| {
-                !coupling.cells.iter().any(|c| c.harness == row.hash && c.weights_version == column.version)
-            })
-            .collect();
-        if missing.is_empty() {
-            continue;
-        }
-        let policy = load(config, &run.join(&column.dir))?;
-        for (row, harness) in missing {
-            bar.set_message(format!("{} under v{}", &row.id, column.version));
-            coupling.cells.push(score(&setting, harness, &policy, row, column.version)?);
+        let mut policy = None;
+        for (row, harness) in &accepted {
+            if coupling.cells.iter().any(|c| c.harness == row.hash && c.weights_version == column.version) {
+                continue;
+            }
+            let evaluated =
+                evaluations.iter().find_map(|e| e.cell(&row.hash, column.version, config.eval.k, setting.test.len()));
+            let cell = match evaluated {
+                Some(cell) => {
+                    from_evaluations += 1;
+                    cell
+                }
+                None => {
+                    bar.set_message(format!("{} under v{}", &row.id, column.version));
+                    let policy = match &policy {
+                        Some(policy) => policy,
+                        None => policy.insert(load(config, &run.join(&column.dir))?),
+                    };
+                    scored += 1;
+                    score(&setting, harness, policy, row, column.version)?
+                }
+            };
+            coupling.cells.push(cell);
             write_atomic(&path, serde_json::to_string_pretty(&coupling).unwrap_or_default().as_bytes())?;
             whale_kernels::runtime::release_freed_memory();
             bar.inc(1);
@@ -257,7 +317,7 @@ pub fn compute(run: &DirLock, progress: bool) -> Result<Coupling, CouplingError>
     }
     bar.finish_and_clear();
     write_atomic(&path, serde_json::to_string_pretty(&coupling).unwrap_or_default().as_bytes())?;
-    Ok(coupling)
+    Ok(Computed { matrix: coupling, scored, from_evaluations })
 }
 
 fn load(config: &RunConfig, dir: &Path) -> Result<Arc<dyn Policy>, CouplingError> {

@@ -198,6 +198,12 @@ fn each_coupling_cell_equals_a_direct_harness_run_of_its_harness_on_its_weights(
         }
     }
     assert!(shown.contains("w0 (start)") && shown.contains("h0 (initial)"), "{shown}");
+    // The run's own evaluations (its start, at least) are cells it need not score again; the
+    // loop above shows that they too equal direct runs.
+    let counts = shown.lines().find_map(|line| line.strip_prefix("cells: ")).expect("the cells line");
+    let numbers: Vec<usize> = counts.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse().ok()).collect();
+    assert!(numbers.len() == 3 && numbers[1] >= 1 && numbers[2] == 0, "{counts}");
+    assert_eq!(numbers[0] + numbers[1], cells.len(), "{counts}");
 
     std::fs::remove_file(run_dir.join("coupling.json")).expect("rm");
     let state = std::fs::read(run_dir.join("state.json")).expect("state");

@@ -253,8 +253,9 @@ pub fn study_command(args: StudyArgs) -> Result<ExitCode> {
 pub fn coupling_command(args: CouplingArgs) -> Result<ExitCode> {
     whale_loop::run_dir::RunDir::open(&args.run)?;
     let lock = DirLock::acquire(&args.run)?;
-    let matrix = coupling::compute(&lock, !args.quiet)
+    let computed = coupling::compute(&lock, !args.quiet)
         .with_context(|| format!("the coupling matrix of {} (run it again to continue)", args.run.display()))?;
+    let matrix = computed.matrix;
     let title = format!("{}: test mean@{} of each accepted harness under each weights", args.run.display(), matrix.k);
     let svg = figures::heat_map_svg(&title, &matrix)?;
     let (svg_path, png_path) = (args.run.join("coupling.svg"), args.run.join("coupling.png"));
@@ -268,6 +269,11 @@ pub fn coupling_command(args: CouplingArgs) -> Result<ExitCode> {
         println!("{}: {}", matrix.weights_label(column), weights.dir.display());
     }
     println!("test rollout seed: {} (`whale harness run --seed` replays a cell)", matrix.eval_seed);
+    let earlier = matrix.cells.len() - computed.scored - computed.from_evaluations;
+    println!(
+        "cells: {} scored now, {} taken from the run's own evaluations, {earlier} from an earlier computation",
+        computed.scored, computed.from_evaluations
+    );
     println!("matrix: {}", display(&args.run.join(coupling::COUPLING_FILE)));
     println!("heat map: {}", display(&png_path));
     Ok(ExitCode::SUCCESS)
