@@ -331,6 +331,9 @@ impl LocalPolicy {
             let job = Job { prompt: prompt.clone(), params: params.clone(), stream: true, reply };
             self.commands.send(Command::Generate(job)).map_err(|_| PolicyError::EngineStopped)?;
         }
+        // Only the jobs hold senders now, so a scheduler that stops with choices pending ends
+        // the wait below with `EngineStopped` instead of leaving it blocked.
+        drop(reply);
         let mut running = choices.len();
         while running > 0 {
             let (index, message) = answer.recv().map_err(|_| PolicyError::EngineStopped)?;
@@ -516,6 +519,7 @@ enum Reply {
 }
 
 /// What [`LocalPolicy::generate_choices`] tells its caller of choice `index`.
+#[derive(Debug)]
 pub enum ChoiceEvent {
     Token { index: usize, token: SampledToken },
     Done { index: usize, outcome: Result<Completion, PolicyError> },

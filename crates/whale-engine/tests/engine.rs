@@ -507,7 +507,26 @@ fn choices_stop_together_when_their_caller_answers_false() {
     let invalid = [sampled(1, 4), SamplingParams { temperature: -1.0, ..sampled(2, 4) }];
     let refused = policy.generate_choices(prompt_of(&ask(1)), &invalid, &mut |_| true);
     assert!(matches!(refused, Err(PolicyError::Sampling(_))), "{refused:?}");
-    assert_eq!(policy.stats().requests_done, 8, "a request with one invalid choice starts none");
+    // One more request, answered after anything the refused one might have queued.
+    policy.generate(prompt_of(&ask(2)), &sampled(3, 4)).expect("the engine still serves");
+    assert_eq!(policy.stats().requests_done, 9, "a request with one invalid choice starts none");
+}
+
+#[test]
+fn choices_pending_when_the_engine_shuts_down_end_with_engine_stopped() {
+    let policy = Arc::new(engine(model_without_eos(11), EngineConfig { max_batch_size: 2, ..EngineConfig::default() }));
+    let caller = Arc::clone(&policy);
+    // A thread of its own, not a scoped one: a caller that never returns must fail the test,
+    // not hang it.
+    let (answered, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let choices: Vec<SamplingParams> = (0..4).map(|i| sampled(i, 100_000)).collect();
+        let _ = answered.send(caller.generate_choices(prompt_of(&ask(0)), &choices, &mut |_| true));
+    });
+    wait_for(|| policy.stats().decode_calls >= 3);
+    policy.shutdown();
+    let outcome = answer.recv_timeout(Duration::from_secs(10)).expect("the caller still waits on dropped choices");
+    assert!(matches!(outcome, Err(PolicyError::EngineStopped)), "{outcome:?}");
 }
 
 #[test]

@@ -47,14 +47,17 @@ pub enum DeclaredAlignment {
     IgnoredType { id: u32, integer: Option<i128> },
 }
 
+impl DeclaredAlignment {
+    /// A u64 or i64 (type `id`) of value `integer`.
+    fn ignored_integer(id: u32, integer: i128) -> Self {
+        Self::IgnoredType { id, integer: Some(integer) }
+    }
+}
+
 /// The file's `general.alignment`; `None` when there is none or the walk fails (and then
 /// candle's own reader fails too, its limits being the walk's or tighter).
 pub fn declared_alignment(file: &Path) -> Option<DeclaredAlignment> {
     HeaderReader::open(file)?.metadata()?.alignment
-}
-
-fn ignored(id: u32, integer: i128) -> DeclaredAlignment {
-    DeclaredAlignment::IgnoredType { id, integer: Some(integer) }
 }
 
 /// The GGUF spec's name of value type `id`.
@@ -138,8 +141,12 @@ impl HeaderReader {
             3 => i64::from(i16::from_le_bytes(self.bytes()?)),
             4 => i64::from(self.u32()?),
             5 => i64::from(i32::from_le_bytes(self.bytes()?)),
-            U64_TYPE => return Some(ignored(value_type, u64::from_le_bytes(self.bytes()?).into())),
-            I64_TYPE => return Some(ignored(value_type, i64::from_le_bytes(self.bytes()?).into())),
+            U64_TYPE => {
+                return Some(DeclaredAlignment::ignored_integer(value_type, u64::from_le_bytes(self.bytes()?).into()))
+            }
+            I64_TYPE => {
+                return Some(DeclaredAlignment::ignored_integer(value_type, i64::from_le_bytes(self.bytes()?).into()))
+            }
             other => {
                 self.skip_value(other, 0)?;
                 return Some(DeclaredAlignment::IgnoredType { id: other, integer: None });

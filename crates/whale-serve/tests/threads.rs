@@ -1,7 +1,8 @@
 //! A request's choices do not cost a thread each: `n` is up to 128 and the server has up to
 //! `workers` requests in flight, so a thread per choice would let a few clients make the
 //! server start thousands. Alone in its test binary, so that the process's thread count is
-//! this test's.
+//! this test's. Linux only: it counts threads in `/proc/self/status`.
+#![cfg(target_os = "linux")]
 
 mod common;
 
@@ -19,7 +20,6 @@ fn threads() -> usize {
 }
 
 #[test]
-#[cfg(target_os = "linux")]
 fn requests_of_many_choices_hold_a_thread_each_not_one_per_choice() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_model(dir.path(), 6);
