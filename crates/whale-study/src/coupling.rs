@@ -15,8 +15,8 @@
 //! scored cell runs on the merged copy in `phase-weights/`, the same model up to rounding: on
 //! SmolLM2 (LoRA rank 16, where one such cell takes 40 minutes) the five cells of seed 0 scored
 //! both ways agree task by task. Each cell is written to `coupling.json` as soon as it is
-//! added, so a killed computation continues where it stopped. It writes into the run directory, so it runs under
-//! the run's [`DirLock`] (and never beside a resume of that run).
+//! added, so a killed computation continues where it stopped. It writes into the run
+//! directory, so it runs under the run's [`DirLock`] (and never beside a resume of that run).
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
