@@ -32,7 +32,7 @@ use whale_loop::experiment::{self, task_splits, ExperimentError};
 use whale_loop::lock::{DirLock, LockError};
 use whale_loop::metrics_row::MetricsRow;
 use whale_loop::run_dir::{read_json, write_atomic, RunDir, RunDirError, CONFIG_FILE};
-use whale_loop::test_eval::{eval_seed, EvalReason, TestSet};
+use whale_loop::test_eval::{eval_seed, EvalReason, EvalRecord, TestSet};
 use whale_policy::Policy;
 use whale_search::{Archive, SummaryEvent};
 
@@ -210,37 +210,19 @@ fn weight_columns(run: &RunDir, config: &RunConfig) -> Result<Vec<WeightsColumn>
     Ok(columns)
 }
 
-/// What a cell needs of one of the run's evaluation rows in `metrics.jsonl`.
-#[derive(Deserialize)]
-struct EvaluationRow {
-    harness_id: String,
-    weights_version: u64,
-    scores: EvaluationScores,
-    /// Absent in runs from before it was recorded; such a row is never taken.
-    #[serde(default)]
-    task_means: Vec<f64>,
-}
-
-#[derive(Deserialize)]
-struct EvaluationScores {
-    k: usize,
-    mean: Estimate,
-}
-
-impl EvaluationRow {
-    /// The cell of `harness` under weights `version` that this row is, if it is one.
-    fn cell(&self, harness: &str, version: u64, setting: &RunSetting) -> Option<Cell> {
-        let same = self.harness_id == harness
-            && self.weights_version == version
-            && self.scores.k == setting.config.eval.k
-            && self.task_means.len() == setting.test.len();
-        same.then(|| Cell {
-            harness: harness.to_string(),
-            weights_version: version,
-            mean: self.scores.mean,
-            task_means: self.task_means.clone(),
-        })
-    }
+/// The cell of `harness` under weights `version` that the run's evaluation `record` is, if
+/// it is one.
+fn evaluated_cell(record: &EvalRecord, harness: &str, version: u64, setting: &RunSetting) -> Option<Cell> {
+    let same = record.harness_id == harness
+        && record.weights_version == version
+        && record.scores.k == setting.config.eval.k
+        && record.task_means.len() == setting.test.len();
+    same.then(|| Cell {
+        harness: harness.to_string(),
+        weights_version: version,
+        mean: record.scores.mean,
+        task_means: record.task_means.clone(),
+    })
 }
 
 /// What [`compute`] did.
@@ -264,7 +246,7 @@ pub fn compute(run: &DirLock, progress: bool) -> Result<Computed, CouplingError>
     let accepted = accepted_harnesses(&archive);
     let path = dir.path(COUPLING_FILE);
     let matrix = started_matrix(&path, &setting.config, &accepted, weight_columns(&dir, &setting.config)?);
-    let evaluations: Vec<EvaluationRow> = MetricsRow::read_evaluations(&dir)?;
+    let evaluations: Vec<EvalRecord> = MetricsRow::read_evaluations(&dir)?;
     let mut growing = Growing::new(matrix, path, progress);
     for column in growing.computed.matrix.weights.clone() {
         let mut to_score = Vec::new();
@@ -272,7 +254,7 @@ pub fn compute(run: &DirLock, progress: bool) -> Result<Computed, CouplingError>
             if growing.has(&row.hash, column.version) {
                 continue;
             }
-            match evaluations.iter().find_map(|e| e.cell(&row.hash, column.version, &setting)) {
+            match evaluations.iter().find_map(|e| evaluated_cell(e, &row.hash, column.version, &setting)) {
                 Some(cell) => growing.add(cell, true)?,
                 None => to_score.push((row, harness)),
             }
