@@ -20,6 +20,13 @@
 //! decode (measured: `qa/passages` on SmolLM2, 16 tasks x 4 samples, 125 s to 47 s, the same
 //! tokens).
 //!
+//! Shared prefixes: a new prompt that begins with tokens some cache already holds starts from a
+//! copy of them and feeds only the rest. The cache is a live sequence's (its prompt) or one kept
+//! from a finished sequence (the `prefixes` module; a multi-turn rollout's next call, the repeats
+//! of self-consistency, a harness's fixed instructions and examples), up to
+//! `prefix_cache_tokens`. Where the architecture cannot cut a cache short (Qwen3.5's recurrent
+//! states) prompts are fed whole.
+//!
 //! Threads: the scheduler runs inside a rayon pool of its own, one thread per core, and the
 //! matrix products and the sampling of many rows run on that pool. The scheduler being one of
 //! its threads, handing work to the others is cheap: it goes on working meanwhile instead of
@@ -56,6 +63,7 @@ use whale_text::{
     ChatTemplate, ChatTemplateError, RenderOptions, TextStream, Tokenizer, TokenizerError, TOKENIZER_FILE,
 };
 
+use crate::prefixes::{shared_prefix, PrefixStore};
 use crate::sampling::{SampledToken, Sampler, StopMatcher};
 
 /// How the scheduler batches.
@@ -71,6 +79,11 @@ pub struct EngineConfig {
     /// gains little and padding costs a lot (64 GSM8K prompts with a 1M-parameter model
     /// prefill 2-3x faster at 512 than at 8192); a GPU wants several thousand.
     pub max_prefill_tokens: usize,
+    /// Most tokens of finished sequences' caches kept for later prompts that begin with their
+    /// tokens (their storage may take up to twice that: caches grow by doubling); 0 turns the
+    /// reuse of shared prefixes off, live sequences' included. The default holds the last turn
+    /// of a few dozen rollouts: about 0.75 GB of SmolLM2-135M's keys and values in f32.
+    pub prefix_cache_tokens: usize,
     /// End-of-sequence ids besides `<|im_end|>`, `<|endoftext|>` and the model config's
     /// `eos_token_id` (e.g. those of `generation_config.json`).
     pub eos_token_ids: Vec<u32>,
@@ -78,7 +91,13 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { max_batch_size: 64, max_context: 4096, max_prefill_tokens: 512, eos_token_ids: Vec::new() }
+        Self {
+            max_batch_size: 64,
+            max_context: 4096,
+            max_prefill_tokens: 512,
+            prefix_cache_tokens: 16_384,
+            eos_token_ids: Vec::new(),
+        }
     }
 }
 
@@ -105,6 +124,8 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Template(#[from] ChatTemplateError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
     #[error("engine config `{key}`: {reason}")]
     Config { key: &'static str, reason: String },
     #[error("{reason}")]
@@ -132,6 +153,12 @@ pub struct EngineStats {
     pub prefill_rows: u64,
     /// Prompts that took a copy of another sequence's prefill instead of a row of their own.
     pub prefill_shared: u64,
+    /// Prompt tokens fed by prefill calls (each shared row counted once).
+    pub prefill_tokens: u64,
+    /// Prompt tokens not fed because a copied cache held them ([`EngineConfig::prefix_cache_tokens`]),
+    /// and the prompts that copied one.
+    pub prefix_reused_tokens: u64,
+    pub prefix_reuses: u64,
     /// `forward_step` calls that fed one sampled token per sequence, and the sequences they fed.
     pub decode_calls: u64,
     pub decode_rows: u64,
@@ -181,6 +208,7 @@ impl LocalPolicy {
         eos.dedup();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let (commands, inbox) = mpsc::channel();
+        let reuses_prefixes = config.prefix_cache_tokens > 0 && model.forks_cache_prefixes()?;
         let scheduler = Scheduler {
             model: model.for_decoding(),
             tokenizer: tokenizer.clone(),
@@ -188,6 +216,8 @@ impl LocalPolicy {
             context_window,
             max_batch_size: config.max_batch_size,
             max_prefill_tokens: config.max_prefill_tokens,
+            reuses_prefixes,
+            prefixes: PrefixStore::new(config.prefix_cache_tokens),
             inbox,
             waiting: VecDeque::new(),
             live: Vec::new(),
@@ -532,6 +562,10 @@ struct Generated {
     finish_reason: FinishReason,
 }
 
+/// Tokens a fresh sequence's cache holds already (how many, and which), and the tokens it
+/// feeds: [`Sequence::prefill_key`].
+type PrefillKey<'a> = (usize, &'a [u32], &'a [u32]);
+
 /// A request being generated.
 struct Sequence {
     prompt: Vec<u32>,
@@ -547,6 +581,9 @@ struct Sequence {
     /// Whether nothing has been fed into `cache` yet (since the sequence started or the weights
     /// changed): such a sequence may copy the cache of another with the same tokens to feed.
     fresh: bool,
+    /// Tokens of the prompt a fresh sequence's cache holds already, copied from another cache
+    /// ([`Scheduler::reuse_prefixes`]); `feed` is the rest of the prompt.
+    reused: usize,
     /// Tokens to feed next: the prompt (or, after a weight change, prompt plus completion so
     /// far), then the last sampled token.
     feed: Vec<u32>,
@@ -570,6 +607,7 @@ impl Sequence {
             stops,
             cache,
             fresh: true,
+            reused: 0,
             generated: Vec::new(),
             logprobs: Vec::new(),
             text: TextStream::default(),
@@ -616,14 +654,26 @@ impl Sequence {
         Ok((self.generated.len() >= self.limit).then_some(FinishReason::Length))
     }
 
-    fn answer(self, outcome: Result<FinishReason, PolicyError>) {
-        let message = outcome.map(|finish_reason| Generated {
-            token_ids: self.generated,
-            logprobs: self.logprobs,
-            finish_reason,
-        });
+    /// What a fresh sequence's prefill would leave in its cache, told apart from every other
+    /// fresh sequence's: equal keys, equal caches after the step.
+    fn prefill_key(&self) -> PrefillKey<'_> {
+        (self.reused, &self.prompt[..self.reused], &self.feed)
+    }
+
+    /// The tokens a finished sequence's cache holds: the prompt and every sampled token but the
+    /// last, which was never fed. None for a sequence that failed (its cache may be partial).
+    fn held_tokens(&self, outcome: &Result<FinishReason, PolicyError>) -> Option<Vec<u32>> {
+        let (_, fed) = self.generated.split_last()?;
+        outcome.is_ok().then(|| [&self.prompt[..], fed].concat())
+    }
+
+    /// Tells the caller how the sequence ended, and gives back its cache.
+    fn answer(self, outcome: Result<FinishReason, PolicyError>) -> DecoderCache {
+        let Sequence { generated, logprobs, reply, cache, .. } = self;
+        let message = outcome.map(|finish_reason| Generated { token_ids: generated, logprobs, finish_reason });
         // The caller may have gone away; nobody is left to tell.
-        self.reply.send(Reply::Done(message));
+        reply.send(Reply::Done(message));
+        cache
     }
 }
 
@@ -667,6 +717,10 @@ fn logits_rows(fed: &[bool], shared: &[Option<usize>]) -> Vec<usize> {
     rows
 }
 
+/// Fewest shared tokens worth a copied cache: every prompt opens with the chat template's few
+/// tokens, and a copy costs an allocation per layer.
+const MIN_REUSED_TOKENS: usize = 8;
+
 #[derive(Clone, Copy)]
 enum Phase {
     Prefill,
@@ -681,6 +735,11 @@ struct Scheduler {
     context_window: usize,
     max_batch_size: usize,
     max_prefill_tokens: usize,
+    /// Whether new prompts start from copies of prefixes held ([`EngineConfig::prefix_cache_tokens`]
+    /// is positive and the architecture can cut its caches).
+    reuses_prefixes: bool,
+    /// Finished sequences' caches, for later prompts that begin with their tokens.
+    prefixes: PrefixStore,
     inbox: Receiver<Command>,
     waiting: VecDeque<Job>,
     live: Vec<Sequence>,
@@ -726,11 +785,14 @@ impl Scheduler {
             Command::NewWeights(model) => {
                 // The decoding copies of the projections are remade from the new weights.
                 self.model = model.map_or_else(|| self.model.for_decoding(), |model| model.for_decoding());
+                self.prefixes.clear();
+                self.reuses_prefixes &= self.model.forks_cache_prefixes().unwrap_or(false);
                 for sequence in &mut self.live {
                     match self.model.new_cache() {
                         Ok(cache) => {
                             sequence.cache = cache;
                             sequence.fresh = true;
+                            sequence.reused = 0;
                         }
                         Err(error) => sequence.outcome = Some(Err(PolicyError::Model(error.to_string()))),
                     }
@@ -761,6 +823,9 @@ impl Scheduler {
     /// One prefill call for the prompts that fit the prefill budget, then one decode call for
     /// every sequence waiting on a single token.
     fn step(&mut self) {
+        if self.reuses_prefixes {
+            self.reuse_prefixes();
+        }
         let prefill = self.prefill_members();
         let decode: Vec<bool> = self.live.iter().map(|sequence| sequence.feed.len() == 1).collect();
         for (members, phase) in [(prefill, Phase::Prefill), (decode, Phase::Decode)] {
@@ -778,41 +843,82 @@ impl Scheduler {
     /// sequences with equal prompts (the k samples of one task) take one row between them
     /// ([`Self::shared_prefills`]).
     fn prefill_members(&self) -> Vec<bool> {
-        let mut waiting: Vec<(usize, &[u32], usize)> = (self.live.iter().enumerate())
-            .map(|(index, sequence)| (sequence.feed.len(), &sequence.feed[..], index))
-            .filter(|&(len, _, _)| len >= 2)
+        let mut waiting: Vec<(usize, PrefillKey<'_>, usize)> = (self.live.iter().enumerate())
+            .filter(|(_, sequence)| sequence.feed.len() >= 2)
+            .map(|(index, sequence)| (sequence.feed.len(), sequence.prefill_key(), index))
             .collect();
         waiting.sort_unstable();
         let mut members = vec![false; self.live.len()];
         let mut rows = 0;
-        let mut last_fresh: Option<&[u32]> = None;
-        for &(len, feed, index) in &waiting {
+        let mut last_fresh = None;
+        for &(len, key, index) in &waiting {
             let fresh = self.live[index].fresh;
-            if !(fresh && last_fresh == Some(feed)) {
+            if !(fresh && last_fresh == Some(key)) {
                 if rows > 0 && (rows + 1) * len > self.max_prefill_tokens {
                     break;
                 }
                 rows += 1;
             }
             if fresh {
-                last_fresh = Some(feed);
+                last_fresh = Some(key);
             }
             members[index] = true;
         }
         members
     }
 
+    /// Starts each new prompt that begins with at least [`MIN_REUSED_TOKENS`] tokens a cache
+    /// holds from a copy of them: a live sequence's prompt, or a finished sequence's tokens kept
+    /// in [`Self::prefixes`], whichever shares more. The last prompt token is always fed, for
+    /// its logits.
+    fn reuse_prefixes(&mut self) {
+        for index in 0..self.live.len() {
+            let sequence = &self.live[index];
+            if !(sequence.fresh && sequence.reused == 0 && sequence.generated.is_empty() && sequence.feed.len() >= 2) {
+                continue;
+            }
+            let most = sequence.feed.len() - 1;
+            let live = (self.live.iter().enumerate())
+                .filter(|(_, donor)| !donor.fresh)
+                .map(|(donor, other)| (shared_prefix(&other.prompt, &sequence.feed).min(most), donor))
+                .max();
+            let kept = self.prefixes.longest_prefix(&sequence.feed).map(|(entry, shared)| (shared.min(most), entry));
+            let source = match (live, kept) {
+                (Some((shared, donor)), kept) if shared >= kept.map_or(0, |(shared, _)| shared) => {
+                    Some((shared, &self.live[donor].cache))
+                }
+                (_, Some((shared, entry))) => self.prefixes.use_entry(entry).map(|cache| (shared, cache)),
+                _ => None,
+            };
+            let copy = (source.filter(|&(shared, _)| shared >= MIN_REUSED_TOKENS))
+                .map(|(shared, cache)| (shared, self.model.fork_cache_prefix(cache, shared)));
+            match copy {
+                Some((shared, Ok(Some(cache)))) => {
+                    let sequence = &mut self.live[index];
+                    sequence.cache = cache;
+                    sequence.reused = shared;
+                    sequence.feed.drain(..shared);
+                    let mut stats = self.stats();
+                    stats.prefix_reused_tokens += shared as u64;
+                    stats.prefix_reuses += 1;
+                }
+                Some((_, Ok(None))) | None => {}
+                Some((_, Err(error))) => self.live[index].outcome = Some(Err(PolicyError::Model(error.to_string()))),
+            }
+        }
+    }
+
     /// For each member of a prefill, the live index of the member whose prefill it copies: the
-    /// first fresh member with the same tokens to feed, whose cache after the step holds exactly
-    /// what this one's would. None for a member fed itself.
+    /// first fresh member with the same tokens held and to feed, whose cache after the step holds
+    /// exactly what this one's would. None for a member fed itself.
     fn shared_prefills(&self, members: &[bool]) -> Vec<Option<usize>> {
-        let mut first_with: HashMap<&[u32], usize> = HashMap::new();
+        let mut first_with: HashMap<PrefillKey<'_>, usize> = HashMap::new();
         (self.live.iter().enumerate())
             .map(|(index, sequence)| {
                 if !members[index] || !sequence.fresh {
                     return None;
                 }
-                let first = *first_with.entry(&sequence.feed[..]).or_insert(index);
+                let first = *first_with.entry(sequence.prefill_key()).or_insert(index);
                 (first != index).then_some(first)
             })
             .collect()
@@ -838,6 +944,7 @@ impl Scheduler {
             })
             .collect();
         let rows = steps.len();
+        let tokens: usize = steps.iter().map(|step| step.tokens.len()).sum();
         let logits =
             self.model.forward_step(&mut steps).and_then(|logits| logits.to_vec2::<f32>().map_err(ModelError::from));
         drop(steps);
@@ -863,7 +970,7 @@ impl Scheduler {
                 }
             }
         }
-        self.record(phase, rows as u64, shared.iter().flatten().count() as u64);
+        self.record(phase, rows as u64, tokens as u64, shared.iter().flatten().count() as u64);
     }
 
     /// Gives each sharing member a copy of the cache its prefill came from.
@@ -877,12 +984,13 @@ impl Scheduler {
         }
     }
 
-    fn record(&self, phase: Phase, rows: u64, shared: u64) {
+    fn record(&self, phase: Phase, rows: u64, tokens: u64, shared: u64) {
         let mut stats = self.stats();
         match phase {
             Phase::Prefill => {
                 stats.prefill_calls += 1;
                 stats.prefill_rows += rows;
+                stats.prefill_tokens += tokens;
                 stats.prefill_shared += shared;
             }
             Phase::Decode => {
@@ -893,7 +1001,8 @@ impl Scheduler {
         }
     }
 
-    /// Answers and removes the sequences that finished or failed.
+    /// Answers and removes the sequences that finished or failed, keeping the caches of those
+    /// that finished for later prompts.
     fn retire(&mut self) {
         let mut index = 0;
         while index < self.live.len() {
@@ -904,7 +1013,11 @@ impl Scheduler {
                     stats.requests_done += 1;
                     stats.tokens_generated += sequence.generated.len() as u64;
                     drop(stats);
-                    sequence.answer(outcome);
+                    let held = self.reuses_prefixes.then(|| sequence.held_tokens(&outcome)).flatten();
+                    let cache = sequence.answer(outcome);
+                    if let Some(tokens) = held {
+                        self.prefixes.insert(tokens, cache);
+                    }
                 }
                 None => index += 1,
             }

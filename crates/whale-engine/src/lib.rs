@@ -10,14 +10,17 @@
 //! chat template, tokenizes them and hands the prompt to the engine's scheduler thread
 //! ([`engine`]), which keeps one `DecoderCache` per live sequence and calls
 //! `Decoder::forward_step` with a chunk of new tokens for each sequence it serves (prompts to
-//! prefill in one call, the last sampled tokens in another); it gets the next-token logits back,
-//! one row per sequence, samples each row with the request's own seeded [`Sampler`]
-//! ([`sampling`]), and sends each finished `Completion` back. After a trainer step the owner
-//! calls [`LocalPolicy::set_weights_version`], which bumps `Policy::weights_version` and
-//! rebuilds the caches of requests in flight. The sampler's errors become `PolicyError`s by the
-//! conversion beside [`SamplingError`].
+//! prefill in one call, the last sampled tokens in another; a prompt that begins with tokens
+//! some cache holds, a live sequence's or a finished one's kept by the `prefixes` module,
+//! starts from a copy of them); it gets the next-token logits back, one row per sequence,
+//! samples each row with the request's own seeded [`Sampler`] ([`sampling`]), and sends each
+//! finished `Completion` back. After a trainer step the owner calls
+//! [`LocalPolicy::set_weights_version`], which bumps `Policy::weights_version`, drops the kept
+//! caches and rebuilds the caches of requests in flight. The sampler's errors become
+//! `PolicyError`s by the conversion beside [`SamplingError`].
 
 pub mod engine;
+mod prefixes;
 pub mod sampling;
 
 pub use engine::{ChoiceEvent, EngineConfig, EngineError, EngineStats, LocalPolicy};

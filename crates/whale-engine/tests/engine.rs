@@ -184,7 +184,8 @@ fn samples_of_one_prompt_share_its_prefill_and_get_what_each_gets_alone() {
     assert_eq!(alone.stats().prefill_shared, 0, "one request at a time has nothing to share");
     let distinct: std::collections::HashSet<&Vec<u32>> = expected.iter().map(|c| &c.token_ids).collect();
     assert!(distinct.len() > 2, "the seeds gave the same samples, so the comparison proves little");
-    let policy = engine(model, EngineConfig::default());
+    // Fed whole, so that every sample counts as a prefill row or a share of one.
+    let policy = engine(model, EngineConfig { prefix_cache_tokens: 0, ..EngineConfig::default() });
     for (index, (result, want)) in concurrently(&policy, &requests).into_iter().zip(&expected).enumerate() {
         let got = result.expect("completion");
         assert_eq!(got.token_ids, want.token_ids, "request {index}");
@@ -192,6 +193,99 @@ fn samples_of_one_prompt_share_its_prefill_and_get_what_each_gets_alone() {
     let stats = policy.stats();
     assert!(stats.prefill_shared > 0, "no prefill was shared: {stats:?}");
     assert_eq!(stats.prefill_rows + stats.prefill_shared, 16, "{stats:?}");
+}
+
+/// What each request of `requests`, sent one after another, gets from an engine that feeds
+/// every prompt whole.
+fn fed_whole(model: &Qwen3Model, requests: &[ChatRequest]) -> Vec<Completion> {
+    let policy = engine(model.clone(), EngineConfig { prefix_cache_tokens: 0, ..EngineConfig::default() });
+    let completions = requests.iter().map(|request| policy.chat(request.clone()).expect("completion")).collect();
+    assert_eq!(policy.stats().prefix_reuses, 0, "{:?}", policy.stats());
+    completions
+}
+
+fn assert_same_completion(got: &Completion, want: &Completion, what: &str) {
+    assert_eq!(got.token_ids, want.token_ids, "{what}");
+    for (a, b) in got.logprobs.iter().zip(&want.logprobs) {
+        assert!((a - b).abs() < 1e-4, "{what}: logprob {a} against {b}");
+    }
+}
+
+#[test]
+fn a_later_turn_and_a_repeated_prompt_continue_from_a_finished_sequences_cache() {
+    // A multi-turn rollout: the second call is the first prompt, its reply and a new turn; then
+    // the second call is asked again (self-consistency), and a third prompt shares only the
+    // long system turn: each starts from a copy of what a finished sequence fed, and gets what
+    // a prompt fed whole gets.
+    let model = model_without_eos(12);
+    let policy = engine(model.clone(), EngineConfig::default());
+    let system = ChatMessage::new("system", questions()[60].clone());
+    let first = vec![system.clone(), ChatMessage::new("user", questions()[61].clone())];
+    let reply = chat(&policy, first.clone(), greedy(16)).expect("completion");
+    let mut second = first.clone();
+    second.push(ChatMessage::new("assistant", reply.text.clone()));
+    second.push(ChatMessage::new("user", questions()[62].clone()));
+    let third = vec![system, ChatMessage::new("user", questions()[63].clone())];
+    let requests = [
+        ChatRequest { messages: first, params: greedy(16) },
+        ChatRequest { messages: second.clone(), params: sampled(5, 16) },
+        ChatRequest { messages: second.clone(), params: sampled(6, 16) },
+        ChatRequest { messages: third.clone(), params: sampled(7, 16) },
+    ];
+    let before = policy.stats();
+    let got: Vec<Completion> = requests[1..].iter().map(|r| policy.chat(r.clone()).expect("completion")).collect();
+    let want = fed_whole(&model, &requests);
+    assert_same_completion(&reply, &want[0], "the first turn");
+    for (index, (got, want)) in got.iter().zip(&want[1..]).enumerate() {
+        assert_same_completion(got, want, &format!("request {}", index + 1));
+    }
+    let stats = policy.stats();
+    let (second_len, third_len) = (prompt_of(&second).len(), prompt_of(&third).len());
+    assert_eq!(stats.prefix_reuses - before.prefix_reuses, 3, "{stats:?}");
+    let reused = stats.prefix_reused_tokens - before.prefix_reused_tokens;
+    assert!(reused as usize > second_len, "the repeat reuses all but one token of the second prompt: {stats:?}");
+    // Every prompt token is copied or prefilled once, but the repeat's last, which a decode
+    // call feeds (a chunk of one token).
+    let prefilled = stats.prefill_tokens - before.prefill_tokens;
+    assert_eq!(prefilled + reused, (2 * second_len + third_len - 1) as u64, "{stats:?}");
+}
+
+#[test]
+fn a_new_prompt_continues_from_the_prompt_of_a_sequence_still_generating() {
+    // A shares a long system turn with B. B arrives once A has been prefilled and while A still
+    // generates: B copies the shared part of A's cache (not A's later tokens) and feeds the rest.
+    let model = model_without_eos(13);
+    let policy = engine(model.clone(), EngineConfig::default());
+    let system = ChatMessage::new("system", format!("{} {}", questions()[70], questions()[71]));
+    let a = ChatRequest {
+        messages: vec![system.clone(), ChatMessage::new("user", questions()[72].clone())],
+        params: greedy(120),
+    };
+    let b =
+        ChatRequest { messages: vec![system, ChatMessage::new("user", questions()[73].clone())], params: greedy(20) };
+    let want = fed_whole(&model, &[a.clone(), b.clone()]);
+    let (got_a, got_b) = std::thread::scope(|scope| {
+        let (started, first_token) = std::sync::mpsc::channel();
+        let prompt_a = policy.prompt_ids(&a.messages).expect("prompt");
+        let (policy_a, params_a) = (&policy, &a.params);
+        let generating = scope.spawn(move || {
+            policy_a.generate_streaming(prompt_a, params_a, &mut |_| {
+                // The test waits for the first; the rest queue up unread.
+                let _ = started.send(());
+                true
+            })
+        });
+        first_token.recv_timeout(Duration::from_secs(60)).expect("A's first token");
+        let got_b = policy.chat(b.clone()).expect("completion");
+        assert!(policy.stats().requests_done < 2, "A had finished before B arrived: the test proves little");
+        (generating.join().expect("A's thread").expect("completion"), got_b)
+    });
+    assert_same_completion(&got_a, &want[0], "A");
+    assert_same_completion(&got_b, &want[1], "B");
+    let stats = policy.stats();
+    assert_eq!(stats.prefix_reuses, 1, "{stats:?}");
+    let shared = prompt_of(&a.messages).iter().zip(prompt_of(&b.messages)).take_while(|(x, y)| **x == *y).count();
+    assert_eq!(stats.prefix_reused_tokens, shared as u64, "{stats:?}");
 }
 
 #[test]
@@ -447,7 +541,12 @@ fn streaming_hands_over_every_token_of_the_completion_as_it_is_sampled() {
         .expect("a completion");
     assert_eq!(streamed.iter().map(|token| token.id).collect::<Vec<_>>(), completion.token_ids);
     assert_eq!(streamed.iter().map(|token| token.logprob).collect::<Vec<_>>(), completion.logprobs);
-    assert_eq!(completion, policy.generate(prompt, &sampled(4, 24)).expect("the same request unstreamed"));
+    // The repeat starts from the first one's kept cache: the same tokens, the log-probabilities
+    // up to the rounding of a one-token step against a prefill's.
+    let again = policy.generate(prompt, &sampled(4, 24)).expect("the same request unstreamed");
+    assert_same_completion(&again, &completion, "the same request unstreamed");
+    assert_eq!((again.text, again.finish_reason), (completion.text, completion.finish_reason));
+    assert_eq!(policy.stats().prefix_reuses, 1, "{:?}", policy.stats());
 }
 
 #[test]

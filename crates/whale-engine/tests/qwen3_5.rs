@@ -47,6 +47,9 @@ fn the_batching_engine_serves_qwen3_5_as_each_sequence_alone() {
         assert_eq!(handle.join().unwrap(), greedy_alone(&model, prompt, 12), "prompt of {}", prompt.len());
     }
     assert!(policy.stats().peak_decode_batch > 1, "the engine never batched: {:?}", policy.stats());
+    let again = policy.generate(prompts[5].clone(), &params).unwrap().token_ids;
+    assert_eq!(again, greedy_alone(&model, &prompts[5], 12), "a prompt asked again");
+    assert_eq!(policy.stats().prefix_reuses, 0, "a recurrent state cannot be cut short: {:?}", policy.stats());
     let error = policy.served_model::<Qwen3Model>("the trainer").err().expect("not a Qwen3 model").to_string();
     assert!(error.contains("Qwen3.5") && error.contains("the trainer"), "{error}");
     assert!(policy.served_model::<Qwen35Model>("the trainer").is_ok(), "the served Qwen3.5 model");

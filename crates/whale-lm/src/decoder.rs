@@ -34,6 +34,10 @@ pub trait Architecture: ArchitectureObject {
     /// An independent copy of a cache this architecture made: sequences that share a prompt
     /// continue from one prefill, each with its own copy.
     fn fork_cache(&self, cache: &DecoderCache) -> Result<DecoderCache, ModelError>;
+    /// An independent copy of the first `len` tokens of a cache this architecture made, for a
+    /// sequence whose prompt begins with them; `None` where a cache cannot be cut short (a
+    /// recurrent state sums up every token fed).
+    fn fork_cache_prefix(&self, cache: &DecoderCache, len: usize) -> Result<Option<DecoderCache>, ModelError>;
     /// One batched incremental step: the logits of each chunk's last token, `[steps.len(),
     /// vocab]` f32. Each step's cache was made by this architecture's [`Self::new_cache`].
     fn forward_step(&self, steps: &mut [DecoderStep<'_>]) -> Result<Tensor, ModelError>;
@@ -214,6 +218,17 @@ impl Decoder {
     /// An independent copy of a sequence's cache ([`Architecture::fork_cache`]).
     pub fn fork_cache(&self, cache: &DecoderCache) -> Result<DecoderCache, ModelError> {
         self.model().fork_cache(cache)
+    }
+
+    /// A copy of a cache's first `len` tokens, where the architecture can cut its caches
+    /// ([`Architecture::fork_cache_prefix`]).
+    pub fn fork_cache_prefix(&self, cache: &DecoderCache, len: usize) -> Result<Option<DecoderCache>, ModelError> {
+        self.model().fork_cache_prefix(cache, len)
+    }
+
+    /// Whether [`Self::fork_cache_prefix`] can cut this architecture's caches.
+    pub fn forks_cache_prefixes(&self) -> Result<bool, ModelError> {
+        Ok(self.fork_cache_prefix(&self.new_cache()?, 0)?.is_some())
     }
 
     /// One batched incremental step ([`Architecture::forward_step`]).

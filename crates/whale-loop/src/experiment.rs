@@ -179,6 +179,7 @@ pub fn engine_config(config: &RunConfig) -> EngineConfig {
         max_batch_size: config.model.max_batch_size,
         max_context: config.model.max_context,
         max_prefill_tokens: config.model.max_prefill_tokens,
+        prefix_cache_tokens: config.model.prefix_cache_tokens,
         ..EngineConfig::default()
     }
 }

@@ -59,6 +59,10 @@ impl<C: DenseConfig> Architecture for DenseModel<C> {
         Ok(DecoderCache::new(cache.downcast_ref::<KvCache>()?.fork()?))
     }
 
+    fn fork_cache_prefix(&self, cache: &DecoderCache, len: usize) -> Result<Option<DecoderCache>, ModelError> {
+        Ok(Some(DecoderCache::new(cache.downcast_ref::<KvCache>()?.fork_prefix(len)?)))
+    }
+
     fn forward_step(&self, steps: &mut [DecoderStep<'_>]) -> Result<Tensor, ModelError> {
         let mut own = Vec::with_capacity(steps.len());
         for step in steps.iter_mut() {

@@ -55,6 +55,12 @@ impl Architecture for Qwen35Model {
         Ok(DecoderCache::new(cache.downcast_ref::<Qwen35Cache>()?.clone()))
     }
 
+    /// Never: the Gated DeltaNet layers' states hold every token fed, and cannot be cut back.
+    fn fork_cache_prefix(&self, cache: &DecoderCache, _len: usize) -> Result<Option<DecoderCache>, ModelError> {
+        cache.downcast_ref::<Qwen35Cache>()?;
+        Ok(None)
+    }
+
     fn forward_step(&self, steps: &mut [DecoderStep<'_>]) -> Result<Tensor, ModelError> {
         let mut own = Vec::with_capacity(steps.len());
         for step in steps.iter_mut() {

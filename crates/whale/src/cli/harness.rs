@@ -71,6 +71,11 @@ pub struct ModelArgs {
     /// first use).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Most tokens of finished model calls the engine keeps for later prompts that begin with
+    /// them (a rollout's next turn, a repeated call, the harness's fixed instructions); 0 feeds
+    /// every prompt whole.
+    #[arg(long, default_value_t = EngineConfig::default().prefix_cache_tokens)]
+    prefix_cache_tokens: usize,
 }
 
 #[derive(Debug, Args)]
@@ -192,7 +197,8 @@ fn load_policy(args: &ModelArgs, domain: Domain) -> Result<Arc<dyn Policy>> {
         None => whale_pretrain::ensure_base_model(domain)
             .with_context(|| format!("cannot prepare the {domain} base model"))?,
     };
-    let policy = LocalPolicy::load(&dir, DType::F32, &Device::Cpu, EngineConfig::default())
+    let engine = EngineConfig { prefix_cache_tokens: args.prefix_cache_tokens, ..EngineConfig::default() };
+    let policy = LocalPolicy::load(&dir, DType::F32, &Device::Cpu, engine)
         .with_context(|| format!("cannot load the model in {}", dir.display()))?;
     Ok(Arc::new(policy))
 }

@@ -57,6 +57,27 @@ impl KvCache {
         Ok(Self { layers, device: self.device.clone(), ..*self })
     }
 
+    /// An independent copy of the first `len` tokens (all of them when `len >= self.len()`),
+    /// in storage of its own sized for them: a sequence whose prompt begins with tokens another
+    /// sequence has fed continues from this copy and feeds only the rest.
+    pub fn fork_prefix(&self, len: usize) -> Result<Self, ModelError> {
+        let len = len.min(self.len);
+        if len == 0 {
+            return Ok(Self { layers: Vec::new(), capacity: 0, len: 0, device: self.device.clone(), ..*self });
+        }
+        let capacity = len.next_multiple_of(16);
+        let shape = (1, self.num_kv_heads, capacity, self.head_dim);
+        let copy = |stored: &Tensor| -> candle_core::Result<Tensor> {
+            let fresh = Tensor::zeros(shape, self.dtype, &self.device)?;
+            fresh.slice_set(&stored.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+            Ok(fresh)
+        };
+        let layers = (self.layers.iter())
+            .map(|(keys, values)| Ok((copy(keys)?, copy(values)?)))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Self { layers, capacity, len, device: self.device.clone(), ..*self })
+    }
+
     /// Whether this cache was made for a model of `config` in `dtype` on `device`.
     pub(super) fn fits(&self, config: &DenseSettings, dtype: DType, device: &Device) -> bool {
         self.num_layers == config.num_hidden_layers
