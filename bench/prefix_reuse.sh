@@ -1,7 +1,8 @@
 #!/bin/bash
 # Each harness given run twice on SmolLM2-135M-Instruct, over synthetic one-hop QA drawn as
 # examples/qa-smollm2.toml draws it: with every prompt fed whole (--prefix-cache-tokens 0), then
-# with the engine's default prefix reuse. Prints each run's summary, wall time and peak RSS.
+# with 16,384 tokens of finished calls kept for the prompts that begin with them. Prints each
+# run's summary, wall time and peak RSS.
 #
 #   bench/prefix_reuse.sh qa/passages qa/fewshot        # LIMIT=16 tasks by default
 #   LIMIT=8 WHALE=target/release/whale bench/prefix_reuse.sh path/to/harness.js

@@ -24,8 +24,10 @@
 //! copy of them and feeds only the rest. The cache is a live sequence's (its prompt) or one kept
 //! from a finished sequence (the `prefixes` module; a multi-turn rollout's next call, the repeats
 //! of self-consistency, a harness's fixed instructions and examples), up to
-//! `prefix_cache_tokens`. Where the architecture cannot cut a cache short (Qwen3.5's recurrent
-//! states) prompts are fed whole.
+//! `prefix_cache_tokens` (0 by default: off). A copy holds what feeding would, up to the
+//! rounding of a pass of another shape, so it is opt-in: off, a request's log-probabilities
+//! do not depend on what the engine served before. Where the architecture cannot cut a cache
+//! short (Qwen3.5's recurrent states) prompts are fed whole.
 //!
 //! Threads: the scheduler runs inside a rayon pool of its own, one thread per core, and the
 //! matrix products and the sampling of many rows run on that pool. The scheduler being one of
@@ -80,9 +82,11 @@ pub struct EngineConfig {
     /// prefill 2-3x faster at 512 than at 8192); a GPU wants several thousand.
     pub max_prefill_tokens: usize,
     /// Most tokens of finished sequences' caches kept for later prompts that begin with their
-    /// tokens (their storage may take up to twice that: caches grow by doubling); 0 turns the
-    /// reuse of shared prefixes off, live sequences' included. The default holds the last turn
-    /// of a few dozen rollouts: about 0.75 GB of SmolLM2-135M's keys and values in f32.
+    /// tokens (their storage may take up to twice that: caches grow by doubling). 0, the
+    /// default, feeds every prompt whole, live sequences' shared prefixes included, so that what
+    /// a request gets never depends on the rounding of what came before it; 16,384 holds the
+    /// last turn of a few dozen rollouts, about 0.75 GB of SmolLM2-135M's keys and values in
+    /// f32.
     pub prefix_cache_tokens: usize,
     /// End-of-sequence ids besides `<|im_end|>`, `<|endoftext|>` and the model config's
     /// `eos_token_id` (e.g. those of `generation_config.json`).
@@ -95,7 +99,7 @@ impl Default for EngineConfig {
             max_batch_size: 64,
             max_context: 4096,
             max_prefill_tokens: 512,
-            prefix_cache_tokens: 16_384,
+            prefix_cache_tokens: 0,
             eos_token_ids: Vec::new(),
         }
     }

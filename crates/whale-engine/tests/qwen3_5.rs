@@ -31,7 +31,7 @@ fn the_batching_engine_serves_qwen3_5_as_each_sequence_alone() {
     let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), 300).unwrap();
     let config = Qwen35Config::text(tokenizer.vocab_size(), Qwen35Size::TINY);
     let model = model(&config, 21);
-    let engine = EngineConfig { max_batch_size: 4, ..EngineConfig::default() };
+    let engine = EngineConfig { max_batch_size: 4, prefix_cache_tokens: 16_384, ..EngineConfig::default() };
     let policy =
         std::sync::Arc::new(LocalPolicy::new(model.clone(), tokenizer, ChatTemplate::chatml(), engine).unwrap());
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| tokens(5 + 7 * i, 30 + i as u64)).collect();

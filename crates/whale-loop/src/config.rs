@@ -85,15 +85,18 @@ pub struct ModelConfig {
     pub max_prefill_tokens: usize,
     /// Most tokens of finished model calls the engine keeps, so that a later prompt beginning
     /// with the same tokens (a rollout's next turn, a repeated call, a harness's fixed
-    /// instructions and examples) feeds only the rest; 0 feeds every prompt whole. The keys and
-    /// values take memory: about 0.75 GB for SmolLM2-135M at the default 16,384.
-    #[serde(skip_serializing_if = "is_default_prefix_cache")]
+    /// instructions and examples) feeds only the rest. 0, the default, feeds every prompt
+    /// whole: a copied prefix holds what feeding it would up to rounding, so with it a run's
+    /// tokens may differ from those of the same run without it as on another CPU. The keys and
+    /// values take memory: about 0.75 GB for SmolLM2-135M at 16,384.
+    #[serde(skip_serializing_if = "is_no_prefix_cache")]
     pub prefix_cache_tokens: usize,
 }
 
-/// Whether `tokens` is the default: a config that leaves it so hashes as it did before the key.
-fn is_default_prefix_cache(tokens: &usize) -> bool {
-    *tokens == EngineConfig::default().prefix_cache_tokens
+/// Whether `tokens` is 0, the default: a config that leaves it so serializes as it did before
+/// the key.
+fn is_no_prefix_cache(tokens: &usize) -> bool {
+    *tokens == 0
 }
 
 impl ModelConfig {

@@ -277,14 +277,8 @@ fn matmul_ceiling(size: usize, repeats: usize, device: &Device) -> Result<f64, B
 /// The engine to measure and its description.
 fn bench_policy(config: &BenchConfig, device: &Device) -> Result<(LocalPolicy, String), BenchError> {
     let max_batch_size = config.batch_sizes.iter().copied().chain([config.prefill_requests]).max().unwrap_or(1);
-    // Every prompt is fed whole: the rows measure the model's forward pass, and the warm-up
-    // request's prompt is request 0's.
-    let engine = EngineConfig {
-        max_batch_size,
-        max_prefill_tokens: config.max_prefill_tokens,
-        prefix_cache_tokens: 0,
-        ..EngineConfig::default()
-    };
+    let engine =
+        EngineConfig { max_batch_size, max_prefill_tokens: config.max_prefill_tokens, ..EngineConfig::default() };
     if let Some(dir) = &config.model_dir {
         let policy = LocalPolicy::load(dir, DType::F32, device, engine)?;
         return Ok((policy, dir.display().to_string()));

@@ -321,10 +321,13 @@ fn differing_keys(file: &Value, here: &Value, prefix: &str, out: &mut Vec<String
 
 /// The config with what differs between machines running the same experiment taken out: the
 /// directories of its paths (the model, task files, corpus, trainer directory, initial harness
-/// keep their names) and the seed (a study sets it; the file name carries it).
+/// keep their names), the engine's prefix cache (memory spent for speed: like another CPU, it
+/// changes the rounding, not the experiment) and the seed (a study sets it; the file name
+/// carries it).
 pub fn portable(config: &RunConfig) -> Result<Value, StudyError> {
     let mut config = config.clone();
     config.seed = 0;
+    config.model.prefix_cache_tokens = 0;
     let name = |path: &Path| path.file_name().map_or_else(|| path.to_path_buf(), PathBuf::from);
     config.model.path = config.model.path.as_deref().map(name);
     config.tasks.files = config.tasks.files.iter().map(|file| name(file)).collect();
@@ -485,7 +488,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_hash_ignores_directories_and_the_seed_and_a_change_is_named() {
+    fn the_hash_ignores_directories_the_prefix_cache_and_the_seed_and_a_change_is_named() {
         let mut here = RunConfig::default();
         here.model.path = Some(PathBuf::from("/home/a/models/SmolLM2"));
         here.tasks.files = vec![PathBuf::from("/home/a/data/gsm8k.jsonl")];
@@ -493,9 +496,12 @@ mod tests {
         there.seed = 7;
         there.model.path = Some(PathBuf::from("/work/models/SmolLM2"));
         there.tasks.files = vec![PathBuf::from("/mnt/data/gsm8k.jsonl")];
+        there.model.prefix_cache_tokens = 16_384;
         let arms = [Arm::from(Condition::WeightOnly)];
         let of = |config: &RunConfig, arms: &[Arm]| Expected::of(config, arms).expect("portable");
         assert_eq!(of(&here, &arms).hash, of(&there, &arms).hash, "another machine, same run");
+        let key = "prefix_cache_tokens";
+        assert!(!portable(&there).expect("portable").to_string().contains(key), "the hash predates {key}");
 
         there.schedule.budget += 1;
         there.model.path = Some(PathBuf::from("/work/models/Qwen3"));

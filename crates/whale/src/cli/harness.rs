@@ -72,8 +72,8 @@ pub struct ModelArgs {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Most tokens of finished model calls the engine keeps for later prompts that begin with
-    /// them (a rollout's next turn, a repeated call, the harness's fixed instructions); 0 feeds
-    /// every prompt whole.
+    /// them (a rollout's next turn, a repeated call, the harness's fixed instructions): faster,
+    /// equal up to rounding. 0 feeds every prompt whole.
     #[arg(long, default_value_t = EngineConfig::default().prefix_cache_tokens)]
     prefix_cache_tokens: usize,
 }
