@@ -25,8 +25,9 @@
 //! from a finished sequence (the `prefixes` module; a multi-turn rollout's next call, the repeats
 //! of self-consistency, a harness's fixed instructions and examples), up to
 //! `prefix_cache_tokens` (0 by default: off). A copy holds what feeding would, up to the
-//! rounding of a pass of another shape, so it is opt-in: off, a request's log-probabilities
-//! do not depend on what the engine served before. Where the architecture cannot cut a cache
+//! rounding of a pass of another shape, so it is opt-in: off, a request sent alone gets the
+//! same log-probabilities, bit for bit, every time (concurrent requests' last bits already move
+//! with what shares their steps). Where the architecture cannot cut a cache
 //! short (Qwen3.5's recurrent states) prompts are fed whole.
 //!
 //! Threads: the scheduler runs inside a rayon pool of its own, one thread per core, and the
@@ -82,11 +83,10 @@ pub struct EngineConfig {
     /// prefill 2-3x faster at 512 than at 8192); a GPU wants several thousand.
     pub max_prefill_tokens: usize,
     /// Most tokens of finished sequences' caches kept for later prompts that begin with their
-    /// tokens (their storage may take up to twice that: caches grow by doubling). 0, the
-    /// default, feeds every prompt whole, live sequences' shared prefixes included, so that what
-    /// a request gets never depends on the rounding of what came before it; 16,384 holds the
-    /// last turn of a few dozen rollouts, about 0.75 GB of SmolLM2-135M's keys and values in
-    /// f32.
+    /// tokens (each kept cache cut to them). 0, the default, feeds every prompt whole, live
+    /// sequences' shared prefixes included, so that a request sent alone gets the same
+    /// log-probabilities, bit for bit, every time; 16,384 holds the last turn of a few dozen
+    /// rollouts, about 0.75 GB of SmolLM2-135M's keys and values in f32.
     pub prefix_cache_tokens: usize,
     /// End-of-sequence ids besides `<|im_end|>`, `<|endoftext|>` and the model config's
     /// `eos_token_id` (e.g. those of `generation_config.json`).
@@ -566,9 +566,18 @@ struct Generated {
     finish_reason: FinishReason,
 }
 
-/// Tokens a fresh sequence's cache holds already (how many, and which), and the tokens it
-/// feeds: [`Sequence::prefill_key`].
-type PrefillKey<'a> = (usize, &'a [u32], &'a [u32]);
+/// The prompt tokens a fresh sequence's cache holds already, and the tokens it feeds:
+/// [`Sequence::prefill_key`].
+type PrefillKey<'a> = (&'a [u32], &'a [u32]);
+
+/// Where a new prompt's shared prefix is copied from.
+#[derive(Clone, Copy)]
+enum PrefixSource {
+    /// The live sequence of this index (its prompt).
+    Live(usize),
+    /// The kept cache of this index in the [`PrefixStore`].
+    Kept(usize),
+}
 
 /// A request being generated.
 struct Sequence {
@@ -661,7 +670,7 @@ impl Sequence {
     /// What a fresh sequence's prefill would leave in its cache, told apart from every other
     /// fresh sequence's: equal keys, equal caches after the step.
     fn prefill_key(&self) -> PrefillKey<'_> {
-        (self.reused, &self.prompt[..self.reused], &self.feed)
+        (&self.prompt[..self.reused], &self.feed)
     }
 
     /// The tokens a finished sequence's cache holds: the prompt and every sampled token but the
@@ -790,7 +799,8 @@ impl Scheduler {
                 // The decoding copies of the projections are remade from the new weights.
                 self.model = model.map_or_else(|| self.model.for_decoding(), |model| model.for_decoding());
                 self.prefixes.clear();
-                self.reuses_prefixes &= self.model.forks_cache_prefixes().unwrap_or(false);
+                self.reuses_prefixes =
+                    self.prefixes.budget() > 0 && self.model.forks_cache_prefixes().is_ok_and(|forks| forks);
                 for sequence in &mut self.live {
                     match self.model.new_cache() {
                         Ok(cache) => {
@@ -872,32 +882,22 @@ impl Scheduler {
     }
 
     /// Starts each new prompt that begins with at least [`MIN_REUSED_TOKENS`] tokens a cache
-    /// holds from a copy of them: a live sequence's prompt, or a finished sequence's tokens kept
-    /// in [`Self::prefixes`], whichever shares more. The last prompt token is always fed, for
-    /// its logits.
+    /// holds from a copy of them ([`Self::prefix_source`]). The last prompt token is always
+    /// fed, for its logits.
     fn reuse_prefixes(&mut self) {
         for index in 0..self.live.len() {
             let sequence = &self.live[index];
             if !(sequence.fresh && sequence.reused == 0 && sequence.generated.is_empty() && sequence.feed.len() >= 2) {
                 continue;
             }
-            let most = sequence.feed.len() - 1;
-            let live = (self.live.iter().enumerate())
-                .filter(|(_, donor)| !donor.fresh)
-                .map(|(donor, other)| (shared_prefix(&other.prompt, &sequence.feed).min(most), donor))
-                .max();
-            let kept = self.prefixes.longest_prefix(&sequence.feed).map(|(entry, shared)| (shared.min(most), entry));
-            let source = match (live, kept) {
-                (Some((shared, donor)), kept) if shared >= kept.map_or(0, |(shared, _)| shared) => {
-                    Some((shared, &self.live[donor].cache))
-                }
-                (_, Some((shared, entry))) => self.prefixes.use_entry(entry).map(|cache| (shared, cache)),
-                _ => None,
+            let Some((shared, source)) = self.prefix_source(index) else { continue };
+            let cache = match source {
+                PrefixSource::Live(donor) => Some(&self.live[donor].cache),
+                PrefixSource::Kept(entry) => self.prefixes.use_entry(entry),
             };
-            let copy = (source.filter(|&(shared, _)| shared >= MIN_REUSED_TOKENS))
-                .map(|(shared, cache)| (shared, self.model.fork_cache_prefix(cache, shared)));
-            match copy {
-                Some((shared, Ok(Some(cache)))) => {
+            let Some(cache) = cache else { continue };
+            match self.model.fork_cache_prefix(cache, shared) {
+                Ok(Some(cache)) => {
                     let sequence = &mut self.live[index];
                     sequence.cache = cache;
                     sequence.reused = shared;
@@ -906,10 +906,30 @@ impl Scheduler {
                     stats.prefix_reused_tokens += shared as u64;
                     stats.prefix_reuses += 1;
                 }
-                Some((_, Ok(None))) | None => {}
-                Some((_, Err(error))) => self.live[index].outcome = Some(Err(PolicyError::Model(error.to_string()))),
+                Ok(None) => {}
+                Err(error) => self.live[index].outcome = Some(Err(PolicyError::Model(error.to_string()))),
             }
         }
+    }
+
+    /// The cache sharing the longest prefix with the prompt of live sequence `index`, and how
+    /// many tokens it shares (all but the prompt's last at most, and [`MIN_REUSED_TOKENS`] at
+    /// least): a live sequence's prompt (one already fed and not failed), or a kept cache;
+    /// the live one where they tie.
+    fn prefix_source(&self, index: usize) -> Option<(usize, PrefixSource)> {
+        let feed = &self.live[index].feed;
+        let most = feed.len() - 1;
+        let live = (self.live.iter().enumerate())
+            .filter(|(_, donor)| !donor.fresh && donor.outcome.is_none())
+            .map(|(donor, other)| (shared_prefix(&other.prompt, feed).min(most), PrefixSource::Live(donor)))
+            .max_by_key(|&(shared, _)| shared);
+        let kept =
+            (self.prefixes.longest_prefix(feed)).map(|(entry, shared)| (shared.min(most), PrefixSource::Kept(entry)));
+        let best = match (live, kept) {
+            (Some(live), Some(kept)) => Some(if live.0 >= kept.0 { live } else { kept }),
+            (live, kept) => live.or(kept),
+        };
+        best.filter(|&(shared, _)| shared >= MIN_REUSED_TOKENS)
     }
 
     /// For each member of a prefill, the live index of the member whose prefill it copies: the
@@ -1020,11 +1040,20 @@ impl Scheduler {
                     let held = self.reuses_prefixes.then(|| sequence.held_tokens(&outcome)).flatten();
                     let cache = sequence.answer(outcome);
                     if let Some(tokens) = held {
-                        self.prefixes.insert(tokens, cache);
+                        self.keep(tokens, &cache);
                     }
                 }
                 None => index += 1,
             }
+        }
+    }
+
+    /// Keeps a copy of a finished sequence's cache, cut to the `tokens` it holds: a cache may
+    /// have grown well past them (by doubling, or on a GPU to the longest cache of its steps),
+    /// and the store's budget counts tokens.
+    fn keep(&mut self, tokens: Vec<u32>, cache: &DecoderCache) {
+        if let Ok(Some(copy)) = self.model.fork_cache_prefix(cache, tokens.len()) {
+            self.prefixes.insert(tokens, copy);
         }
     }
 

@@ -67,6 +67,11 @@ impl PrefixStore {
         self.entries.back().map(|entry| &entry.cache)
     }
 
+    /// Most tokens the entries may hold.
+    pub(crate) fn budget(&self) -> usize {
+        self.budget
+    }
+
     /// Drops every entry (the weights changed, so no cache is valid any more).
     pub(crate) fn clear(&mut self) {
         self.entries.clear();

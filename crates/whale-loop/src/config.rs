@@ -87,8 +87,9 @@ pub struct ModelConfig {
     /// with the same tokens (a rollout's next turn, a repeated call, a harness's fixed
     /// instructions and examples) feeds only the rest. 0, the default, feeds every prompt
     /// whole: a copied prefix holds what feeding it would up to rounding, so with it a run's
-    /// tokens may differ from those of the same run without it as on another CPU. The keys and
-    /// values take memory: about 0.75 GB for SmolLM2-135M at 16,384.
+    /// log-probabilities (and, rarely, a sampled token) also depend on which calls the engine
+    /// kept, as they already depend on which calls share a batched step. The keys and values
+    /// take memory: about 0.75 GB for SmolLM2-135M at 16,384.
     #[serde(skip_serializing_if = "is_no_prefix_cache")]
     pub prefix_cache_tokens: usize,
 }

@@ -57,11 +57,13 @@ impl KvCache {
         Ok(Self { layers, device: self.device.clone(), ..*self })
     }
 
-    /// An independent copy of the first `len` tokens (all of them when `len >= self.len()`),
-    /// in storage of its own sized for them: a sequence whose prompt begins with tokens another
-    /// sequence has fed continues from this copy and feeds only the rest.
+    /// An independent copy of the first `len` tokens, in storage of its own sized for them: a
+    /// sequence whose prompt begins with tokens another sequence has fed continues from this
+    /// copy and feeds only the rest. An error when the cache holds fewer than `len` tokens.
     pub fn fork_prefix(&self, len: usize) -> Result<Self, ModelError> {
-        let len = len.min(self.len);
+        if len > self.len {
+            return Err(ModelError::Input(format!("a prefix of {len} tokens of a cache holding {}", self.len)));
+        }
         if len == 0 {
             return Ok(Self { layers: Vec::new(), capacity: 0, len: 0, device: self.device.clone(), ..*self });
         }
