@@ -14,7 +14,7 @@
 //! retried from its recorded rollouts.
 
 use crate::condition::Condition;
-use crate::config::{RunConfig, WeightConfig};
+use crate::config::RunConfig;
 use crate::lock::{DirLock, LockError};
 use crate::metrics_row::{MetricsRow, RowKind};
 use crate::run_dir::{EvalMemo, RunDir, RunDirError, RunState, ServedWeights, CONFIG_FILE, STATE_FILE};
@@ -348,8 +348,9 @@ impl Experiment {
     }
 
     /// Creates the run, or resumes it when `root` already holds this config's run
-    /// ([`Self::check_stored_config`]); a new `keep_phase_weights` is stored and holds from the
-    /// next weight phase on.
+    /// ([`Self::check_stored_config`]); a new `keep_phase_weights` or `prefix_cache_tokens` is
+    /// stored first ([`Self::store_settings`]), and holds from the next weight phase, or from the
+    /// engine the resumed run starts, on.
     pub fn create_or_resume(
         config: RunConfig,
         root: &Path,
@@ -361,27 +362,36 @@ impl Experiment {
             return Self::create_with(config, root, verbosity, base_evals);
         }
         Self::check_stored_config(&config, root)?;
-        let mut experiment = Self::resume(root, verbosity)?;
-        if experiment.config.weights.keep_phase_weights != config.weights.keep_phase_weights {
-            crate::run_dir::write_atomic(&experiment.dir.path(CONFIG_FILE), config.to_toml()?.as_bytes())?;
-            experiment.config.weights.keep_phase_weights = config.weights.keep_phase_weights;
-        }
-        Ok(experiment)
+        Self::store_settings(&config, root)?;
+        Self::resume(root, verbosity)
     }
 
     /// Whether the run in `root` is a run of `config`: its `config.toml` may differ in
-    /// `keep_phase_weights` alone, which changes what a run keeps and not what it computes.
+    /// `keep_phase_weights`, which changes what a run keeps, and `prefix_cache_tokens`, which
+    /// changes how fast the engine computes (and its rounding, as batching does), not what.
     pub fn check_stored_config(config: &RunConfig, root: &Path) -> Result<(), ExperimentError> {
         let config = config.clone().for_condition();
-        let stored = RunConfig::load(&root.join(CONFIG_FILE))?;
-        let keep = config.weights.keep_phase_weights;
-        let stored =
-            RunConfig { weights: WeightConfig { keep_phase_weights: keep, ..stored.weights.clone() }, ..stored };
+        let mut stored = RunConfig::load(&root.join(CONFIG_FILE))?;
+        stored.weights.keep_phase_weights = config.weights.keep_phase_weights;
+        stored.model.prefix_cache_tokens = config.model.prefix_cache_tokens;
         if stored != config {
             return Err(ExperimentError::Mismatch {
                 dir: root.to_path_buf(),
                 reason: "its config.toml differs from the one given".to_string(),
             });
+        }
+        Ok(())
+    }
+
+    /// Writes `config`'s `keep_phase_weights` and `prefix_cache_tokens` into the run's
+    /// `config.toml` where they differ, for the resumed run to read.
+    fn store_settings(config: &RunConfig, root: &Path) -> Result<(), ExperimentError> {
+        let path = root.join(CONFIG_FILE);
+        let mut stored = RunConfig::load(&path)?;
+        let settings = |c: &RunConfig| (c.weights.keep_phase_weights, c.model.prefix_cache_tokens);
+        if settings(&stored) != settings(config) {
+            (stored.weights.keep_phase_weights, stored.model.prefix_cache_tokens) = settings(config);
+            crate::run_dir::write_atomic(&path, stored.to_toml()?.as_bytes())?;
         }
         Ok(())
     }
@@ -910,6 +920,23 @@ fn cumulative(ledger: &Ledger) -> Value {
 mod tests {
     use super::*;
     use crate::config::TaskConfig;
+
+    #[test]
+    fn a_run_resumes_under_another_prefix_cache_or_kept_phase_weights_and_stores_them() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut config = RunConfig::default();
+        config.model.prefix_cache_tokens = 16_384;
+        std::fs::write(root.path().join(CONFIG_FILE), config.to_toml().expect("toml")).expect("write");
+        let mut given = RunConfig::default();
+        given.weights.keep_phase_weights = !config.weights.keep_phase_weights;
+        Experiment::check_stored_config(&given, root.path()).expect("the same run");
+        Experiment::store_settings(&given, root.path()).expect("stored");
+        let stored = RunConfig::load(&root.path().join(CONFIG_FILE)).expect("load");
+        assert_eq!(stored, given, "the given settings are what the resumed run reads");
+        given.weights.learning_rate *= 2.0;
+        let error = Experiment::check_stored_config(&given, root.path()).expect_err("another run");
+        assert!(error.to_string().contains("differs from the one given"), "{error}");
+    }
 
     fn test_ids(seed: u64, tasks_seed: Option<u64>) -> Vec<String> {
         let tasks =
