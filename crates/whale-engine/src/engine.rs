@@ -27,8 +27,8 @@
 //! `prefix_cache_tokens` (0 by default: off). A copy holds what feeding would, up to the
 //! rounding of a pass of another shape, so it is opt-in: off, a request sent alone gets the
 //! same log-probabilities, bit for bit, every time (concurrent requests' last bits already move
-//! with what shares their steps). Where the architecture cannot cut a cache
-//! short (Qwen3.5's recurrent states) prompts are fed whole.
+//! with what shares their steps). Where the architecture cannot cut a cache short (Qwen3.5's
+//! recurrent states) prompts are fed whole.
 //!
 //! Threads: the scheduler runs inside a rayon pool of its own, one thread per core, and the
 //! matrix products and the sampling of many rows run on that pool. The scheduler being one of
@@ -1050,7 +1050,8 @@ impl Scheduler {
 
     /// Keeps a copy of a finished sequence's cache, cut to the `tokens` it holds: a cache may
     /// have grown well past them (by doubling, or on a GPU to the longest cache of its steps),
-    /// and the store's budget counts tokens.
+    /// and the store's budget counts tokens. A copy that fails is not kept: the store only
+    /// saves time.
     fn keep(&mut self, tokens: Vec<u32>, cache: &DecoderCache) {
         if let Ok(Some(copy)) = self.model.fork_cache_prefix(cache, tokens.len()) {
             self.prefixes.insert(tokens, copy);
