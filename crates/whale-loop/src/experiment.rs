@@ -173,6 +173,14 @@ pub fn model_dir(config: &RunConfig) -> Result<PathBuf, ExperimentError> {
     }
 }
 
+/// `stored` with the settings a run may resume under a change of taken from `config`:
+/// `keep_phase_weights` and `prefix_cache_tokens` ([`Experiment::check_stored_config`]).
+fn with_resumable_settings(mut stored: RunConfig, config: &RunConfig) -> RunConfig {
+    stored.weights.keep_phase_weights = config.weights.keep_phase_weights;
+    stored.model.prefix_cache_tokens = config.model.prefix_cache_tokens;
+    stored
+}
+
 /// The in-process engine's settings from `[model]`.
 pub fn engine_config(config: &RunConfig) -> EngineConfig {
     EngineConfig {
@@ -371,10 +379,8 @@ impl Experiment {
     /// changes how fast the engine computes (and its rounding, as batching does), not what.
     pub fn check_stored_config(config: &RunConfig, root: &Path) -> Result<(), ExperimentError> {
         let config = config.clone().for_condition();
-        let mut stored = RunConfig::load(&root.join(CONFIG_FILE))?;
-        stored.weights.keep_phase_weights = config.weights.keep_phase_weights;
-        stored.model.prefix_cache_tokens = config.model.prefix_cache_tokens;
-        if stored != config {
+        let stored = RunConfig::load(&root.join(CONFIG_FILE))?;
+        if with_resumable_settings(stored, &config) != config {
             return Err(ExperimentError::Mismatch {
                 dir: root.to_path_buf(),
                 reason: "its config.toml differs from the one given".to_string(),
@@ -383,15 +389,14 @@ impl Experiment {
         Ok(())
     }
 
-    /// Writes `config`'s `keep_phase_weights` and `prefix_cache_tokens` into the run's
+    /// Writes `config`'s resumable settings ([`with_resumable_settings`]) into the run's
     /// `config.toml` where they differ, for the resumed run to read.
     fn store_settings(config: &RunConfig, root: &Path) -> Result<(), ExperimentError> {
         let path = root.join(CONFIG_FILE);
-        let mut stored = RunConfig::load(&path)?;
-        let settings = |c: &RunConfig| (c.weights.keep_phase_weights, c.model.prefix_cache_tokens);
-        if settings(&stored) != settings(config) {
-            (stored.weights.keep_phase_weights, stored.model.prefix_cache_tokens) = settings(config);
-            crate::run_dir::write_atomic(&path, stored.to_toml()?.as_bytes())?;
+        let stored = RunConfig::load(&path)?;
+        let given = with_resumable_settings(stored.clone(), config);
+        if given != stored {
+            crate::run_dir::write_atomic(&path, given.to_toml()?.as_bytes())?;
         }
         Ok(())
     }

@@ -322,8 +322,8 @@ fn differing_keys(file: &Value, here: &Value, prefix: &str, out: &mut Vec<String
 /// The config with what differs between machines running the same experiment taken out: the
 /// directories of its paths (the model, task files, corpus, trainer directory, initial harness
 /// keep their names), the engine's prefix cache (memory spent for speed: it changes the
-/// rounding, as the batching of concurrent calls already does, not the experiment) and the seed (a study sets it; the file name
-/// carries it).
+/// rounding, as the batching of concurrent calls already does, not the experiment) and the
+/// seed (a study sets it; the file name carries it).
 pub fn portable(config: &RunConfig) -> Result<Value, StudyError> {
     let mut config = config.clone();
     config.seed = 0;
