@@ -360,11 +360,15 @@ impl LocalPolicy {
         self.check_prompt(&prompt)?;
         let prompt_tokens = prompt.len();
         let (reply, answer) = mpsc::channel();
-        for (choice, params) in choices.iter().enumerate() {
-            let reply = ReplyTo { choice, channel: reply.clone() };
-            let job = Job { prompt: prompt.clone(), params: params.clone(), stream: true, reply };
-            self.commands.send(Command::Generate(job)).map_err(|_| PolicyError::EngineStopped)?;
-        }
+        let jobs = choices
+            .iter()
+            .enumerate()
+            .map(|(choice, params)| {
+                let reply = ReplyTo { choice, channel: reply.clone() };
+                Job { prompt: prompt.clone(), params: params.clone(), stream: true, reply }
+            })
+            .collect();
+        self.commands.send(Command::Generate(jobs)).map_err(|_| PolicyError::EngineStopped)?;
         // Only the jobs hold senders now, so a scheduler that stops with choices pending ends
         // the wait below with `EngineStopped` instead of leaving it blocked.
         drop(reply);
@@ -386,6 +390,44 @@ impl LocalPolicy {
         Ok(())
     }
 
+    /// Continues each prompt with its own parameters, all handed to the scheduler at once, so
+    /// that it admits them in the same step (up to `max_batch_size`) whatever the threads'
+    /// timing: the batches a benchmark measures are then the batches it asked for. Returns each
+    /// request's outcome, in order.
+    pub fn generate_batch(&self, requests: &[(Vec<u32>, SamplingParams)]) -> Vec<Result<Completion, PolicyError>> {
+        let mut outcomes: Vec<Option<Result<Completion, PolicyError>>> = requests
+            .iter()
+            .map(|(prompt, params)| {
+                let valid = params.validate().map_err(PolicyError::from).and_then(|()| self.check_prompt(prompt));
+                valid.err().map(Err)
+            })
+            .collect();
+        let (reply, answer) = mpsc::channel();
+        let jobs: Vec<Job> = requests
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| outcomes[*index].is_none())
+            .map(|(choice, (prompt, params))| {
+                let reply = ReplyTo { choice, channel: reply.clone() };
+                Job { prompt: prompt.clone(), params: params.clone(), stream: false, reply }
+            })
+            .collect();
+        let mut running = jobs.len();
+        drop(reply);
+        if running > 0 && self.commands.send(Command::Generate(jobs)).is_err() {
+            running = 0;
+        }
+        while running > 0 {
+            let Ok((index, reply)) = answer.recv() else { break };
+            if let Reply::Done(generated) = reply {
+                running -= 1;
+                let (prompt, params) = &requests[index];
+                outcomes[index] = Some(generated.and_then(|g| self.completion(g, prompt.len(), &params.stop)));
+            }
+        }
+        outcomes.into_iter().map(|outcome| outcome.unwrap_or(Err(PolicyError::EngineStopped))).collect()
+    }
+
     fn submit(
         &self,
         prompt: Vec<u32>,
@@ -398,7 +440,7 @@ impl LocalPolicy {
         let (reply, answer) = mpsc::channel();
         let reply = ReplyTo { choice: 0, channel: reply };
         let job = Job { prompt, params: params.clone(), stream: on_token.is_some(), reply };
-        self.commands.send(Command::Generate(job)).map_err(|_| PolicyError::EngineStopped)?;
+        self.commands.send(Command::Generate(vec![job])).map_err(|_| PolicyError::EngineStopped)?;
         loop {
             match answer.recv().map_err(|_| PolicyError::EngineStopped)?.1 {
                 Reply::Token(token) => {
@@ -517,7 +559,8 @@ impl Policy for LocalPolicy {
 }
 
 enum Command {
-    Generate(Job),
+    /// Requests to admit together, in order.
+    Generate(Vec<Job>),
     /// The weights changed: in place (`None`) or to a new model.
     NewWeights(Option<Box<Decoder>>),
     Shutdown,
@@ -794,7 +837,7 @@ impl Scheduler {
 
     fn apply(&mut self, command: Command) -> bool {
         match command {
-            Command::Generate(job) => self.waiting.push_back(job),
+            Command::Generate(jobs) => self.waiting.extend(jobs),
             Command::NewWeights(model) => {
                 // The decoding copies of the projections are remade from the new weights.
                 self.model = model.map_or_else(|| self.model.for_decoding(), |model| model.for_decoding());

@@ -401,6 +401,38 @@ fn bad_requests_fail_alone_without_stopping_the_engine() {
 }
 
 #[test]
+fn a_batch_is_admitted_in_one_step_and_each_request_gets_what_it_gets_alone() {
+    // Three prompts of at most `max_prefill_tokens / 2` tokens reach the engine together: two
+    // share the first prefill call and the third the second, whatever the threads' timing. A
+    // bad request in the batch fails alone.
+    let model = tiny_model(9);
+    let prompts: Vec<Vec<u32>> = [3, 8, 21].iter().map(|&i| prompt_of(&ask(i))).collect();
+    let longest = prompts.iter().map(Vec::len).max().expect("prompts");
+    let config = EngineConfig { max_prefill_tokens: 2 * longest, ..EngineConfig::default() };
+    let alone = engine(model.clone(), config.clone());
+    let expected: Vec<Completion> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| alone.generate(p.clone(), &sampled(i as u64, 6)).expect("alone"))
+        .collect();
+    let policy = engine(model, config);
+    let mut batch: Vec<(Vec<u32>, SamplingParams)> =
+        prompts.iter().enumerate().map(|(i, p)| (p.clone(), sampled(i as u64, 6))).collect();
+    batch.insert(1, (vec![], sampled(7, 6)));
+    let before = policy.stats();
+    let mut results = policy.generate_batch(&batch);
+    let after = policy.stats();
+    let bad = results.remove(1);
+    assert!(matches!(bad, Err(PolicyError::InvalidPrompt(_))), "{bad:?}");
+    let got: Vec<Completion> = results.into_iter().map(|r| r.expect("a valid request completes")).collect();
+    for (index, (got, want)) in got.iter().zip(&expected).enumerate() {
+        assert_eq!(got.token_ids, want.token_ids, "request {index}");
+    }
+    assert_eq!(after.prefill_calls - before.prefill_calls, 2, "{after:?}");
+    assert_eq!(after.prefill_rows - before.prefill_rows, 3, "{after:?}");
+}
+
+#[test]
 fn sixty_four_concurrent_requests_all_complete() {
     let policy = engine(tiny_model(7), EngineConfig::default());
     let requests: Vec<ChatRequest> =

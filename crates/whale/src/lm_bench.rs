@@ -128,8 +128,6 @@ pub enum BenchError {
     Random(#[from] RandomModelError),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
-    #[error("a generation thread panicked")]
-    ThreadPanicked,
 }
 
 /// One measured workload.
@@ -327,6 +325,8 @@ fn totals(completions: &[Completion], flops: &FlopModel, counted: impl Fn(&Compl
 
 /// `requests` concurrent requests, each a prompt of `prompt_tokens` from its own window of
 /// `text_ids` and asking for `max_tokens`, after one untimed request that warms the engine up.
+/// They reach the engine together ([`LocalPolicy::generate_batch`]), so the batches measured
+/// are those asked for, not those that threads' timing happened to form.
 fn concurrent_requests(
     policy: &LocalPolicy,
     text_ids: &[u32],
@@ -342,15 +342,11 @@ fn concurrent_requests(
     policy.generate(prompt(0), &SamplingParams { max_tokens: max_tokens.min(4), ..params(0) })?;
     let before = policy.stats();
     let start = Instant::now();
-    let completions = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..requests)
-            .map(|index| scope.spawn(move || policy.generate(prompt(index), &params(index as u64))))
-            .collect();
-        handles.into_iter().map(|handle| handle.join().map_err(|_| BenchError::ThreadPanicked)).collect::<Vec<_>>()
-    });
+    let batch: Vec<_> = (0..requests).map(|index| (prompt(index), params(index as u64))).collect();
+    let completions = policy.generate_batch(&batch);
     let seconds = start.elapsed().as_secs_f64();
     let after = policy.stats();
-    let completions = completions.into_iter().map(|completion| Ok(completion??)).collect::<Result<_, BenchError>>()?;
+    let completions = completions.into_iter().collect::<Result<_, _>>()?;
     Ok(Concurrent { completions, seconds, before, after })
 }
 
