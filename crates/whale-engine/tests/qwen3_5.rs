@@ -32,21 +32,14 @@ fn the_batching_engine_serves_qwen3_5_as_each_sequence_alone() {
     let config = Qwen35Config::text(tokenizer.vocab_size(), Qwen35Size::TINY);
     let model = model(&config, 21);
     let engine = EngineConfig { max_batch_size: 4, prefix_cache_tokens: 16_384, ..EngineConfig::default() };
-    let policy =
-        std::sync::Arc::new(LocalPolicy::new(model.clone(), tokenizer, ChatTemplate::chatml(), engine).unwrap());
+    let policy = LocalPolicy::new(model.clone(), tokenizer, ChatTemplate::chatml(), engine).unwrap();
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| tokens(5 + 7 * i, 30 + i as u64)).collect();
     let params = SamplingParams { temperature: 0.0, max_tokens: 12, ignore_eos: true, ..SamplingParams::default() };
-    let handles: Vec<_> = prompts
-        .iter()
-        .map(|prompt| {
-            let (policy, prompt, params) = (policy.clone(), prompt.clone(), params.clone());
-            std::thread::spawn(move || policy.generate(prompt, &params).unwrap().token_ids)
-        })
-        .collect();
-    for (prompt, handle) in prompts.iter().zip(handles) {
-        assert_eq!(handle.join().unwrap(), greedy_alone(&model, prompt, 12), "prompt of {}", prompt.len());
+    let batch: Vec<_> = prompts.iter().map(|prompt| (prompt.clone(), params.clone())).collect();
+    for (prompt, completion) in prompts.iter().zip(policy.generate_batch(&batch)) {
+        assert_eq!(completion.unwrap().token_ids, greedy_alone(&model, prompt, 12), "prompt of {}", prompt.len());
     }
-    assert!(policy.stats().peak_decode_batch > 1, "the engine never batched: {:?}", policy.stats());
+    assert_eq!(policy.stats().peak_decode_batch, 4, "six requests at once fill the batch: {:?}", policy.stats());
     let again = policy.generate(prompts[5].clone(), &params).unwrap().token_ids;
     assert_eq!(again, greedy_alone(&model, &prompts[5], 12), "a prompt asked again");
     assert_eq!(policy.stats().prefix_reuses, 0, "a recurrent state cannot be cut short: {:?}", policy.stats());

@@ -101,11 +101,13 @@ fn run_to_end(fixture: &Fixture, runs: &str) -> Duration {
     started.elapsed()
 }
 
-/// Starts the run, then kills and resumes it at `kills` seeded random moments, then lets it
-/// finish; returns how many kills landed before the run had finished.
+/// Starts the run, then kills and resumes it at `kills` seeded random moments among the units
+/// of the uninterrupted run in `straight`, then lets it finish; returns how many kills landed
+/// before the run had finished.
 fn run_with_kills(fixture: &Fixture, runs: &str, kills: usize, typical: Duration, seed: u64) -> usize {
     let dir = fixture.root.join(runs).join("r");
-    common::kill_and_resume(kills, typical, 0.05..0.3, seed, |attempt| {
+    let total_units = common::completed_units(&fixture.root.join("straight/r"));
+    common::kill_between_units(kills, &dir, total_units, typical, seed, |attempt| {
         let mut command = whale();
         if attempt == 0 {
             command.args(["run", "--quiet", "--runs"]).arg(fixture.root.join(runs)).arg(&fixture.config);

@@ -126,8 +126,7 @@ fn serve_and_stop(model: &Path, args: &[&str], key: Option<&str>) -> (Option<Str
     BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("stdout is readable");
     let listening = line.strip_prefix("listening on ").map(|url| url.trim().to_string());
     if listening.is_some() {
-        // Its start-up notes are written before it waits; give them a moment to arrive.
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        // Its start-up notes went to stderr before the address, so they are there already.
         child.kill().expect("stopped");
     }
     child.wait().expect("it ends");

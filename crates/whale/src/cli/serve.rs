@@ -203,13 +203,14 @@ fn serve(options: ServeOptions) -> Result<ExitCode> {
         ..ServeConfig::default()
     };
     let server = Server::start(&config, registry)?;
-    println!("{LISTENING}{}", server.base_url());
-    std::io::stdout().flush().context("cannot write to stdout")?;
+    // The notes go out before the address, so whoever waits for the address has them too.
     eprintln!("serving `{name}` ({}); stop with Ctrl-C", dir.display());
     describe_access(&config, &server);
     if config.fail_rate > 0.0 {
         eprintln!("fault injection: {} of generation requests get a 503 (seed {})", config.fail_rate, config.fail_seed);
     }
+    println!("{LISTENING}{}", server.base_url());
+    std::io::stdout().flush().context("cannot write to stdout")?;
     server.wait()
 }
 

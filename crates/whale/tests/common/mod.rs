@@ -234,6 +234,55 @@ pub fn untimed_file(path: &Path) -> serde_json::Value {
 }
 
 /// Starts `command(attempt)` for attempts 0 to `kills`: each but the last is killed with
+/// SIGKILL once the run's `state.json` in `run_dir` counts a seeded number of completed units,
+/// plus a random part of half a typical unit (`typical` over `total_units`), so kills fall
+/// during units and between them. The targets rise and stay two units short of `total_units`,
+/// so a kill lands before the run ends however fast or loaded the machine is, which a moment
+/// drawn from the wall time alone cannot promise. The last attempt runs to its end and must
+/// succeed. Returns how many kills landed.
+pub fn kill_between_units(
+    kills: usize,
+    run_dir: &Path,
+    total_units: u64,
+    typical: std::time::Duration,
+    seed: u64,
+    mut command: impl FnMut(usize) -> std::process::Command,
+) -> usize {
+    use rand::{seq::index::sample, Rng, SeedableRng};
+    assert!(total_units >= kills as u64 + 2, "{total_units} units are too few for {kills} kills");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut targets: Vec<u64> =
+        sample(&mut rng, total_units as usize - 1, kills).into_iter().map(|unit| unit as u64).collect();
+    targets.sort_unstable();
+    let unit = typical.div_f64(total_units as f64);
+    let mut landed = 0;
+    for attempt in 0..=kills {
+        let mut child = command(attempt).spawn().expect("whale starts");
+        let Some(&target) = targets.get(attempt) else {
+            assert!(child.wait().expect("whale ends").success(), "the final resume failed");
+            break;
+        };
+        while completed_units(run_dir) < target && child.try_wait().expect("poll").is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        std::thread::sleep(unit.mul_f64(rng.gen_range(0.0..0.5)));
+        if child.try_wait().expect("poll").is_none() {
+            child.kill().expect("SIGKILL");
+            landed += 1;
+        }
+        child.wait().expect("reaped");
+    }
+    landed
+}
+
+/// The units `run_dir/state.json` counts as completed; 0 before it is first written.
+pub fn completed_units(run_dir: &Path) -> u64 {
+    let text = std::fs::read_to_string(run_dir.join("state.json")).unwrap_or_default();
+    let state: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    state["units"].as_u64().unwrap_or(0)
+}
+
+/// Starts `command(attempt)` for attempts 0 to `kills`: each but the last is killed with
 /// SIGKILL at a seeded random moment (a fraction in `window` of `typical`) unless it ends
 /// first; the last runs to its end and must succeed. Returns how many kills landed.
 pub fn kill_and_resume(
