@@ -99,7 +99,10 @@ fn drive<'js>(
         Ok(())
     };
     match attempt() {
-        Ok(()) => watchdog.fatal().map_or(Ok(()), |fatal| Err(fatal.into_rollout_error(None))),
+        Ok(()) => {
+            watchdog.check_spent_at_end();
+            watchdog.fatal().map_or(Ok(()), |fatal| Err(fatal.into_rollout_error(None)))
+        }
         Err(error) => {
             // Reading what was thrown may run the script (a getter, a proxy) into a limit.
             let failure = JsFailure::catch(ctx, error);

@@ -89,6 +89,25 @@ impl Watchdog {
         }
         false
     }
+
+    /// Records a timeout if the harness returned past its budget. QuickJS polls the interrupt
+    /// handler between operations, not inside a built-in one, so a single long call (a huge
+    /// `JSON.stringify`, say) can carry a harness past its budget to its end unstopped; the
+    /// budget holds for it all the same.
+    pub fn check_spent_at_end(&self) {
+        let spent = self.spent();
+        if spent > self.budget {
+            self.fail(
+                ErrorKind::Timeout,
+                format!(
+                    "the harness used {} ms of compute time, more than its {} ms; the last of it in a built-in \
+                     operation that the sandbox cannot stop midway",
+                    spent.as_millis(),
+                    self.budget.as_millis()
+                ),
+            );
+        }
+    }
 }
 
 /// Keeps the compute clock stopped while it lives.

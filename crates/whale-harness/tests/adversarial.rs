@@ -74,6 +74,11 @@ export async function solve(task, ctx) {
       return String(Date.now());
     case "timer":
       return String(performance.now());
+    case "built_in_overrun": {
+      let shared = [task.a];
+      for (let i = 0; i < 20; i++) shared = [shared, shared];
+      return String(JSON.stringify(shared).length);
+    }
   }
 }
 "#;
@@ -202,6 +207,22 @@ fn limits_hold_within_their_budget() {
 }
 
 #[test]
+fn a_built_in_call_that_runs_past_the_budget_still_times_the_rollout_out() {
+    // JSON.stringify of a value that holds itself 2^20 times over: one built-in call of about
+    // 0.4 s on the 2-core Xeon, which QuickJS cannot interrupt midway, against 20 ms of budget.
+    let harness = Arc::new(Harness::new("adversary", ADVERSARY));
+    let view = json!({"mode": "built_in_overrun", "a": 1, "b": 2});
+    let limits = Limits { compute_ms: 20, ..Limits::default() };
+    let ran = run(vec![arithmetic_job(&harness, "overrun", view, 1, 2, 0)], ArithmeticModel::new(), &limits, 1);
+    let trajectory = &ran[0];
+    assert!(trajectory.wall.harness_ms > 40.0, "the call ended within the budget: {:?}", trajectory.wall);
+    assert_eq!((trajectory.reward, trajectory.success), (0.0, false));
+    let error = trajectory.error.as_ref().expect("a timeout");
+    assert_eq!(error.kind, ErrorKind::Timeout, "{error:?}");
+    assert!(error.message.contains("more than its 20 ms") && error.message.contains("built-in"), "{error:?}");
+}
+
+#[test]
 fn a_slow_model_does_not_count_against_the_compute_deadline() {
     let source = r#"
 export async function solve(task, ctx) {
@@ -265,13 +286,12 @@ export function solve(task, ctx) {
   return ctx.tools.calculator(task.a, "+", task.b);
 }"#;
     let harness = Arc::new(Harness::new("bloated", source));
-    let t = run(
-        vec![arithmetic_job(&harness, "t", json!({"a": 2, "b": 3}), 2, 3, 0)],
-        ArithmeticModel::new(),
-        &limits(),
-        1,
-    )
-    .remove(0);
+    // Building a million-element array twice takes longer than `limits()`' 300 ms on a loaded
+    // 2-core machine, and the budget holds at the end of a rollout too: this one gets 10 s.
+    let limits = Limits { compute_ms: 10_000, ..limits() };
+    let t =
+        run(vec![arithmetic_job(&harness, "t", json!({"a": 2, "b": 3}), 2, 3, 0)], ArithmeticModel::new(), &limits, 1)
+            .remove(0);
     assert_eq!(t.error, None);
     assert!(t.success);
     assert_eq!(
