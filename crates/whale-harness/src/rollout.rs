@@ -93,16 +93,14 @@ fn drive<'js>(
         if let Some(promise) = returned.as_promise() {
             returned = promise.finish()?;
         }
+        watchdog.check_spent_at_end();
         if !returned.is_undefined() && !host.borrow().has_acted() && watchdog.fatal().is_none() {
             submit_returned(ctx, host, watchdog, returned)?;
         }
         Ok(())
     };
     match attempt() {
-        Ok(()) => {
-            watchdog.check_spent_at_end();
-            watchdog.fatal().map_or(Ok(()), |fatal| Err(fatal.into_rollout_error(None)))
-        }
+        Ok(()) => watchdog.fatal().map_or(Ok(()), |fatal| Err(fatal.into_rollout_error(None))),
         Err(error) => {
             // Reading what was thrown may run the script (a getter, a proxy) into a limit.
             let failure = JsFailure::catch(ctx, error);

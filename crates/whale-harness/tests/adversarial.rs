@@ -217,6 +217,7 @@ fn a_built_in_call_that_runs_past_the_budget_still_times_the_rollout_out() {
     let trajectory = &ran[0];
     assert!(trajectory.wall.harness_ms > 40.0, "the call ended within the budget: {:?}", trajectory.wall);
     assert_eq!((trajectory.reward, trajectory.success), (0.0, false));
+    assert_eq!(trajectory.answer, None, "nothing is submitted past the budget");
     let error = trajectory.error.as_ref().expect("a timeout");
     assert_eq!(error.kind, ErrorKind::Timeout, "{error:?}");
     assert!(error.message.contains("more than its 20 ms") && error.message.contains("built-in"), "{error:?}");

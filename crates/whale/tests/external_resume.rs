@@ -42,7 +42,7 @@ fn a_run_with_an_external_trainer_killed_at_random_moments_ends_as_if_never_inte
 
     let killed_runs = dir.path().join("killed");
     let run = killed_runs.join("p");
-    let total_units = common::completed_units(&straight_runs.join("p"));
+    let total_units = common::completed_units(&straight_runs.join("p")).expect("the uninterrupted run");
     let landed = common::kill_between_units(4, &run, total_units, typical, 5, |attempt| {
         if attempt == 0 {
             let mut command = whale(&["run", "--quiet", "--runs"], &killed_runs);

@@ -106,7 +106,7 @@ fn run_to_end(fixture: &Fixture, runs: &str) -> Duration {
 /// before the run had finished.
 fn run_with_kills(fixture: &Fixture, runs: &str, kills: usize, typical: Duration, seed: u64) -> usize {
     let dir = fixture.root.join(runs).join("r");
-    let total_units = common::completed_units(&fixture.root.join("straight/r"));
+    let total_units = common::completed_units(&fixture.root.join("straight/r")).expect("the uninterrupted run");
     common::kill_between_units(kills, &dir, total_units, typical, seed, |attempt| {
         let mut command = whale();
         if attempt == 0 {

@@ -234,12 +234,13 @@ pub fn untimed_file(path: &Path) -> serde_json::Value {
 }
 
 /// Starts `command(attempt)` for attempts 0 to `kills`: each but the last is killed with
-/// SIGKILL once the run's `state.json` in `run_dir` counts a seeded number of completed units,
-/// plus a random part of half a typical unit (`typical` over `total_units`), so kills fall
-/// during units and between them. The targets rise and stay two units short of `total_units`,
-/// so a kill lands before the run ends however fast or loaded the machine is, which a moment
-/// drawn from the wall time alone cannot promise. The last attempt runs to its end and must
-/// succeed. Returns how many kills landed.
+/// SIGKILL once the run's `state.json` in `run_dir` exists and counts a seeded number of
+/// completed units, plus a random part of a typical unit (`typical` over `total_units`), so
+/// kills fall anywhere in a unit, its checkpoint and commit included. The targets rise and stay
+/// two units short of `total_units`, so a kill lands before the run ends however fast or loaded
+/// the machine is, which a moment drawn from the wall time alone cannot promise. An attempt
+/// still short of its target after ten typical runs fails the test. The last attempt runs to
+/// its end and must succeed. Returns how many kills landed.
 pub fn kill_between_units(
     kills: usize,
     run_dir: &Path,
@@ -262,10 +263,12 @@ pub fn kill_between_units(
             assert!(child.wait().expect("whale ends").success(), "the final resume failed");
             break;
         };
-        while completed_units(run_dir) < target && child.try_wait().expect("poll").is_none() {
-            std::thread::sleep(std::time::Duration::from_millis(2));
+        let deadline = std::time::Instant::now() + typical * 10;
+        while completed_units(run_dir).is_none_or(|units| units < target) && child.try_wait().expect("poll").is_none() {
+            assert!(std::time::Instant::now() < deadline, "attempt {attempt} never reached unit {target}");
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        std::thread::sleep(unit.mul_f64(rng.gen_range(0.0..0.5)));
+        std::thread::sleep(unit.mul_f64(rng.gen_range(0.0..1.0)));
         if child.try_wait().expect("poll").is_none() {
             child.kill().expect("SIGKILL");
             landed += 1;
@@ -275,11 +278,10 @@ pub fn kill_between_units(
     landed
 }
 
-/// The units `run_dir/state.json` counts as completed; 0 before it is first written.
-pub fn completed_units(run_dir: &Path) -> u64 {
-    let text = std::fs::read_to_string(run_dir.join("state.json")).unwrap_or_default();
-    let state: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    state["units"].as_u64().unwrap_or(0)
+/// The units `run_dir/state.json` counts as completed; none before it is first written.
+pub fn completed_units(run_dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(run_dir.join("state.json")).ok()?;
+    serde_json::from_str::<serde_json::Value>(&text).ok()?["units"].as_u64()
 }
 
 /// Starts `command(attempt)` for attempts 0 to `kills`: each but the last is killed with
