@@ -43,27 +43,11 @@ fn the_committed_studies_report_their_committed_tables_from_their_result_files()
             "docs/results/study-smollm2-quick",
             &["--quick", "--seeds", "4"],
         ),
+        ("examples/qa-smollm2.toml", "docs/results/study-smollm2", &["--seeds", "3", "--name", "study-smollm2"]),
     ];
     for (config, dir, args) in studies {
         let printed = report_only(config, &format!("{dir}/results"), args);
         let committed = std::fs::read_to_string(repo().join(dir).join("study.txt")).expect("study.txt");
         assert_eq!(tables(&printed), tables(&committed), "{dir}: the tables differ from study.txt");
     }
-}
-
-#[test]
-fn the_smollm2_study_in_progress_reads_every_committed_seed() {
-    let results = "docs/results/study-smollm2/results";
-    let mut seeds: Vec<u64> = std::fs::read_dir(repo().join(results))
-        .expect("the results directory")
-        .filter_map(|entry| {
-            let name = entry.expect("an entry").file_name().into_string().expect("a name");
-            name.strip_prefix("qa-smollm2-seed-")?.strip_suffix(".json")?.parse().ok()
-        })
-        .collect();
-    seeds.sort_unstable();
-    assert!(!seeds.is_empty(), "no seed file in {results}");
-    let printed = report_only("examples/qa-smollm2.toml", results, &["--seeds", "3", "--name", "study-smollm2"]);
-    let listed = format!("qa-smollm2 (qa), seeds {seeds:?}");
-    assert!(printed.lines().any(|line| line == listed), "expected `{listed}` in:\n{printed}");
 }
