@@ -104,7 +104,8 @@ fn an_in_process_qwen3_5_run_killed_at_random_moments_ends_as_if_never_interrupt
         .success());
     let typical = started.elapsed();
     let killed = root.join("killed/q");
-    let landed = common::kill_and_resume(3, typical, 0.1..0.6, 8, |attempt| {
+    let total_units = common::completed_units(&root.join("straight/q")).expect("the uninterrupted run");
+    let landed = common::kill_between_units(3, &killed, total_units, typical, 8, |attempt| {
         let mut command = whale();
         match attempt {
             0 => command.args(["run", "--quiet", "--runs"]).arg(root.join("killed")).arg(&file),

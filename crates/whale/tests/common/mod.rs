@@ -247,7 +247,7 @@ pub fn kill_between_units(
     total_units: u64,
     typical: std::time::Duration,
     seed: u64,
-    mut command: impl FnMut(usize) -> std::process::Command,
+    command: impl FnMut(usize) -> std::process::Command,
 ) -> usize {
     use rand::{seq::index::sample, Rng, SeedableRng};
     assert!(total_units >= kills as u64 + 2, "{total_units} units are too few for {kills} kills");
@@ -256,26 +256,15 @@ pub fn kill_between_units(
         sample(&mut rng, total_units as usize - 1, kills).into_iter().map(|unit| unit as u64).collect();
     targets.sort_unstable();
     let unit = typical.div_f64(total_units as f64);
-    let mut landed = 0;
-    for attempt in 0..=kills {
-        let mut child = command(attempt).spawn().expect("whale starts");
-        let Some(&target) = targets.get(attempt) else {
-            assert!(child.wait().expect("whale ends").success(), "the final resume failed");
-            break;
-        };
+    kill_at_moments(kills, command, |attempt, child| {
+        let target = targets[attempt];
         let deadline = std::time::Instant::now() + typical * 10;
         while completed_units(run_dir).is_none_or(|units| units < target) && child.try_wait().expect("poll").is_none() {
             assert!(std::time::Instant::now() < deadline, "attempt {attempt} never reached unit {target}");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         std::thread::sleep(unit.mul_f64(rng.gen_range(0.0..1.0)));
-        if child.try_wait().expect("poll").is_none() {
-            child.kill().expect("SIGKILL");
-            landed += 1;
-        }
-        child.wait().expect("reaped");
-    }
-    landed
+    })
 }
 
 /// The units `run_dir/state.json` counts as completed; none before it is first written.
@@ -286,16 +275,34 @@ pub fn completed_units(run_dir: &Path) -> Option<u64> {
 
 /// Starts `command(attempt)` for attempts 0 to `kills`: each but the last is killed with
 /// SIGKILL at a seeded random moment (a fraction in `window` of `typical`) unless it ends
-/// first; the last runs to its end and must succeed. Returns how many kills landed.
+/// first; the last runs to its end and must succeed. Returns how many kills landed. For a
+/// command with no single `state.json` to watch (a study's many runs); a run's tests use
+/// [`kill_between_units`].
 pub fn kill_and_resume(
     kills: usize,
     typical: std::time::Duration,
     window: std::ops::Range<f64>,
     seed: u64,
-    mut command: impl FnMut(usize) -> std::process::Command,
+    command: impl FnMut(usize) -> std::process::Command,
 ) -> usize {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    kill_at_moments(kills, command, |_, child| {
+        let deadline = std::time::Instant::now() + typical.mul_f64(rng.gen_range(window.clone()));
+        while std::time::Instant::now() < deadline && child.try_wait().expect("poll").is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    })
+}
+
+/// The loop of both kill helpers: starts `command(attempt)` for attempts 0 to `kills`; each but
+/// the last is killed with SIGKILL when `moment(attempt, child)` returns, unless it ended
+/// first; the last runs to its end and must succeed. Returns how many kills landed.
+fn kill_at_moments(
+    kills: usize,
+    mut command: impl FnMut(usize) -> std::process::Command,
+    mut moment: impl FnMut(usize, &mut std::process::Child),
+) -> usize {
     let mut landed = 0;
     for attempt in 0..=kills {
         let mut child = command(attempt).spawn().expect("whale starts");
@@ -303,10 +310,7 @@ pub fn kill_and_resume(
             assert!(child.wait().expect("whale ends").success(), "the final resume failed");
             break;
         }
-        let deadline = std::time::Instant::now() + typical.mul_f64(rng.gen_range(window.clone()));
-        while std::time::Instant::now() < deadline && child.try_wait().expect("poll").is_none() {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        moment(attempt, &mut child);
         if child.try_wait().expect("poll").is_none() {
             child.kill().expect("SIGKILL");
             landed += 1;
