@@ -1,20 +1,21 @@
-//! A Llama GGUF as a Hugging Face `LlamaForCausalLM` directory: `config.json`,
-//! `model.safetensors` (every tensor dequantized, under Hugging Face names, the rotary rows of the
-//! query and key projections back in Hugging Face order), `tokenizer.json`,
+//! A Llama or Qwen2 GGUF as a Hugging Face `LlamaForCausalLM` or `Qwen2ForCausalLM` directory:
+//! `config.json`, `model.safetensors` (every tensor dequantized, under Hugging Face names, a
+//! Llama's rotary rows of the query and key projections back in Hugging Face order), `tokenizer.json`,
 //! `tokenizer_config.json` (with the chat template and the special tokens) and
 //! `generation_config.json`. The tokenizer, the block count, the vocabulary size and every tensor's
 //! shape are checked before anything is dequantized or written, so that a file refused for them
 //! leaves no directory behind to be cached. The weights are the ones transformers gets when it
-//! loads the GGUF itself (`bench/smollm2_convert_check.py` checks that), so transformers, vLLM and
-//! whale load the directory as the same model.
+//! loads the GGUF itself (`bench/smollm2_convert_check.py` and `bench/qwen2_5_parity.py` check
+//! that), so transformers, vLLM and whale load the directory as the same model.
 
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Tensor};
 use serde_json::{json, Map, Value};
 
+use crate::architecture::GgufArchitecture;
 use crate::error::GgufError;
-use crate::llama::{self, LlamaHyperparameters, RopeScaling};
+use crate::hyperparameters::{Hyperparameters, RopeScaling};
 use crate::names::{self, HfTensor, RowOrder};
 use crate::tokenizer::{self, GgufVocabulary, SpecialToken};
 use crate::{GgufFile, TensorEntry};
@@ -40,6 +41,7 @@ pub enum ConvertProgress<'a> {
 /// What was written.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConvertReport {
+    pub architecture: GgufArchitecture,
     pub tensors: usize,
     pub parameters: usize,
     /// No `output.weight`: the embedding doubles as the output projection.
@@ -55,7 +57,7 @@ pub fn convert_to_hf(
     dtype: DType,
     progress: &mut dyn FnMut(ConvertProgress),
 ) -> Result<ConvertReport, GgufError> {
-    let shape = gguf.llama_hyperparameters()?;
+    let shape = gguf.hyperparameters()?;
     let vocabulary = gguf.vocabulary()?;
     check_tokenizer(gguf, &vocabulary)?;
     check_vocab_size(gguf, &shape, &vocabulary)?;
@@ -73,7 +75,7 @@ pub fn convert_to_hf(
         write_json(&dir.join(TOKENIZER_CONFIG_FILE), &tokenizer_config_json(gguf, &vocabulary, &shape)?, progress)?,
         write_json(&dir.join(GENERATION_CONFIG_FILE), &generation_config_json(&vocabulary), progress)?,
     ];
-    Ok(ConvertReport { tensors: count, parameters, tied_embeddings, files })
+    Ok(ConvertReport { architecture: shape.architecture, tensors: count, parameters, tied_embeddings, files })
 }
 
 /// Parses the `tokenizer.json` about to be written, as every loader of the directory will: a
@@ -86,54 +88,48 @@ fn check_tokenizer(gguf: &GgufFile, vocabulary: &GgufVocabulary) -> Result<(), G
     })
 }
 
-/// Refuses a `llama.vocab_size` other than the token count (the rows of the embedding and the
+/// Refuses a `<architecture>.vocab_size` other than the token count (the rows of the embedding and the
 /// output projection are held to the same count by [`check_shape`]).
-fn check_vocab_size(
-    gguf: &GgufFile,
-    shape: &LlamaHyperparameters,
-    vocabulary: &GgufVocabulary,
-) -> Result<(), GgufError> {
+fn check_vocab_size(gguf: &GgufFile, shape: &Hyperparameters, vocabulary: &GgufVocabulary) -> Result<(), GgufError> {
     match shape.vocab_size {
         Some(size) if size != vocabulary.size => {
             let reason = format!("{size}, but `{}` lists {} tokens", tokenizer::TOKENS_KEY, vocabulary.size);
-            Err(GgufError::invalid_key(gguf.path(), &format!("{}.vocab_size", llama::ARCHITECTURE), reason))
+            Err(GgufError::invalid_key(gguf.path(), &shape.architecture.key("vocab_size"), reason))
         }
         _ => Ok(()),
     }
 }
 
 /// Each GGUF tensor with its Hugging Face name, in file order; refuses a block count past the
-/// file's blocks, a missing tensor of the Llama layout, one outside it, and one of the wrong shape
+/// file's blocks, a missing tensor of the architecture's layout, one outside it, and one of the wrong shape
 /// (from the file's listing, before anything is dequantized).
-fn plan_tensors(
-    gguf: &GgufFile,
-    shape: &LlamaHyperparameters,
-    vocab: usize,
-) -> Result<Vec<(String, HfTensor)>, GgufError> {
+fn plan_tensors(gguf: &GgufFile, shape: &Hyperparameters, vocab: usize) -> Result<Vec<(String, HfTensor)>, GgufError> {
     let file = gguf.path().to_path_buf();
     check_block_count(gguf, shape)?;
-    if let Some(missing) = names::required_tensors(shape.layers).find(|name| !gguf.has_tensor(name)) {
+    let architecture = shape.architecture;
+    if let Some(missing) = names::required_tensors(shape.layers, architecture).find(|name| !gguf.has_tensor(name)) {
         return Err(GgufError::MissingTensor { file, tensor: missing });
     }
     let mut plan = Vec::new();
     for entry in gguf.tensors() {
-        let target = names::hf_tensor(&entry.name).filter(|target| layer_of(&target.name) < shape.layers);
-        let target = target.ok_or_else(|| GgufError::tensor(&file, &entry.name, "not a tensor of a Llama model"))?;
+        let target = names::hf_tensor(&entry.name, architecture).filter(|target| layer_of(&target.name) < shape.layers);
+        let outside = || format!("not a tensor of a {} model", architecture.name());
+        let target = target.ok_or_else(|| GgufError::tensor(&file, &entry.name, outside()))?;
         check_shape(gguf, &entry, shape, vocab)?;
         plan.push((entry.name, target));
     }
     Ok(plan)
 }
 
-/// Refuses a `llama.block_count` past the file's last block, naming the key rather than the first
+/// Refuses a `<architecture>.block_count` past the file's last block, naming the key rather than the first
 /// tensor of a block the file does not have.
-fn check_block_count(gguf: &GgufFile, shape: &LlamaHyperparameters) -> Result<(), GgufError> {
+fn check_block_count(gguf: &GgufFile, shape: &Hyperparameters) -> Result<(), GgufError> {
     let last_block = format!("blk.{}.", shape.layers - 1);
     if gguf.tensors().iter().any(|entry| entry.name.starts_with(&last_block)) {
         return Ok(());
     }
     let reason = format!("{} blocks, but the file has no tensor of block {}", shape.layers, shape.layers - 1);
-    Err(GgufError::invalid_key(gguf.path(), &format!("{}.block_count", llama::ARCHITECTURE), reason))
+    Err(GgufError::invalid_key(gguf.path(), &shape.architecture.key("block_count"), reason))
 }
 
 /// The block index of a Hugging Face layer tensor (0 for the others).
@@ -145,7 +141,7 @@ fn layer_of(hf_name: &str) -> usize {
 fn convert_tensors(
     gguf: &GgufFile,
     plan: &[(String, HfTensor)],
-    shape: &LlamaHyperparameters,
+    shape: &Hyperparameters,
     dtype: DType,
     progress: &mut dyn FnMut(ConvertProgress),
 ) -> Result<Vec<(String, Tensor)>, GgufError> {
@@ -160,7 +156,7 @@ fn convert_tensors(
     Ok(converted)
 }
 
-fn restore_row_order(values: Tensor, rows: RowOrder, shape: &LlamaHyperparameters) -> candle_core::Result<Tensor> {
+fn restore_row_order(values: Tensor, rows: RowOrder, shape: &Hyperparameters) -> candle_core::Result<Tensor> {
     match rows {
         RowOrder::AsStored => Ok(values),
         RowOrder::RotaryQuery => names::unpermute_rotary_rows(&values, shape.heads),
@@ -170,25 +166,30 @@ fn restore_row_order(values: Tensor, rows: RowOrder, shape: &LlamaHyperparameter
 
 /// Refuses a tensor whose shape disagrees with the hyperparameters and the token count (the rows
 /// of the embedding and the output projection).
-fn check_shape(
-    gguf: &GgufFile,
-    entry: &TensorEntry,
-    shape: &LlamaHyperparameters,
-    vocab: usize,
-) -> Result<(), GgufError> {
+fn check_shape(gguf: &GgufFile, entry: &TensorEntry, shape: &Hyperparameters, vocab: usize) -> Result<(), GgufError> {
     let expected = expected_shape(&entry.name, shape, vocab);
     if expected.as_deref() == Some(entry.shape.as_slice()) {
         return Ok(());
     }
-    let wanted = expected.map_or_else(|| "no Llama tensor".to_string(), |dims| format!("{dims:?}"));
-    let reason =
-        format!("shape {:?}; the metadata ({vocab} tokens, the `llama.*` sizes) implies {wanted}", entry.shape);
+    let architecture = shape.architecture.name();
+    let wanted = expected.map_or_else(|| format!("no {architecture} tensor"), |dims| format!("{dims:?}"));
+    let reason = format!(
+        "shape {:?}; the metadata ({vocab} tokens, the `{architecture}.*` sizes) implies {wanted}",
+        entry.shape
+    );
     Err(GgufError::tensor(gguf.path(), &entry.name, reason))
 }
 
-fn expected_shape(name: &str, shape: &LlamaHyperparameters, vocab: usize) -> Option<Vec<usize>> {
+fn expected_shape(name: &str, shape: &Hyperparameters, vocab: usize) -> Option<Vec<usize>> {
     let (hidden, inner) = (shape.hidden_size, shape.intermediate_size);
     let (query, key_value) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
+    if let Some(leaf) = name.strip_suffix(".bias") {
+        return match leaf.rsplit('.').next()? {
+            "attn_q" => Some(vec![query]),
+            "attn_k" | "attn_v" => Some(vec![key_value]),
+            _ => None,
+        };
+    }
     let leaf = name.strip_suffix(".weight")?.rsplit('.').next()?;
     let dims = match leaf {
         "token_embd" | "output" => vec![vocab, hidden],
@@ -203,32 +204,24 @@ fn expected_shape(name: &str, shape: &LlamaHyperparameters, vocab: usize) -> Opt
     Some(dims)
 }
 
-fn config_json(
-    shape: &LlamaHyperparameters,
-    vocabulary: &GgufVocabulary,
-    tied_embeddings: bool,
-    dtype: DType,
-) -> Value {
+/// The `config.json` transformers writes for the architecture (keys sorted, as it writes them).
+fn config_json(shape: &Hyperparameters, vocabulary: &GgufVocabulary, tied_embeddings: bool, dtype: DType) -> Value {
     let id = |token: &Option<SpecialToken>| token.as_ref().map(|token| token.id);
-    json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "attention_bias": false,
+    let mut config = json!({
+        "architectures": [shape.architecture.hf_architecture()],
+        "model_type": shape.architecture.model_type(),
         "attention_dropout": 0.0,
         "bos_token_id": id(&vocabulary.bos),
         "eos_token_id": id(&vocabulary.eos),
-        "pad_token_id": id(&vocabulary.pad),
         "head_dim": shape.head_dim,
         "hidden_act": "silu",
         "hidden_size": shape.hidden_size,
         "initializer_range": 0.02,
         "intermediate_size": shape.intermediate_size,
         "max_position_embeddings": shape.context_length,
-        "mlp_bias": false,
         "num_attention_heads": shape.heads,
         "num_hidden_layers": shape.layers,
         "num_key_value_heads": shape.kv_heads,
-        "pretraining_tp": 1,
         "rms_norm_eps": shape.rms_norm_eps,
         "rope_scaling": shape.rope_scaling.as_ref().map(rope_scaling_json),
         "rope_theta": shape.rope_theta,
@@ -236,7 +229,25 @@ fn config_json(
         "torch_dtype": torch_dtype_name(dtype),
         "use_cache": true,
         "vocab_size": vocabulary.size,
-    })
+    });
+    let own = match shape.architecture {
+        GgufArchitecture::Llama => json!({
+            "attention_bias": false,
+            "mlp_bias": false,
+            "pad_token_id": id(&vocabulary.pad),
+            "pretraining_tp": 1,
+        }),
+        // Qwen2's biases are not a key: transformers always builds them.
+        GgufArchitecture::Qwen2 => json!({
+            "max_window_layers": shape.layers,
+            "sliding_window": shape.context_length,
+            "use_sliding_window": false,
+        }),
+    };
+    if let (Value::Object(config), Value::Object(own)) = (&mut config, own) {
+        config.extend(own);
+    }
+    config
 }
 
 fn rope_scaling_json(scaling: &RopeScaling) -> Value {
@@ -261,7 +272,7 @@ fn torch_dtype_name(dtype: DType) -> &'static str {
 fn tokenizer_config_json(
     gguf: &GgufFile,
     vocabulary: &GgufVocabulary,
-    shape: &LlamaHyperparameters,
+    shape: &Hyperparameters,
 ) -> Result<Value, GgufError> {
     let content = |token: &Option<SpecialToken>| token.as_ref().map(|token| token.content.clone());
     let added: Map<String, Value> = vocabulary

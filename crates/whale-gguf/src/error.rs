@@ -13,7 +13,7 @@ pub enum GgufError {
     #[error("{}: not a GGUF file candle can read: {reason}", file.display())]
     Header { file: PathBuf, reason: String },
     #[error("{}: `general.architecture` is {architecture:?}; whale reads {supported:?}", file.display())]
-    Architecture { file: PathBuf, architecture: String, supported: &'static [&'static str] },
+    Architecture { file: PathBuf, architecture: String, supported: Vec<&'static str> },
     #[error("{}: tensor `{tensor}` is {dtype}, a type whale does not read (it reads {})", file.display(), .supported.join(", "))]
     TensorType { file: PathBuf, tensor: String, dtype: String, supported: Vec<&'static str> },
     #[error("{}: metadata `{key}` is missing", file.display())]

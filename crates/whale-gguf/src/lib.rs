@@ -22,14 +22,16 @@
 //! - [`tokenizer`]: the `tokenizer.ggml.*` vocabulary as a Hugging Face `tokenizer.json`
 //!   (byte-level BPE), which [`GgufFile::tokenizer`] parses into whale's [`Tokenizer`];
 //! - the chat template of `tokenizer.chat_template`, rendered by whale's own engine;
-//! - [`llama`]: the `llama.*` hyperparameters; [`names`]: llama.cpp's tensor names and the rotary
-//!   row order its converter changes;
-//! - [`convert`]: the Hugging Face directory of a Llama GGUF (`whale lm convert`).
+//! - [`architecture`]: the architectures read (Llama, Qwen2) and how each converts;
+//!   [`hyperparameters`]: their `<architecture>.*` sizes; [`names`]: llama.cpp's tensor names and
+//!   the rotary row order its converter changes for a Llama;
+//! - [`convert`]: the Hugging Face directory of a Llama or Qwen2 GGUF (`whale lm convert`).
 
+pub mod architecture;
 pub mod convert;
 mod error;
 mod header;
-pub mod llama;
+pub mod hyperparameters;
 pub mod metadata;
 pub mod names;
 pub mod tensors;
@@ -47,14 +49,13 @@ use whale_text::{ChatTemplate, Tokenizer};
 
 use header::DeclaredAlignment;
 
+pub use architecture::GgufArchitecture;
 pub use convert::{convert_to_hf, ConvertProgress, ConvertReport};
 pub use error::GgufError;
-pub use llama::{LlamaHyperparameters, RopeScaling};
+pub use hyperparameters::{Hyperparameters, RopeScaling};
 pub use metadata::Metadata;
 pub use tokenizer::{GgufVocabulary, SpecialToken};
 
-/// The `general.architecture` values whale reads.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &[llama::ARCHITECTURE];
 pub const ARCHITECTURE_KEY: &str = "general.architecture";
 pub const CHAT_TEMPLATE_KEY: &str = "tokenizer.chat_template";
 
@@ -98,8 +99,15 @@ impl GgufFile {
         Metadata::new(&self.path, &self.content.metadata)
     }
 
-    pub fn architecture(&self) -> Result<&str, GgufError> {
-        self.metadata().string(ARCHITECTURE_KEY)
+    /// The architecture `general.architecture` names (one whale reads: [`GgufFile::open`]
+    /// refused the others).
+    pub fn architecture(&self) -> Result<GgufArchitecture, GgufError> {
+        let name = self.metadata().string(ARCHITECTURE_KEY)?;
+        GgufArchitecture::from_name(name).ok_or_else(|| GgufError::Architecture {
+            file: self.path.clone(),
+            architecture: name.to_string(),
+            supported: architecture::names(),
+        })
     }
 
     /// Every tensor, in the order of its data in the file.
@@ -154,20 +162,13 @@ impl GgufFile {
         Ok(ChatTemplate::new(&name, source)?.with_special_tokens(content(vocabulary.bos), content(vocabulary.eos)))
     }
 
-    pub fn llama_hyperparameters(&self) -> Result<LlamaHyperparameters, GgufError> {
-        LlamaHyperparameters::read(&self.metadata())
+    /// The sizes stated under the architecture's prefix (`llama.*`, `qwen2.*`).
+    pub fn hyperparameters(&self) -> Result<Hyperparameters, GgufError> {
+        Hyperparameters::read(&self.metadata(), self.architecture()?)
     }
 
     fn check_architecture(&self) -> Result<(), GgufError> {
-        let architecture = self.architecture()?;
-        if SUPPORTED_ARCHITECTURES.contains(&architecture) {
-            return Ok(());
-        }
-        Err(GgufError::Architecture {
-            file: self.path.clone(),
-            architecture: architecture.to_string(),
-            supported: SUPPORTED_ARCHITECTURES,
-        })
+        self.architecture().map(drop)
     }
 
     fn check_tensor_types(&self) -> Result<(), GgufError> {

@@ -1,6 +1,8 @@
-//! llama.cpp's tensor names for a Llama model and the Hugging Face names they came from, and the
-//! one layout change llama.cpp's converter makes on the way: it reorders the rows of the query and
-//! key projections for its own rotary embedding.
+//! llama.cpp's tensor names for a Llama or Qwen2 model and the Hugging Face names they came from,
+//! and the one layout change llama.cpp's converter makes on the way for a Llama: it reorders the
+//! rows of the query and key projections for its own rotary embedding. (A Qwen2's rotary
+//! embedding is llama.cpp's NEOX one, the Hugging Face rotation, so its rows are stored as they
+//! are; its blocks also have the biases `attn_q.bias`, `attn_k.bias` and `attn_v.bias`.)
 //!
 //! Hugging Face's `LlamaForCausalLM` rotates the two halves of each head (`rotate_half`: row `i`
 //! pairs with row `i + head_dim / 2`); llama.cpp rotates adjacent rows (`2i` with `2i + 1`). Its
@@ -9,6 +11,7 @@
 //! undoes this, and so does [`unpermute_rotary_rows`], with the query heads for `attn_q` and the
 //! key-value heads for `attn_k`.
 
+use crate::architecture::GgufArchitecture;
 use candle_core::Tensor;
 
 /// What a GGUF tensor becomes in a Hugging Face checkpoint.
@@ -28,7 +31,7 @@ pub enum RowOrder {
     RotaryKey,
 }
 
-/// The layer tensors of a Llama block: llama.cpp's leaf name, Hugging Face's, and the row order.
+/// The weights of a block: llama.cpp's leaf name, Hugging Face's, and a Llama's row order.
 const LAYER_TENSORS: [(&str, &str, RowOrder); 9] = [
     ("attn_norm", "input_layernorm", RowOrder::AsStored),
     ("ffn_norm", "post_attention_layernorm", RowOrder::AsStored),
@@ -45,8 +48,13 @@ pub const EMBEDDING: &str = "token_embd.weight";
 pub const OUTPUT: &str = "output.weight";
 pub const OUTPUT_NORM: &str = "output_norm.weight";
 
-/// The Hugging Face tensor of a GGUF tensor name; `None` for a name outside the Llama layout.
-pub fn hf_tensor(gguf_name: &str) -> Option<HfTensor> {
+/// The biased projections of a Qwen2 block: llama.cpp's leaf name and Hugging Face's.
+const BIAS_TENSORS: [(&str, &str); 3] =
+    [("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj")];
+
+/// The Hugging Face tensor of a GGUF tensor name of a model of `architecture`; `None` for a name
+/// outside its layout.
+pub fn hf_tensor(gguf_name: &str, architecture: GgufArchitecture) -> Option<HfTensor> {
     let top = match gguf_name {
         EMBEDDING => Some("model.embed_tokens.weight"),
         OUTPUT_NORM => Some("model.norm.weight"),
@@ -56,10 +64,17 @@ pub fn hf_tensor(gguf_name: &str) -> Option<HfTensor> {
     if let Some(name) = top {
         return Some(HfTensor { name: name.to_string(), rows: RowOrder::AsStored });
     }
-    let (layer, leaf) = gguf_name.strip_prefix("blk.")?.strip_suffix(".weight")?.split_once('.')?;
+    let (layer, rest) = gguf_name.strip_prefix("blk.")?.split_once('.')?;
     let layer = canonical_layer(layer)?;
+    if let Some(leaf) = rest.strip_suffix(".bias") {
+        let (_, hf_leaf) = BIAS_TENSORS.iter().find(|(gguf_leaf, _)| *gguf_leaf == leaf)?;
+        let name = format!("model.layers.{layer}.{hf_leaf}.bias");
+        return architecture.has_qkv_bias().then_some(HfTensor { name, rows: RowOrder::AsStored });
+    }
+    let leaf = rest.strip_suffix(".weight")?;
     let (_, hf_leaf, rows) = LAYER_TENSORS.iter().find(|(gguf_leaf, _, _)| *gguf_leaf == leaf)?;
-    Some(HfTensor { name: format!("model.layers.{layer}.{hf_leaf}.weight"), rows: *rows })
+    let rows = if architecture.interleaves_rotary_rows() { *rows } else { RowOrder::AsStored };
+    Some(HfTensor { name: format!("model.layers.{layer}.{hf_leaf}.weight"), rows })
 }
 
 /// A layer number as llama.cpp writes it: plain decimal, so that "01" or "+1" is not a second
@@ -68,12 +83,15 @@ fn canonical_layer(text: &str) -> Option<usize> {
     text.parse().ok().filter(|layer: &usize| layer.to_string() == text)
 }
 
-/// Every GGUF tensor a Llama model of `layers` blocks needs (the output projection is optional:
-/// without it the embedding is tied), made one at a time as they are looked up: a hostile block
-/// count would otherwise make them all before the first missing one is found.
-pub fn required_tensors(layers: usize) -> impl Iterator<Item = String> {
-    let blocks = (0..layers)
-        .flat_map(|layer| LAYER_TENSORS.iter().map(move |(leaf, _, _)| format!("blk.{layer}.{leaf}.weight")));
+/// Every GGUF tensor a model of `architecture` with `layers` blocks needs (the output projection
+/// is optional: without it the embedding is tied), made one at a time as they are looked up: a
+/// hostile block count would otherwise make them all before the first missing one is found.
+pub fn required_tensors(layers: usize, architecture: GgufArchitecture) -> impl Iterator<Item = String> {
+    let biases: &[(&str, &str)] = if architecture.has_qkv_bias() { &BIAS_TENSORS } else { &[] };
+    let blocks = (0..layers).flat_map(move |layer| {
+        let weights = LAYER_TENSORS.iter().map(move |(leaf, _, _)| format!("blk.{layer}.{leaf}.weight"));
+        weights.chain(biases.iter().map(move |(leaf, _)| format!("blk.{layer}.{leaf}.bias")))
+    });
     [EMBEDDING, OUTPUT_NORM].into_iter().map(str::to_string).chain(blocks)
 }
 

@@ -88,7 +88,7 @@ pub fn read_vocabulary(metadata: &Metadata) -> Result<GgufVocabulary, GgufError>
         "truncation": null,
         "padding": null,
         "added_tokens": added_tokens.iter().map(added_token_json).collect::<Vec<_>>(),
-        "normalizer": null,
+        "normalizer": normalizer(pre_name),
         "pre_tokenizer": pre,
         "post_processor": byte_level(false),
         "decoder": byte_level(true),
@@ -108,12 +108,18 @@ pub fn read_vocabulary(metadata: &Metadata) -> Result<GgufVocabulary, GgufError>
 }
 
 /// The `tokenizer.ggml.pre` values whale maps, each to the split its `tokenizer.json` had.
-pub const KNOWN_PRE_TOKENIZERS: [&str; 4] = ["gpt-2", "smollm", "starcoder", "refact"];
+pub const KNOWN_PRE_TOKENIZERS: [&str; 5] = ["gpt-2", "smollm", "starcoder", "refact", "qwen2"];
+
+/// Qwen2's split (Qwen2.5's `tokenizer.json`): GPT-2's, except that digits go one at a time
+/// (`\p{N}`), a letter run may take one leading non-letter, and contractions match in any case.
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The Hugging Face pre-tokenizer of a `tokenizer.ggml.pre` value:
 /// - "gpt-2": GPT-2's regex split, then bytes to symbols (`ByteLevel` with its regex);
 /// - "smollm", "starcoder", "refact" (one family in llama.cpp, which splits with `\p{N}` first):
-///   every digit alone (`Digits`), then GPT-2's split.
+///   every digit alone (`Digits`), then GPT-2's split;
+/// - "qwen2": Qwen2's own regex ([`QWEN2_SPLIT`]), then bytes to symbols without GPT-2's regex.
 pub fn pre_tokenizer(pre: &str) -> Option<Value> {
     let gpt2 = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
     match pre {
@@ -122,7 +128,23 @@ pub fn pre_tokenizer(pre: &str) -> Option<Value> {
             "type": "Sequence",
             "pretokenizers": [{"type": "Digits", "individual_digits": true}, gpt2],
         })),
+        "qwen2" => Some(json!({
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+            ],
+        })),
         _ => None,
+    }
+}
+
+/// The normalizer of a `tokenizer.ggml.pre` value: Qwen2's tokenizer composes text to NFC first
+/// (llama.cpp does too); the others change nothing.
+fn normalizer(pre: &str) -> Value {
+    match pre {
+        "qwen2" => json!({"type": "NFC"}),
+        _ => Value::Null,
     }
 }
 

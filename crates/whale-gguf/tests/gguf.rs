@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use whale_core::ChatMessage;
-use whale_gguf::{convert_to_hf, tensors, ConvertProgress, GgufError, GgufFile};
+use whale_gguf::{convert_to_hf, tensors, ConvertProgress, GgufArchitecture, GgufError, GgufFile};
 use whale_lm::decoder::Decoder;
 use whale_text::{ChatTemplate, RenderOptions, Tokenizer, ENDOFTEXT, IM_END, IM_START, MIN_VOCAB_SIZE};
 
@@ -109,12 +109,14 @@ fn gguf_tensors_of_every_read_type_dequantize_within_their_tolerance() {
 #[test]
 fn a_gguf_of_another_architecture_is_refused_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("qwen2.gguf");
-    write_gguf(&path, &[("general.architecture", string("qwen2"))], &[]);
+    let path = dir.path().join("gemma3.gguf");
+    write_gguf(&path, &[("general.architecture", string("gemma3"))], &[]);
     let error = GgufFile::open(&path).unwrap_err();
     assert!(matches!(error, GgufError::Architecture { .. }), "{error}");
     let message = error.to_string();
-    assert!(message.contains("general.architecture") && message.contains("qwen2"), "{message}");
+    for part in ["general.architecture", "gemma3", "llama", "qwen2"] {
+        assert!(message.contains(part), "{message} does not name {part}");
+    }
 }
 
 /// Rewrites bytes of a written file.
@@ -336,6 +338,16 @@ fn llama_cpp_permute(weight: &Tensor, heads: usize) -> Tensor {
 
 /// Hugging Face tensors of a tiny Llama and the GGUF names and F32 tensors llama.cpp writes for them.
 fn tiny_llama(vocab: usize, tied: bool) -> (HashMap<String, Tensor>, Vec<(String, QTensor)>) {
+    tiny_model(vocab, tied, GgufArchitecture::Llama)
+}
+
+/// [`tiny_llama`] of either architecture: a Qwen2's rotary rows are stored as they are, and its
+/// blocks have query, key and value biases.
+fn tiny_model(
+    vocab: usize,
+    tied: bool,
+    architecture: GgufArchitecture,
+) -> (HashMap<String, Tensor>, Vec<(String, QTensor)>) {
     let mut hf = HashMap::new();
     let mut gguf = Vec::new();
     let mut seed = 10;
@@ -343,6 +355,7 @@ fn tiny_llama(vocab: usize, tied: bool) -> (HashMap<String, Tensor>, Vec<(String
         seed += 1;
         let values = gaussian(shape.0, shape.1, seed);
         let values = if shape.0 == 1 { values.flatten_all().unwrap() } else { values };
+        let permute_heads = permute_heads.filter(|_| architecture.interleaves_rotary_rows());
         let stored = permute_heads.map_or_else(|| values.clone(), |heads| llama_cpp_permute(&values, heads));
         gguf.push((gguf_name, QTensor::quantize(&stored, GgmlDType::F32).unwrap()));
         hf.insert(hf_name, values);
@@ -372,21 +385,35 @@ fn tiny_llama(vocab: usize, tied: bool) -> (HashMap<String, Tensor>, Vec<(String
                 heads,
             );
         }
+        if architecture.has_qkv_bias() {
+            let biases = [("q_proj", "attn_q", HEADS), ("k_proj", "attn_k", KV_HEADS), ("v_proj", "attn_v", KV_HEADS)];
+            for (hf_leaf, gguf_leaf, heads) in biases {
+                let (hf_name, gguf_name) =
+                    (format!("model.layers.{layer}.self_attn.{hf_leaf}.bias"), format!("blk.{layer}.{gguf_leaf}.bias"));
+                add(hf_name, gguf_name, (1, heads * HEAD_DIM), None);
+            }
+        }
     }
     (hf, gguf)
 }
 
 fn llama_metadata() -> Vec<(&'static str, Value)> {
+    model_metadata(GgufArchitecture::Llama)
+}
+
+/// The hyperparameters of the tiny model under the architecture's prefix.
+fn model_metadata(architecture: GgufArchitecture) -> Vec<(&'static str, Value)> {
+    let key = |name: &str| -> &'static str { Box::leak(architecture.key(name).into_boxed_str()) };
     vec![
-        ("llama.block_count", Value::U32(LAYERS as u32)),
-        ("llama.context_length", Value::U32(2048)),
-        ("llama.embedding_length", Value::U32(HIDDEN as u32)),
-        ("llama.feed_forward_length", Value::U32(INNER as u32)),
-        ("llama.attention.head_count", Value::U32(HEADS as u32)),
-        ("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
-        ("llama.rope.freq_base", Value::F32(100_000.0)),
-        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-        ("llama.rope.dimension_count", Value::U32(HEAD_DIM as u32)),
+        (key("block_count"), Value::U32(LAYERS as u32)),
+        (key("context_length"), Value::U32(2048)),
+        (key("embedding_length"), Value::U32(HIDDEN as u32)),
+        (key("feed_forward_length"), Value::U32(INNER as u32)),
+        (key("attention.head_count"), Value::U32(HEADS as u32)),
+        (key("attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
+        (key("rope.freq_base"), Value::F32(100_000.0)),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        (key("rope.dimension_count"), Value::U32(HEAD_DIM as u32)),
     ]
 }
 
@@ -504,6 +531,51 @@ fn a_converted_gguf_in_bf16_holds_the_f32_values_rounded() {
     assert_eq!(read_json(&out.join("config.json"))["torch_dtype"], "bfloat16");
 }
 
+/// A Qwen2 GGUF (rows as stored, q/k/v biases, `qwen2.*` sizes, Qwen2's split) converts to the
+/// Hugging Face `Qwen2ForCausalLM` it was made from, which whale-lm loads as a Qwen2 and runs
+/// with its biases: equal logits from the converted directory and from the original tensors.
+#[test]
+fn a_converted_qwen2_gguf_is_the_hugging_face_qwen2_it_was_made_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let trained = train_tokenizer(dir.path());
+    let (hf, gguf_tensors) = tiny_model(trained.tokens.len(), false, GgufArchitecture::Qwen2);
+    let mut metadata = tokenizer_metadata(&trained, "qwen2");
+    metadata.extend(model_metadata(GgufArchitecture::Qwen2));
+    metadata[0] = ("general.architecture", string("qwen2"));
+    let path = dir.path().join("tiny-qwen2.gguf");
+    let named: Vec<(&str, &QTensor)> = gguf_tensors.iter().map(|(name, tensor)| (name.as_str(), tensor)).collect();
+    write_gguf(&path, &metadata, &named);
+    let gguf = GgufFile::open(&path).unwrap();
+    assert_eq!(gguf.architecture().unwrap(), GgufArchitecture::Qwen2);
+    let out = dir.path().join("hf");
+    let report = convert_to_hf(&gguf, &out, DType::F32, &mut |_| {}).unwrap();
+    assert_eq!((report.tensors, report.tied_embeddings), (hf.len(), false));
+    let written = candle_core::safetensors::load(out.join("model.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(written.len(), hf.len());
+    for (name, values) in &hf {
+        let diff = written[name].sub(values).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(diff, 0.0, "{name} differs from the Hugging Face tensor");
+    }
+    let config = read_json(&out.join("config.json"));
+    assert_eq!(
+        (config["architectures"][0].as_str(), config["model_type"].as_str()),
+        (Some("Qwen2ForCausalLM"), Some("qwen2"))
+    );
+    assert_eq!((config["use_sliding_window"].as_bool(), config.get("attention_bias")), (Some(false), None));
+    let tokenizer = read_json(&out.join("tokenizer.json"));
+    assert_eq!(tokenizer["normalizer"]["type"], "NFC");
+    let decoder = Decoder::load(&out, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(decoder.architecture(), "Qwen2");
+    let config = whale_lm::Qwen2Config::from_file(&out.join("config.json")).unwrap();
+    let original = whale_lm::Qwen2Model::from_tensors(&config, hf, DType::F32, &Device::Cpu).unwrap();
+    let ids = [3u32, 17, 42, 5, 9, 11];
+    let converted = <whale_lm::Qwen2Model as whale_lm::TrainableModel>::load(&out, DType::F32, &Device::Cpu).unwrap();
+    let logits = |model: &whale_lm::Qwen2Model| -> Vec<f32> {
+        model.logits(&model.packed_hidden(&[&ids]).unwrap()).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+    };
+    assert_eq!(logits(&converted), logits(&original));
+}
+
 #[test]
 fn a_gguf_missing_a_layer_tensor_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -534,7 +606,7 @@ fn smollm2() -> GgufFile {
 #[ignore = "needs WHALE_SMOLLM2_GGUF"]
 fn the_smollm2_gguf_reads_as_its_model_card_says() {
     let gguf = smollm2();
-    let shape = gguf.llama_hyperparameters().unwrap();
+    let shape = gguf.hyperparameters().unwrap();
     assert_eq!((shape.layers, shape.hidden_size, shape.heads, shape.kv_heads), (30, 576, 9, 3));
     assert_eq!((shape.head_dim, shape.intermediate_size, shape.context_length), (64, 1536, 8192));
     assert_eq!((shape.rope_theta, shape.rms_norm_eps), (100_000.0, 1e-5));
@@ -816,15 +888,13 @@ fn a_gguf_tensor_of_the_wrong_shape_is_refused_before_any_tensor_is_dequantized(
 }
 
 /// A metadata-only Llama GGUF, `llama_metadata` with `extra` keys replaced or added.
-fn llama_hyperparameters_with(
-    extra: Vec<(&'static str, Value)>,
-) -> Result<whale_gguf::LlamaHyperparameters, GgufError> {
+fn llama_hyperparameters_with(extra: Vec<(&'static str, Value)>) -> Result<whale_gguf::Hyperparameters, GgufError> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("hyper.gguf");
     let mut metadata = vec![llama_architecture()];
     metadata.extend(llama_metadata());
     write_gguf(&path, &with_metadata(metadata, extra), &[]);
-    GgufFile::open(&path).unwrap().llama_hyperparameters()
+    GgufFile::open(&path).unwrap().hyperparameters()
 }
 
 #[test]

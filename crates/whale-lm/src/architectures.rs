@@ -72,6 +72,7 @@ macro_rules! registry {
 registry! {
     crate::qwen3::model::Qwen3Model,
     crate::llama::LlamaModel,
+    crate::qwen2::Qwen2Model,
     crate::qwen3_5::model::Qwen35Model,
 }
 
@@ -116,7 +117,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(CONFIG_FILE), r#"{"model_type": "gpt2"}"#).unwrap();
         let error = Decoder::load(dir.path(), DType::F32, &Device::Cpu).err().expect("no gpt2").to_string();
-        for part in [CONFIG_FILE, "model_type", "\"gpt2\"", "\"qwen3\"", "\"llama\"", "\"qwen3_5_text\""] {
+        for part in [CONFIG_FILE, "model_type", "\"gpt2\"", "\"qwen3\"", "\"llama\"", "\"qwen2\"", "\"qwen3_5_text\""] {
             assert!(error.contains(part), "{error:?} does not name {part}");
         }
     }

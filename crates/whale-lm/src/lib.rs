@@ -1,4 +1,4 @@
-//! whale's models: the Qwen3, Llama and Qwen3.5 decoders in candle, their Hugging Face checkpoints and
+//! whale's models: the Qwen3, Qwen2, Llama and Qwen3.5 decoders in candle, their Hugging Face checkpoints and
 //! PEFT adapters, behind one seam that the engine, the trainer, `whale serve`, `whale lm` and the
 //! loop use without naming an architecture.
 //!
@@ -10,8 +10,8 @@
 //! Data flow:
 //! - [`Decoder::load`] reads a checkpoint directory's `config.json`, picks the architecture
 //!   registered for its `model_type` ([`architectures::ARCHITECTURES`]) and loads the weights:
-//!   [`checkpoint::load_dense`] into a [`Qwen3Model`] or a [`LlamaModel`] (the one dense decoder,
-//!   [`DenseModel`], built from either config; parameters in a candle `VarMap` under their
+//!   [`checkpoint::load_dense`] into a [`Qwen3Model`], a [`Qwen2Model`] or a [`LlamaModel`] (the
+//!   one dense decoder, [`DenseModel`], built from any of their configs; parameters in a candle `VarMap` under their
 //!   Hugging Face names), or [`load_qwen35`] into a [`Qwen35Model`]. The [`Decoder`] holds it as
 //!   a boxed [`Architecture`].
 //! - Decoding: the engine asks the [`Decoder`] for a per-sequence [`DecoderCache`] and calls
@@ -27,11 +27,11 @@
 //!   ([`lora::LoraAdapter::save_peft`] / [`lora::LoraAdapter::load_peft`] read and write the
 //!   PEFT directory that `peft`, vLLM and SGLang load); [`model::DenseModel::merged`] folds the
 //!   adapter into a plain model for a full checkpoint. [`Qwen35Lora`] is Qwen3.5's.
-//! - Architectures: each is a folder ([`qwen3`], [`llama`], [`qwen3_5`]) whose model implements
+//! - Architectures: each is a folder ([`qwen3`], [`qwen2`], [`llama`], [`qwen3_5`]) whose model implements
 //!   [`Architecture`] (what a loaded model is asked, parameter and FLOP counts included) and
 //!   [`TrainableModel`] (the model as a type: its `model_type`s, checkpoints, training pass and
-//!   adapters), and whose type is one line of the registry ([`architectures`]). Llama's model is
-//!   Qwen3's dense decoder built from its own config ([`DenseConfig`]).
+//!   adapters), and whose type is one line of the registry ([`architectures`]). Llama's and
+//!   Qwen2's models are Qwen3's dense decoder built from their own configs ([`DenseConfig`]).
 //! - [`random`]: seeded random models over a BPE trained on generated text, for benches and
 //!   tests that need no download.
 
@@ -39,6 +39,7 @@ pub mod architectures;
 pub mod decoder;
 pub mod llama;
 mod parameters;
+pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod random;
@@ -52,6 +53,7 @@ pub use qwen3::{checkpoint, config, lora, model};
 pub use architectures::{Registration, WithTrainable, ARCHITECTURES};
 pub use decoder::{AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
 pub use llama::{LlamaConfig, LlamaModel, RopeScaling};
+pub use qwen2::{Qwen2Config, Qwen2Model};
 pub use qwen3::checkpoint::{load_dense, load_model, save_model, stored_dtype, CheckpointError, GenerationConfig};
 pub use qwen3::config::{ConfigError, ConfigIssue, ModelSize, Qwen3Config};
 pub use qwen3::dense::{DenseConfig, DenseSettings};

@@ -1,4 +1,4 @@
-//! The dense decoder (Qwen3, Llama): numbers against an independent reference, padding, and cached / batched
+//! The dense decoder (Qwen3, Llama, Qwen2): numbers against an independent reference, padding, and cached / batched
 //! decoding agreeing with the plain forward pass. (Gradients reaching every parameter through
 //! the trainer's loss: whale-train's `tests/train.rs`.)
 
@@ -28,6 +28,7 @@ fn matches_an_independent_reference_implementation() {
     for tied in [true, false] {
         check_against_the_reference(&tiny_model(tied, 11), &format!("Qwen3, tied={tied}"));
         check_against_the_reference(&tiny_llama(tied, 11), &format!("Llama, tied={tied}"));
+        check_against_the_reference(&tiny_qwen2(tied, 11), &format!("Qwen2, tied={tied}"));
     }
 }
 
@@ -63,6 +64,7 @@ fn parameters_match_the_configuration() {
     for tied in [true, false] {
         check_parameters(&tiny_model(tied, 3), tied);
         check_parameters(&tiny_llama(tied, 3), tied);
+        check_parameters(&tiny_qwen2(tied, 3), tied);
     }
     assert!(tiny_model(true, 3).settings().qk_norm && !tiny_llama(true, 3).settings().qk_norm);
 }
@@ -126,10 +128,14 @@ fn padded_positions_read_zero_logits() {
 
 #[test]
 fn greedy_decoding_with_and_without_the_cache_agree() {
-    let model = tiny_model(true, 13);
+    check_greedy_decoding(&tiny_model(true, 13));
+    check_greedy_decoding(&tiny_qwen2(false, 13));
+}
+
+fn check_greedy_decoding<C: DenseConfig>(model: &DenseModel<C>) {
     let prompt = random_tokens(&mut rng(5), 6);
-    let (plain, plain_logits) = greedy_without_cache(&model, &prompt, 12);
-    let (cached, cached_logits) = greedy_with_cache(&model, &prompt, 12);
+    let (plain, plain_logits) = greedy_without_cache(model, &prompt, 12);
+    let (cached, cached_logits) = greedy_with_cache(model, &prompt, 12);
     assert_eq!(plain, cached);
     for (a, b) in plain_logits.iter().zip(&cached_logits) {
         let diff = max_abs_diff(a, b);

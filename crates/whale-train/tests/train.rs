@@ -1,5 +1,5 @@
 //! The SFT trainer: completion-only loss, masking, overfitting, gradient accumulation, an
-//! exact resume, and its loss's gradient reaching every parameter of a Qwen3 and a Llama.
+//! exact resume, and its loss's gradient reaching every parameter of a Qwen3, a Llama and a Qwen2.
 
 #[path = "../../whale-lm/tests/common/mod.rs"]
 mod common;
@@ -416,5 +416,36 @@ fn every_parameter_receives_a_nonzero_gradient() {
     for tied in [true, false] {
         every_parameter_of(&tiny_model(tied, 5));
         every_parameter_of(&tiny_llama(tied, 5));
+        every_parameter_of(&tiny_qwen2(tied, 5));
     }
+}
+
+/// A Qwen2 (biases on the query, key and value projections) overfits four sequences, its biases
+/// moving with the weights.
+#[test]
+fn a_qwen2_model_learns_its_biases_too() {
+    let model = tiny_qwen2(false, 59);
+    let bias = |model: &whale_lm::Qwen2Model| {
+        let (_, var) =
+            model.named_parameters().into_iter().find(|(name, _)| name.ends_with("0.self_attn.k_proj.bias")).unwrap();
+        var.as_tensor().to_vec1::<f32>().unwrap()
+    };
+    let before = bias(&model);
+    let mut trainer = SftTrainer::new(model.clone(), config()).unwrap();
+    let examples = examples(3, 4);
+    let first = trainer.step(&examples).unwrap().loss;
+    let mut last = first;
+    for _ in 0..30 {
+        last = trainer.step(&examples).unwrap().loss;
+    }
+    assert!(last < first * 0.5, "the loss falls: {first} -> {last}");
+    assert!(max_abs_diff(&bias(&model), &before) > 1e-4, "the biases train");
+    let dir = tempfile::tempdir().unwrap();
+    trainer.save(dir.path(), &GenerationConfig::for_model(trainer.model().config())).unwrap();
+    let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    assert!(config.contains("\"model_type\": \"qwen2\"") && config.contains("Qwen2ForCausalLM"), "{config}");
+    let decoder = Decoder::load(dir.path(), DType::F32, &Device::Cpu).unwrap();
+    let loaded = decoder.downcast_ref::<whale_lm::Qwen2Model>().expect("a Qwen2 model");
+    let tokens = random_tokens(&mut rng(9), 7);
+    assert_eq!(full_logits(loaded, &tokens), full_logits(trainer.model(), &tokens));
 }

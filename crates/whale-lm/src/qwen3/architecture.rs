@@ -180,6 +180,7 @@ impl<K: ArchitectureKeys> DenseConfig for DenseHfConfig<K> {
             rms_norm_eps: self.rms_norm_eps,
             tie_word_embeddings: self.tie_word_embeddings,
             qk_norm: K::QK_NORM,
+            qkv_bias: K::QKV_BIAS,
             inverse_frequencies: self
                 .own
                 .inverse_frequencies(plain_inverse_frequencies(self.rope_theta, self.head_dim)),

@@ -75,6 +75,9 @@ pub trait ArchitectureKeys: Debug + Clone + PartialEq + Serialize + Send + Sync 
     const SORTED_KEYS: bool;
     /// Whether each attention head normalises its queries and keys.
     const QK_NORM: bool;
+    /// Whether the query, key and value projections have biases (Qwen2's always do, whatever
+    /// `attention_bias` says: its `config.json` has no such key).
+    const QKV_BIAS: bool = false;
     /// Reads the architecture's own keys.
     fn read(object: &Map<String, Value>) -> Result<Self, ConfigIssue>;
     /// Refuses what the decoder does not compute for this architecture, naming the key; called

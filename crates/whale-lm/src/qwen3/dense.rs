@@ -3,9 +3,9 @@
 //! [`crate::qwen3::config::DenseHfConfig`]) implements [`DenseConfig`] and produces the
 //! [`DenseSettings`] the layers are assembled from.
 //!
-//! Why a seam of its own: Qwen3 and Llama are the same grouped-query-attention decoder (pre-norm
-//! blocks, rotary embeddings, a SwiGLU MLP) apart from Qwen3's per-head query and key norms and
-//! Llama's scaled rotary frequencies. Their `config.json`s differ in a few keys, defaults and
+//! Why a seam of its own: Qwen3, Qwen2 and Llama are the same grouped-query-attention decoder
+//! (pre-norm blocks, rotary embeddings, a SwiGLU MLP) apart from Qwen3's per-head query and key
+//! norms, Qwen2's query, key and value biases and Llama's scaled rotary frequencies. Their `config.json`s differ in a few keys, defaults and
 //! refusals (each architecture's `ArchitectureKeys`, in its folder), their layers not at all; so
 //! the layers, the cache, the training pass and the LoRA updates are written once, over the
 //! settings both configs reduce to.
@@ -47,6 +47,8 @@ pub struct DenseSettings {
     pub tie_word_embeddings: bool,
     /// Whether each attention head normalises its queries and keys (Qwen3) or not (Llama).
     pub qk_norm: bool,
+    /// Whether the query, key and value projections add a bias (Qwen2) or not.
+    pub qkv_bias: bool,
     /// The rotary inverse frequencies, `head_dim / 2` of them, scaled as the config says.
     pub inverse_frequencies: Vec<f64>,
     /// The standard deviation of a random model's matrices.
@@ -63,8 +65,9 @@ impl DenseSettings {
         let attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads);
         let mlp = 3 * h * self.intermediate_size;
         let norms = 2 * h + if self.qk_norm { 2 * d } else { 0 };
+        let biases = if self.qkv_bias { d * (self.num_attention_heads + 2 * self.num_key_value_heads) } else { 0 };
         let embeddings = self.vocab_size * h * if self.tie_word_embeddings { 1 } else { 2 };
-        self.num_hidden_layers * (attention + mlp + norms) + embeddings + h
+        self.num_hidden_layers * (attention + mlp + norms + biases) + embeddings + h
     }
 }
 

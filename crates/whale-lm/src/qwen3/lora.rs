@@ -98,6 +98,11 @@ impl LoraTarget {
         format!("{block}.{}", self.name())
     }
 
+    /// Whether the projection is one of those Qwen2 adds a bias to (query, key, value).
+    pub fn has_qkv_bias(self) -> bool {
+        matches!(self, LoraTarget::QProj | LoraTarget::KProj | LoraTarget::VProj)
+    }
+
     /// `(out, in)` of the projection's weight in a model of these settings.
     pub fn weight_shape(self, config: &DenseSettings) -> (usize, usize) {
         let (h, i) = (config.hidden_size, config.intermediate_size);
@@ -121,6 +126,11 @@ pub fn peft_tensor_name(layer: usize, target: LoraTarget, matrix: &str) -> Strin
 /// The name of the base weight a target adapts, e.g. `model.layers.0.self_attn.q_proj.weight`.
 pub fn base_weight_name(layer: usize, target: LoraTarget) -> String {
     format!("model.layers.{layer}.{}.weight", target.module_path())
+}
+
+/// The Hugging Face name of a projection's bias (Qwen2's query, key and value projections).
+pub fn bias_name(layer: usize, target: LoraTarget) -> String {
+    format!("model.layers.{layer}.{}.bias", target.module_path())
 }
 
 fn default_target_modules() -> Vec<String> {

@@ -1,8 +1,9 @@
-//! The dense decoder of Qwen3 and Llama ([`DenseModel`]): embeddings, `num_hidden_layers`
-//! pre-norm blocks (grouped-query attention with rotary embeddings, and for Qwen3 q/k RMSNorm,
-//! then a SwiGLU MLP), a final RMSNorm and the LM head. It is built from the [`DenseSettings`]
-//! of an architecture's [`DenseConfig`] and keeps that config to write back: [`Qwen3Model`] is
-//! `DenseModel<Qwen3Config>`, Llama's model is `DenseModel<LlamaConfig>` ([`crate::llama`]).
+//! The dense decoder of Qwen3, Qwen2 and Llama ([`DenseModel`]): embeddings, `num_hidden_layers`
+//! pre-norm blocks (grouped-query attention with rotary embeddings, for Qwen3 q/k RMSNorm, for
+//! Qwen2 q/k/v biases, then a SwiGLU MLP), a final RMSNorm and the LM head. It is built from the
+//! [`DenseSettings`] of an architecture's [`DenseConfig`] and keeps that config to write back:
+//! [`Qwen3Model`] is `DenseModel<Qwen3Config>`, Llama's model is `DenseModel<LlamaConfig>`
+//! ([`crate::llama`]), Qwen2's `DenseModel<Qwen2Config>` ([`crate::qwen2`]).
 //!
 //! candle's fused softmax, RMSNorm and rotary kernels have no backward pass and would silently
 //! cut the gradient, so the training pass ([`training`]) runs whale's own ([`whale_kernels`]:
@@ -43,7 +44,7 @@ use step_kv::StepKv;
 use crate::parameters;
 use crate::qwen3::config::Qwen3Config;
 use crate::qwen3::dense::{DenseConfig, DenseSettings};
-use crate::qwen3::lora::{base_weight_name, LoraAdapter, LoraTarget};
+use crate::qwen3::lora::{base_weight_name, bias_name, LoraAdapter, LoraTarget};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
@@ -78,6 +79,10 @@ pub fn parameter_shapes(config: &DenseSettings) -> Vec<(String, Vec<usize>)> {
         let qk_norm = |name: &str| matches!(name, "self_attn.q_norm.weight" | "self_attn.k_norm.weight");
         let kept = layer_shapes.into_iter().filter(|(name, _)| config.qk_norm || !qk_norm(name));
         shapes.extend(kept.map(|(name, shape)| (format!("{prefix}.{name}"), shape)));
+        if config.qkv_bias {
+            let biases = [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)];
+            shapes.extend(biases.map(|(name, size)| (format!("{prefix}.self_attn.{name}.bias"), vec![size])));
+        }
     }
     shapes.push(("model.norm.weight".to_string(), vec![h]));
     if !config.tie_word_embeddings {
@@ -186,10 +191,13 @@ fn halved_product(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
     Tensor::cat(&[first?, second?], 1)
 }
 
-/// A linear projection `x W^T`, plus a LoRA update when an adapter targets it.
+/// A linear projection `x W^T` (plus a bias where the architecture has one), plus a LoRA update
+/// when an adapter targets it.
 #[derive(Clone)]
 pub(crate) struct Projection {
     pub(crate) weight: Tensor,
+    /// `[out]`, added to every row (Qwen2's query, key and value projections).
+    pub(crate) bias: Option<Tensor>,
     pub(crate) lora: Option<LoraUpdate>,
     /// `W^T` made contiguous, on the engine's decoding models only
     /// ([`DenseModel::for_decoding`]): a copy, so it holds the weights of when it was made.
@@ -198,11 +206,19 @@ pub(crate) struct Projection {
 
 impl Projection {
     pub(crate) fn new(weight: Tensor, lora: Option<LoraUpdate>) -> Self {
-        Self { weight, lora, transposed: None }
+        Self { weight, bias: None, lora, transposed: None }
+    }
+
+    fn with_bias(self, bias: Option<Tensor>) -> Self {
+        Self { bias, ..self }
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let base = linear_with(x, &self.weight, self.transposed.as_ref())?;
+        let base = match &self.bias {
+            Some(bias) => base.broadcast_add(bias)?,
+            None => base,
+        };
         match &self.lora {
             None => Ok(base),
             Some(lora) => base + lora.forward(x)?,
@@ -420,13 +436,15 @@ pub type Qwen3Model = DenseModel<Qwen3Config>;
 
 impl<C: DenseConfig> DenseModel<C> {
     /// A model with Hugging Face's initialisation (normal with `initializer_range` standard
-    /// deviation for matrices, ones for norms), reproducible from `seed`.
+    /// deviation for matrices, ones for norms, zeros for biases), reproducible from `seed`.
     pub fn new_random(config: &C, seed: u64, dtype: DType, device: &Device) -> Result<Self, ModelError> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut tensors = HashMap::new();
         let settings = config.settings();
         for (name, shape) in parameter_shapes(&settings) {
-            let tensor = if shape.len() == 1 {
+            let tensor = if name.ends_with(".bias") {
+                Tensor::zeros(shape, DType::F32, &Device::Cpu)?
+            } else if shape.len() == 1 {
                 Tensor::ones(shape, DType::F32, &Device::Cpu)?
             } else {
                 let count = shape.iter().product();
@@ -479,7 +497,9 @@ impl<C: DenseConfig> DenseModel<C> {
                     let (a, b) = adapter.matrices(layer, target)?;
                     Some(LoraUpdate { a, b, scale: adapter.scale(), dropout: None })
                 });
-                Ok(Projection::new(take(&base_weight_name(layer, target))?, lora))
+                let biased = settings.qkv_bias && target.has_qkv_bias();
+                let bias = if biased { Some(take(&bias_name(layer, target))?) } else { None };
+                Ok(Projection::new(take(&base_weight_name(layer, target))?, lora).with_bias(bias))
             };
             layers.push(DecoderLayer {
                 input_layernorm: RmsNorm { weight: weight("input_layernorm")?, eps },

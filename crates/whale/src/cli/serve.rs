@@ -74,9 +74,9 @@ enum ServeCommand {
 
 #[derive(Debug, Args)]
 struct ServeOptions {
-    /// A Hugging Face model directory, Qwen3, Qwen3.5 or Llama, or a GGUF file or `smollm2`
-    /// (converted once into $WHALE_HOME/models) (default: the base model, pretrained first if
-    /// needed).
+    /// A Hugging Face model directory, Qwen3, Qwen3.5, Qwen2 or Llama, or a GGUF file or a
+    /// fetched model's name (converted once into $WHALE_HOME/models) (default: the base model,
+    /// pretrained first if needed).
     #[arg(long)]
     model: Option<PathBuf>,
     /// The name requests put in `model` (default: the model directory's name).

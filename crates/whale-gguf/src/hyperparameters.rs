@@ -1,18 +1,18 @@
-//! The Llama hyperparameters a GGUF stores under `llama.*`, read into the fields of a Hugging Face
-//! `LlamaConfig`. Defaults follow llama.cpp where a key is optional (kv heads = heads, head size =
+//! The hyperparameters a GGUF stores under its architecture's prefix (`llama.*`, `qwen2.*`, the
+//! same keys for both), read into the fields of a Hugging Face config. Defaults follow llama.cpp
+//! where a key is optional (kv heads = heads, head size =
 //! hidden / heads, rope theta 10,000); rope scaling other than none, linear or YaRN is refused, and
 //! so are a head size that is not positive and even and a rope base, RMS epsilon or scaling factor
 //! that is not finite and positive (each would reach `config.json` and every forward pass).
 
+use crate::architecture::GgufArchitecture;
 use crate::error::GgufError;
 use crate::metadata::Metadata;
 
-/// llama.cpp's default rope base when `llama.rope.freq_base` is absent.
+/// llama.cpp's default rope base when `<architecture>.rope.freq_base` is absent.
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 /// llama.cpp's default RMS-norm epsilon when the key is absent.
 const DEFAULT_RMS_NORM_EPS: f64 = 1e-5;
-
-pub const ARCHITECTURE: &str = "llama";
 
 /// Rope scaling stated in the metadata.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,9 +23,10 @@ pub enum RopeScaling {
     Yarn { factor: f64, original_context: usize },
 }
 
-/// The shape of a Llama model as its GGUF states it.
+/// The shape of a model as its GGUF states it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LlamaHyperparameters {
+pub struct Hyperparameters {
+    pub architecture: GgufArchitecture,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub layers: usize,
@@ -36,13 +37,13 @@ pub struct LlamaHyperparameters {
     pub rope_theta: f64,
     pub rms_norm_eps: f64,
     pub rope_scaling: Option<RopeScaling>,
-    /// `llama.vocab_size` when present (conversion refuses one other than the token count).
+    /// `<architecture>.vocab_size` when present (conversion refuses one other than the token count).
     pub vocab_size: Option<usize>,
 }
 
-impl LlamaHyperparameters {
-    pub fn read(metadata: &Metadata) -> Result<Self, GgufError> {
-        let key = |name: &str| format!("{ARCHITECTURE}.{name}");
+impl Hyperparameters {
+    pub fn read(metadata: &Metadata, architecture: GgufArchitecture) -> Result<Self, GgufError> {
+        let key = |name: &str| architecture.key(name);
         let hidden_size = metadata.usize(&key("embedding_length"))?;
         let heads = positive(metadata, &key("attention.head_count"))?;
         let kv_heads = metadata.optional_usize(&key("attention.head_count_kv"))?.unwrap_or(heads);
@@ -50,8 +51,9 @@ impl LlamaHyperparameters {
             let reason = format!("{kv_heads} key-value heads do not divide {heads} query heads");
             return Err(metadata.invalid(&key("attention.head_count_kv"), reason));
         }
-        let head_dim = read_head_dim(metadata, heads, hidden_size)?;
+        let head_dim = read_head_dim(metadata, architecture, heads, hidden_size)?;
         Ok(Self {
+            architecture,
             hidden_size,
             intermediate_size: metadata.usize(&key("feed_forward_length"))?,
             layers: positive(metadata, &key("block_count"))?,
@@ -62,7 +64,7 @@ impl LlamaHyperparameters {
             rope_theta: optional_positive_f64(metadata, &key("rope.freq_base"))?.unwrap_or(DEFAULT_ROPE_THETA),
             rms_norm_eps: optional_positive_f64(metadata, &key("attention.layer_norm_rms_epsilon"))?
                 .unwrap_or(DEFAULT_RMS_NORM_EPS),
-            rope_scaling: read_rope_scaling(metadata)?,
+            rope_scaling: read_rope_scaling(metadata, architecture)?,
             vocab_size: metadata.optional_usize(&key("vocab_size"))?,
         })
     }
@@ -78,10 +80,15 @@ fn positive(metadata: &Metadata, key: &str) -> Result<usize, GgufError> {
 /// The head size: `rope.dimension_count`, or hidden / heads without it (the key blamed is then
 /// `embedding_length`). Positive and even, since the rotary embedding pairs the halves of a head,
 /// and small enough that the query heads' rows fit a `usize`.
-fn read_head_dim(metadata: &Metadata, heads: usize, hidden_size: usize) -> Result<usize, GgufError> {
-    let stated_key = format!("{ARCHITECTURE}.rope.dimension_count");
+fn read_head_dim(
+    metadata: &Metadata,
+    architecture: GgufArchitecture,
+    heads: usize,
+    hidden_size: usize,
+) -> Result<usize, GgufError> {
+    let stated_key = architecture.key("rope.dimension_count");
     let stated = metadata.optional_usize(&stated_key)?;
-    let key = if stated.is_some() { stated_key } else { format!("{ARCHITECTURE}.embedding_length") };
+    let key = if stated.is_some() { stated_key } else { architecture.key("embedding_length") };
     let head_dim = stated.unwrap_or(hidden_size / heads);
     if head_dim == 0 || head_dim % 2 != 0 {
         return Err(metadata.invalid(&key, format!("head size {head_dim} is not positive and even")));
@@ -102,15 +109,15 @@ fn optional_positive_f64(metadata: &Metadata, key: &str) -> Result<Option<f64>, 
     }
 }
 
-fn read_rope_scaling(metadata: &Metadata) -> Result<Option<RopeScaling>, GgufError> {
-    let type_key = format!("{ARCHITECTURE}.rope.scaling.type");
-    let factor_key = format!("{ARCHITECTURE}.rope.scaling.factor");
+fn read_rope_scaling(metadata: &Metadata, architecture: GgufArchitecture) -> Result<Option<RopeScaling>, GgufError> {
+    let type_key = architecture.key("rope.scaling.type");
+    let factor_key = architecture.key("rope.scaling.factor");
     let factor = || optional_positive_f64(metadata, &factor_key)?.ok_or_else(|| metadata.missing(&factor_key));
     match metadata.optional_string(&type_key)? {
         None | Some("none") => Ok(None),
         Some("linear") => Ok(Some(RopeScaling::Linear { factor: factor()? })),
         Some("yarn") => {
-            let original_key = format!("{ARCHITECTURE}.rope.scaling.original_context_length");
+            let original_key = architecture.key("rope.scaling.original_context_length");
             Ok(Some(RopeScaling::Yarn { factor: factor()?, original_context: metadata.usize(&original_key)? }))
         }
         Some(other) => {
