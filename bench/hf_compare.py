@@ -25,10 +25,12 @@ and reports how much of the padded micro-batches is padding, and the first micro
 in transformers padded and packed through position_ids (equal if its packing keeps examples apart).
 
 Usage: python3 bench/hf_compare.py [--model DIR] [--max-tokens N] [--train-examples N] [--lora-rank R]
-                                  [--torch-threads N]
+                                  [--torch-threads N] [--checks-only]
 The first run creates bench/.venv and installs torch, transformers, safetensors and peft from
 PyPI into it (set WHALE_HF_VENV to reuse another virtual environment). Without --model it uses the
-default base model, pretraining it first if it is not cached. Exits 1 when a check fails.
+default base model, pretraining it first if it is not cached. With --checks-only it runs checks 1
+and 2 and leaves the timings (3, 4 and the padding report) out, on both sides. Exits 1 when a
+check fails.
 """
 
 import argparse
@@ -336,6 +338,8 @@ def main():
                         help="rank of the adapter of the LoRA training step (alpha twice it); 0 leaves it out")
     parser.add_argument("--torch-threads", type=int,
                         help="torch's intra-op threads (default: torch's own choice); on 2 vCPUs 1 can be faster")
+    parser.add_argument("--checks-only", action="store_true",
+                        help="only the token-id and logits checks: no generation or training timings")
     args = parser.parse_args()
     ensure_venv()
 
@@ -352,6 +356,9 @@ def main():
     model.eval()
     workload = build_workload(tokenizer, args)
     workload["float64"] = plain_rotary(model.config)
+    chat_ids = workload["generate"]["prompts"]
+    if args.checks_only:  # whale's peer leaves out what the workload does not ask for
+        del workload["generate"], workload["train"]
     inputs = torch.tensor([workload["logits_input"]])
     with tempfile.TemporaryDirectory() as scratch:
         workload["adapter"] = str(train_adapter(model_dir, gsm8k(32, offset=args.batch), scratch))
@@ -370,7 +377,7 @@ def main():
                 exact_adapted_logits = exact_adapted(input_ids=inputs).logits[0]
 
     failures = []
-    same_ids = sum(a == b for a, b in zip(ours["chat_ids"], workload["generate"]["prompts"]))
+    same_ids = sum(a == b for a, b in zip(ours["chat_ids"], chat_ids))
     if same_ids != len(workload["conversations"]):
         failures.append(f"chat template + tokenizer: {same_ids}/{len(workload['conversations'])} prompts identical")
     ours_logits, ours_adapted = torch.tensor(ours["logits"]), torch.tensor(ours["adapter_logits"])
@@ -398,10 +405,12 @@ def main():
     if not adapter_effect > 100 * LOGITS_TOLERANCE:
         failures.append(f"the trained adapter moves the logits by only {adapter_effect:.3g}; the check proves nothing")
 
-    hf_gen_tokens, hf_gen_seconds = time_generation(torch, model, tokenizer, workload)
-    hf_positions, hf_step_seconds, hf_loss = time_training(torch, model, tokenizer, workload)
-    hf_lora = time_lora_training(torch, model_dir, tokenizer, workload) if args.lora_rank else None
-    padded_positions, tokens, padded_loss, packed_loss = padding_and_packing(torch, model.eval(), tokenizer, workload)
+    if not args.checks_only:
+        hf_gen_tokens, hf_gen_seconds = time_generation(torch, model, tokenizer, workload)
+        hf_positions, hf_step_seconds, hf_loss = time_training(torch, model, tokenizer, workload)
+        hf_lora = time_lora_training(torch, model_dir, tokenizer, workload) if args.lora_rank else None
+        padded_positions, tokens, padded_loss, packed_loss = padding_and_packing(torch, model.eval(), tokenizer,
+                                                                                 workload)
 
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {model_dir} ({params / 1e6:.2f}M parameters), torch {torch.__version__}, "
@@ -422,29 +431,31 @@ def main():
               f" whale f32 {(ours_logits.double() - exact_logits).abs().max():.2e}")
     if spread is not None:
         print(f"  transformers against itself in f32 (its other attention kernel): {spread:.2e}")
-    ours_gen = ours["generate_tokens"] / ours["generate_seconds"]
-    hf_gen = hf_gen_tokens / hf_gen_seconds
-    ours_train = ours["train_positions"] / ours["train_seconds_per_step"]
-    hf_train = hf_positions / hf_step_seconds
-    print("| workload | whale (candle) | transformers (torch) | whale / transformers |")
-    print("|---|---:|---:|---:|")
-    print(f"| generate, {args.batch} concurrent, up to {args.max_tokens} new tokens: tokens/s "
-          f"| {ours_gen:.0f} ({ours['generate_tokens']} in {ours['generate_seconds']:.2f} s) "
-          f"| {hf_gen:.0f} ({hf_gen_tokens} in {hf_gen_seconds:.2f} s) | {ours_gen / hf_gen:.2f}x |")
-    print(f"| training step, {args.train_examples} examples in micro-batches of {args.micro_batch}: tokens/s "
-          f"| {ours_train:.0f} ({ours['train_seconds_per_step']:.3f} s/step, loss {ours['train_loss']:.3f}) "
-          f"| {hf_train:.0f} ({hf_step_seconds:.3f} s/step, loss {hf_loss:.3f}) | {ours_train / hf_train:.2f}x |")
-    if hf_lora:
-        ours_lora = ours["train_positions"] / ours["lora_train_seconds_per_step"]
-        theirs_lora = hf_lora[0] / hf_lora[1]
-        print(f"| LoRA rank {args.lora_rank} training step, the same batch: tokens/s "
-              f"| {ours_lora:.0f} ({ours['lora_train_seconds_per_step']:.3f} s/step, loss {ours['lora_train_loss']:.3f}) "
-              f"| {theirs_lora:.0f} with peft ({hf_lora[1]:.3f} s/step, loss {hf_lora[2]:.3f}) "
-              f"| {ours_lora / theirs_lora:.2f}x |")
-    print(f"training micro-batches padded: {padded_positions} positions for {tokens} tokens "
-          f"({1 - tokens / padded_positions:.0%} padding; whale packs the tokens end to end)")
-    print(f"transformers' packing (position_ids, no attention mask), first micro-batch: mean loss "
-          f"{packed_loss:.3f} packed vs {padded_loss:.3f} padded")
+    if not args.checks_only:
+        ours_gen = ours["generate_tokens"] / ours["generate_seconds"]
+        hf_gen = hf_gen_tokens / hf_gen_seconds
+        ours_train = ours["train_positions"] / ours["train_seconds_per_step"]
+        hf_train = hf_positions / hf_step_seconds
+        print("| workload | whale (candle) | transformers (torch) | whale / transformers |")
+        print("|---|---:|---:|---:|")
+        print(f"| generate, {args.batch} concurrent, up to {args.max_tokens} new tokens: tokens/s "
+              f"| {ours_gen:.0f} ({ours['generate_tokens']} in {ours['generate_seconds']:.2f} s) "
+              f"| {hf_gen:.0f} ({hf_gen_tokens} in {hf_gen_seconds:.2f} s) | {ours_gen / hf_gen:.2f}x |")
+        print(f"| training step, {args.train_examples} examples in micro-batches of {args.micro_batch}: tokens/s "
+              f"| {ours_train:.0f} ({ours['train_seconds_per_step']:.3f} s/step, loss {ours['train_loss']:.3f}) "
+              f"| {hf_train:.0f} ({hf_step_seconds:.3f} s/step, loss {hf_loss:.3f}) | {ours_train / hf_train:.2f}x |")
+        if hf_lora:
+            ours_lora = ours["train_positions"] / ours["lora_train_seconds_per_step"]
+            theirs_lora = hf_lora[0] / hf_lora[1]
+            print(f"| LoRA rank {args.lora_rank} training step, the same batch: tokens/s "
+                  f"| {ours_lora:.0f} ({ours['lora_train_seconds_per_step']:.3f} s/step, "
+                  f"loss {ours['lora_train_loss']:.3f}) "
+                  f"| {theirs_lora:.0f} with peft ({hf_lora[1]:.3f} s/step, loss {hf_lora[2]:.3f}) "
+                  f"| {ours_lora / theirs_lora:.2f}x |")
+        print(f"training micro-batches padded: {padded_positions} positions for {tokens} tokens "
+              f"({1 - tokens / padded_positions:.0%} padding; whale packs the tokens end to end)")
+        print(f"transformers' packing (position_ids, no attention mask), first micro-batch: mean loss "
+              f"{packed_loss:.3f} packed vs {padded_loss:.3f} padded")
     for failure in failures:
         print(f"FAILED: {failure}")
     sys.exit(1 if failures else 0)

@@ -2,16 +2,23 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One chat message as sent to a model.
+/// One chat message as sent to a model. An assistant turn that called tools carries the calls
+/// (OpenAI's `tool_calls` list, each call's `arguments` an object as chat templates read it),
+/// and a `tool` turn the id of the call it answers; both are absent from plain chats and from
+/// the JSON of a trajectory without them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None }
     }
 }
 

@@ -316,6 +316,30 @@ impl LocalPolicy {
         Ok(self.tokenizer.encode(&text)?)
     }
 
+    /// [`Self::prompt_ids`] with `tools` (OpenAI function schemas) rendered by the chat template,
+    /// and `opening`, the text the assistant turn begins with, after the generation prompt
+    /// (`whale serve`'s tool calling).
+    pub fn tool_prompt_ids(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        opening: &str,
+    ) -> Result<Vec<u32>, PolicyError> {
+        let options =
+            RenderOptions { add_generation_prompt: true, tools: tools.map(<[_]>::to_vec), ..RenderOptions::default() };
+        let text = self.template.render(messages, &options)? + opening;
+        Ok(self.tokenizer.encode(&text)?)
+    }
+
+    /// Whether the chat template renders tools at all: a one-message chat comes out the same with
+    /// a tool as without under a template that has no tools part (SmolLM2's).
+    pub fn template_renders_tools(&self) -> Result<bool, PolicyError> {
+        let messages = [ChatMessage::new("user", "x")];
+        let probe = serde_json::json!({"type": "function", "function": {"name": "probe", "parameters": {}}});
+        let with = RenderOptions { tools: Some(vec![probe]), ..RenderOptions::default() };
+        Ok(self.template.render(&messages, &with)? != self.template.render(&messages, &RenderOptions::default())?)
+    }
+
     /// Continues raw text, without the chat template (`whale lm generate --prompt`).
     pub fn generate_text(&self, prompt: &str, params: &SamplingParams) -> Result<Completion, PolicyError> {
         self.generate(self.tokenizer.encode(prompt)?, params)

@@ -40,7 +40,7 @@ fn parse_message(index: usize, message: &Value) -> Result<ChatMessage, String> {
     if role.chars().count() > MAX_ROLE_CHARS {
         return Err(format!("ctx.llm.chat: messages[{index}].role is longer than {MAX_ROLE_CHARS} characters"));
     }
-    Ok(ChatMessage { role, content: field("content")? })
+    Ok(ChatMessage::new(role, field("content")?))
 }
 
 /// Sampling parameters and the `trainable` flag of one call.

@@ -20,13 +20,27 @@ use whale_policy::{Completion, PolicyError};
 
 use crate::error::ApiError;
 use crate::request::{Endpoint, GenerationRequest, Prompt};
-use crate::response::{ChunkUpdate, ReplyHeader};
+use crate::response::{ChunkUpdate, ReplyHeader, TOOL_CALLS_FINISH};
+use crate::tools::{parse_reply, ToolRequest, CALL_START};
 use whale_text::{TextStream, Tokenizer};
 
-/// The prompt's token ids: messages through the model's chat template, text through its
-/// tokenizer, ids as given.
+/// The prompt's token ids: messages through the model's chat template (with the request's tools,
+/// and the assistant turn opened inside a call where `tool_choice` asks for one), text through
+/// its tokenizer, ids as given. Tools for a model whose template has no tools part are a 400.
 pub fn prompt_ids(policy: &LocalPolicy, request: &GenerationRequest) -> Result<Vec<u32>, ApiError> {
     let field = request.endpoint.prompt_field();
+    if let Some(tools) = request.tools.as_ref().filter(|tools| tools.rendered().is_some()) {
+        let renders = policy.template_renders_tools().map_err(|error| ApiError::from_policy(error, field))?;
+        if !renders {
+            let message = "`tools` need a model whose chat template renders them (Qwen2.5's, Qwen3's); \
+                           this model's template has no tools part";
+            return Err(ApiError::bad_request(message).with_param("tools"));
+        }
+        if let Prompt::Messages(messages) = &request.prompt {
+            let ids = policy.tool_prompt_ids(messages, tools.rendered(), &tools.opening());
+            return ids.map_err(|error| ApiError::from_policy(error, field));
+        }
+    }
     match &request.prompt {
         Prompt::Messages(messages) => policy.prompt_ids(messages),
         Prompt::Text(text) => policy.tokenizer().encode(text).map_err(PolicyError::from),
@@ -87,8 +101,10 @@ pub fn stream(
     }
     let mut completions: Vec<Option<Completion>> = vec![None; request.n];
     let mut failure = None;
-    let mut texts: Vec<ChoiceText> =
-        (0..request.n).map(|_| ChoiceText::new(tokenizer, policy.eos_token_ids(), &request.params.stop)).collect();
+    let tools = request.tools.as_ref().filter(|tools| tools.parses());
+    let mut texts: Vec<ChoiceText> = (0..request.n)
+        .map(|_| ChoiceText::new(tokenizer, policy.eos_token_ids(), &request.params.stop, tools))
+        .collect();
     let outcome = policy.generate_choices(prompt.to_vec(), &request.choices(), &mut |event| {
         match event {
             ChoiceEvent::Token { index, token } => {
@@ -102,13 +118,15 @@ pub fn stream(
                 sink.send(&header.chunk(index, update, tokenizer, request.logprobs));
             }
             ChoiceEvent::Done { index, outcome: Ok(completion) } => {
-                let rest = texts[index].rest(&completion.text);
-                let update = ChunkUpdate {
-                    text: rest,
-                    finish_reason: Some(completion.finish_reason.as_str()),
-                    ..ChunkUpdate::default()
-                };
-                sink.send(&header.chunk(index, update, tokenizer, request.logprobs));
+                for update in texts[index].last_updates(&completion) {
+                    let update = ChunkUpdate {
+                        text: &update.text,
+                        tool_calls: update.tool_calls.as_ref(),
+                        finish_reason: update.finish_reason,
+                        ..ChunkUpdate::default()
+                    };
+                    sink.send(&header.chunk(index, update, tokenizer, request.logprobs));
+                }
                 completions[index] = Some(completion);
             }
             ChoiceEvent::Done { outcome: Err(error), .. } => {
@@ -142,13 +160,58 @@ struct ChoiceText<'a> {
     tokens: Vec<u32>,
     decoded: TextStream,
     sent: usize,
+    /// The request's tools when the reply is read for calls: nothing from `<tool_call>` on is
+    /// sent as it comes; the calls go out whole once the choice is done.
+    tools: Option<&'a ToolRequest>,
+}
+
+/// A streamed update sent when a choice is done: the rest of its content, its calls, its end.
+struct LastUpdate {
+    text: String,
+    tool_calls: Option<Value>,
+    finish_reason: Option<&'static str>,
 }
 
 impl<'a> ChoiceText<'a> {
-    fn new(tokenizer: &'a Tokenizer, eos: &'a [u32], stops: &[String]) -> Self {
+    fn new(tokenizer: &'a Tokenizer, eos: &'a [u32], stops: &[String], tools: Option<&'a ToolRequest>) -> Self {
         let holdback = stops.iter().map(String::len).max().unwrap_or(0).saturating_sub(1);
         let stops = StopMatcher::new(stops);
-        Self { tokenizer, eos, stops, holdback, tokens: Vec::new(), decoded: TextStream::default(), sent: 0 }
+        Self { tokenizer, eos, stops, holdback, tokens: Vec::new(), decoded: TextStream::default(), sent: 0, tools }
+    }
+
+    /// The end of the text up to which content may be sent: everything when no tools are read;
+    /// nothing when the turn opened inside a call; else up to a call's start, holding back
+    /// what may begin one.
+    fn content_end(&self, text: &str) -> usize {
+        match self.tools {
+            None => text.len(),
+            Some(tools) if !tools.opening().is_empty() => 0,
+            Some(_) => text.find(CALL_START).unwrap_or(text.len().saturating_sub(CALL_START.len() - 1)),
+        }
+    }
+
+    /// The updates that end the choice. With tools read and calls found: the rest of the
+    /// content before the first call, the calls, and `tool_calls` as the finish reason;
+    /// otherwise the rest of the text (the opening included) and the engine's finish reason.
+    fn last_updates(&self, completion: &Completion) -> Vec<LastUpdate> {
+        let finish =
+            |reason: &'static str| LastUpdate { text: String::new(), tool_calls: None, finish_reason: Some(reason) };
+        let opening = self.tools.map(ToolRequest::opening).unwrap_or_default();
+        let full = opening + &completion.text;
+        let reply = self.tools.and_then(|tools| parse_reply(&full, tools.parallel));
+        let Some(reply) = reply else {
+            let rest = full.get(self.sent..).unwrap_or_default().to_string();
+            return vec![LastUpdate { text: rest, ..finish(completion.finish_reason.as_str()) }];
+        };
+        let content = reply.content.unwrap_or_default();
+        let calls: Vec<Value> = reply.calls.iter().enumerate().map(|(index, call)| call.json(Some(index))).collect();
+        let mut updates = Vec::new();
+        if let Some(rest) = content.get(self.sent..).filter(|rest| !rest.is_empty()) {
+            updates.push(LastUpdate { text: rest.to_string(), tool_calls: None, finish_reason: None });
+        }
+        updates.push(LastUpdate { text: String::new(), tool_calls: Some(Value::Array(calls)), finish_reason: None });
+        updates.push(finish(TOOL_CALLS_FINISH));
+        updates
     }
 
     /// The text that `token` makes safe to send.
@@ -164,6 +227,7 @@ impl<'a> ChoiceText<'a> {
             Some(found) => found.start,
             None => text.len().saturating_sub(self.holdback),
         };
+        safe = safe.min(self.content_end(text));
         while !text.is_char_boundary(safe) {
             safe -= 1;
         }
@@ -173,11 +237,6 @@ impl<'a> ChoiceText<'a> {
         let piece = text[self.sent..safe].to_string();
         self.sent = safe;
         piece
-    }
-
-    /// What the final text has beyond what was sent.
-    fn rest<'t>(&self, final_text: &'t str) -> &'t str {
-        final_text.get(self.sent..).unwrap_or_default()
     }
 }
 
@@ -265,7 +324,7 @@ mod tests {
         let text = "the answer is 42. STOP";
         let tokenizer = Tokenizer::train_bpe([text, text], MIN_VOCAB_SIZE + 4).expect("bpe");
         let eos = [tokenizer.specials().im_end];
-        let mut choice = ChoiceText::new(&tokenizer, &eos, &["STOP".to_string(), "!".to_string()]);
+        let mut choice = ChoiceText::new(&tokenizer, &eos, &["STOP".to_string(), "!".to_string()], None);
         let mut sent = String::new();
         for id in tokenizer.encode(text).expect("ids") {
             sent.push_str(&choice.push(id));
@@ -274,7 +333,49 @@ mod tests {
         assert_eq!(choice.push(eos[0]), "");
         let final_text = "the answer is 42. ";
         assert!(final_text.starts_with(&sent), "{sent:?}");
-        assert_eq!(format!("{sent}{}", choice.rest(final_text)), final_text);
+        let completion = completion_of(final_text);
+        let last = choice.last_updates(&completion);
+        assert_eq!(format!("{sent}{}", last[0].text), final_text);
+    }
+
+    fn completion_of(text: &str) -> Completion {
+        Completion {
+            text: text.to_string(),
+            token_ids: Vec::new(),
+            logprobs: Vec::new(),
+            finish_reason: whale_policy::FinishReason::Stop,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+        }
+    }
+
+    /// With tools read, the content before a call streams as it comes, nothing from the call's
+    /// start on does, and the calls go out whole at the end, then `tool_calls`; a reply whose
+    /// block does not parse is sent as content after all.
+    #[test]
+    fn streamed_tool_calls_are_held_back_and_sent_whole() {
+        let call = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let text = format!("Adding now. {call}");
+        let tokenizer = Tokenizer::train_bpe([text.as_str(), text.as_str()], MIN_VOCAB_SIZE + 8).expect("bpe");
+        let eos = [tokenizer.specials().im_end];
+        let schema = serde_json::json!({"type": "function", "function": {"name": "add"}});
+        let tools = ToolRequest::parse(Some(&[schema]), None, None).expect("tools").expect("some");
+        let mut choice = ChoiceText::new(&tokenizer, &eos, &[], Some(&tools));
+        let mut sent = String::new();
+        for id in tokenizer.encode(&text).expect("ids") {
+            sent.push_str(&choice.push(id));
+            assert!(!sent.contains('<'), "{sent:?} reaches into the call");
+        }
+        let last = choice.last_updates(&completion_of(&text));
+        assert_eq!(format!("{sent}{}", last[0].text), "Adding now. ");
+        let calls = last.iter().find_map(|update| update.tool_calls.clone()).expect("the calls");
+        assert_eq!(calls[0]["function"]["name"], "add");
+        assert_eq!(calls[0]["index"], 0);
+        assert_eq!(last.last().and_then(|update| update.finish_reason), Some(TOOL_CALLS_FINISH));
+        let broken = choice.last_updates(&completion_of("Adding now. <tool_call>{oops"));
+        assert_eq!(broken.len(), 1);
+        assert_eq!(format!("{sent}{}", broken[0].text), "Adding now. <tool_call>{oops");
+        assert_eq!(broken[0].finish_reason, Some("stop"));
     }
 
     #[test]

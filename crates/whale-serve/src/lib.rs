@@ -26,6 +26,7 @@ pub mod request;
 pub mod response;
 pub mod runtime_loading;
 pub mod server;
+pub mod tools;
 
 pub use auth::{ApiKey, InvalidApiKey};
 pub use error::ApiError;
@@ -34,3 +35,4 @@ pub use registry::{LoadSettings, ModelInfo, ModelRegistry, RegistryError};
 pub use request::{Endpoint, GenerationRequest, Prompt};
 pub use runtime_loading::{AllowedPathError, RuntimeLoading};
 pub use server::{ServeConfig, ServeError, Server, ServerStats};
+pub use tools::{ToolChoice, ToolRequest};

@@ -1,6 +1,7 @@
 //! The request bodies the server accepts, parsed strictly: a field the server does not
 //! implement is refused with a 400 naming it rather than ignored, because a client that sends
-//! `tools` or `presence_penalty` and silently gets a plain completion learns something false.
+//! `presence_penalty` and silently gets a plain completion learns something false. Tools are
+//! read by [`crate::tools`].
 //! Sampling fields map onto [`SamplingParams`]; a missing one takes whale's default
 //! (temperature 1, top_p 1, top_k 20, max_tokens 1024), a missing seed a random one.
 
@@ -11,6 +12,7 @@ use whale_policy::sampling::{MAX_STOPS, MAX_STOP_BYTES};
 use whale_policy::SamplingParams;
 
 use crate::error::ApiError;
+use crate::tools::{self, ToolRequest};
 
 /// Most choices one request may ask for.
 pub const MAX_CHOICES: usize = 128;
@@ -66,15 +68,21 @@ struct WireGeneration {
     /// An end-user id for abuse tracking; accepted and not used.
     #[serde(rename = "user")]
     _user: Option<String>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WireMessage {
     role: String,
-    content: WireContent,
+    /// Absent or null only in an assistant turn that called tools.
+    content: Option<WireContent>,
     #[serde(rename = "name")]
     _name: Option<String>,
+    tool_calls: Option<Vec<Value>>,
+    tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -134,6 +142,8 @@ pub struct GenerationRequest {
     pub stream: bool,
     /// Send a last chunk with the usage before `[DONE]`.
     pub include_usage: bool,
+    /// The tools the model may call (chat only).
+    pub tools: Option<ToolRequest>,
 }
 
 impl GenerationRequest {
@@ -156,6 +166,10 @@ impl GenerationRequest {
         if wire.echo == Some(true) {
             return Err(unsupported("echo", "echoing the prompt is not implemented"));
         }
+        let tools = ToolRequest::parse(wire.tools.as_deref(), wire.tool_choice.as_ref(), wire.parallel_tool_calls)?;
+        if tools.is_some() && endpoint == Endpoint::Text {
+            return Err(unsupported("tools", "text completions take no tools; use /v1/chat/completions"));
+        }
         let n = wire.n.unwrap_or(1);
         if !(1..=MAX_CHOICES).contains(&n) {
             return Err(invalid("n", format!("must be between 1 and {MAX_CHOICES}, got {n}")));
@@ -169,6 +183,7 @@ impl GenerationRequest {
             logprobs,
             stream: wire.stream.unwrap_or(false),
             include_usage: wire.stream_options.and_then(|options| options.include_usage).unwrap_or(false),
+            tools,
         })
     }
 
@@ -194,7 +209,7 @@ fn prompt(wire: &WireGeneration, endpoint: Endpoint) -> Result<Prompt, ApiError>
             if messages.is_empty() {
                 return Err(invalid("messages", "must hold at least one message"));
             }
-            messages.iter().map(chat_message).collect::<Result<_, _>>().map(Prompt::Messages)
+            messages.iter().enumerate().map(chat_message).collect::<Result<_, _>>().map(Prompt::Messages)
         }
         (Endpoint::Chat, _, Some(_)) => Err(unsupported("prompt", "chat completions take `messages`")),
         (Endpoint::Chat, None, None) => Err(invalid("messages", "is required")),
@@ -209,10 +224,19 @@ fn prompt(wire: &WireGeneration, endpoint: Endpoint) -> Result<Prompt, ApiError>
     }
 }
 
-fn chat_message(message: &WireMessage) -> Result<ChatMessage, ApiError> {
+fn chat_message((index, message): (usize, &WireMessage)) -> Result<ChatMessage, ApiError> {
+    let calls = match &message.tool_calls {
+        Some(_) if message.role != "assistant" => {
+            return Err(invalid(&format!("messages[{index}].tool_calls"), "belongs to an assistant message"))
+        }
+        Some(calls) => Some(tools::history_calls(calls, index)?),
+        None => None,
+    };
     let content = match &message.content {
-        WireContent::Text(text) => text.clone(),
-        WireContent::Parts(parts) => {
+        None if calls.is_some() => String::new(),
+        None => return Err(invalid(&format!("messages[{index}].content"), "is required")),
+        Some(WireContent::Text(text)) => text.clone(),
+        Some(WireContent::Parts(parts)) => {
             let mut text = String::new();
             for part in parts {
                 match (part.kind.as_str(), &part.text) {
@@ -225,7 +249,10 @@ fn chat_message(message: &WireMessage) -> Result<ChatMessage, ApiError> {
             text
         }
     };
-    Ok(ChatMessage::new(message.role.clone(), content))
+    let mut chat = ChatMessage::new(message.role.clone(), content);
+    chat.tool_calls = calls;
+    chat.tool_call_id = message.tool_call_id.clone();
+    Ok(chat)
 }
 
 fn logprobs(value: Option<&Value>, endpoint: Endpoint) -> Result<bool, ApiError> {
@@ -367,9 +394,20 @@ mod tests {
         refused(r#"{"model": 3, "messages": []}"#, chat, "invalid type");
         refused(r#"{"model": "m", "messages": []}"#, chat, "at least one");
         refused(
-            r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": []}"#,
+            r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "functions": []}"#,
             chat,
-            "unknown field `tools`",
+            "unknown field `functions`",
+        );
+        refused(r#"{"model": "m", "messages": [{"role": "user"}]}"#, chat, "`messages[0].content` is required");
+        refused(
+            r#"{"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": []}]}"#,
+            chat,
+            "belongs to an assistant message",
+        );
+        refused(
+            r#"{"model": "m", "prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}"#,
+            Endpoint::Text,
+            "text completions take no tools",
         );
         refused(
             r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}"#,

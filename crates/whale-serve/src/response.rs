@@ -9,6 +9,10 @@ use whale_policy::Completion;
 use whale_text::Tokenizer;
 
 use crate::request::Endpoint;
+use crate::tools::{parse_reply, ToolRequest};
+
+/// The finish reason of a choice that ended in tool calls.
+pub const TOOL_CALLS_FINISH: &str = "tool_calls";
 
 /// The fields every body of one reply shares.
 #[derive(Debug, Clone)]
@@ -37,8 +41,16 @@ impl ReplyHeader {
         }
     }
 
-    /// The whole reply of a request answered at once.
-    pub fn completion(&self, completions: &[Completion], tokenizer: &Tokenizer, logprobs: bool) -> Value {
+    /// The whole reply of a request answered at once; with `tools` read, each chat choice's
+    /// calls in its message's `tool_calls`.
+    pub fn completion(
+        &self,
+        completions: &[Completion],
+        tokenizer: &Tokenizer,
+        logprobs: bool,
+        tools: Option<&ToolRequest>,
+    ) -> Value {
+        let tools = tools.filter(|tools| tools.parses());
         let choices: Vec<Value> = completions
             .iter()
             .enumerate()
@@ -50,9 +62,16 @@ impl ReplyHeader {
                     "logprobs": logprobs,
                     "token_ids": completion.token_ids,
                 });
-                match self.endpoint {
-                    Endpoint::Chat => choice["message"] = json!({"role": "assistant", "content": completion.text}),
-                    Endpoint::Text => choice["text"] = json!(completion.text),
+                match (self.endpoint, tools) {
+                    (Endpoint::Chat, Some(tools)) => {
+                        let (message, finish) = tool_message(completion, tools);
+                        choice["message"] = message;
+                        choice["finish_reason"] = json!(finish);
+                    }
+                    (Endpoint::Chat, None) => {
+                        choice["message"] = json!({"role": "assistant", "content": completion.text})
+                    }
+                    (Endpoint::Text, _) => choice["text"] = json!(completion.text),
                 }
                 choice
             })
@@ -85,6 +104,9 @@ impl ReplyHeader {
                 }
                 if update.first || !update.text.is_empty() {
                     delta["content"] = json!(update.text);
+                }
+                if let Some(calls) = update.tool_calls {
+                    delta["tool_calls"] = calls.clone();
                 }
                 choice["delta"] = delta;
             }
@@ -143,7 +165,23 @@ pub struct ChunkUpdate<'a> {
     pub text: &'a str,
     pub token_ids: &'a [u32],
     pub logprobs: &'a [f32],
+    /// The choice's calls, each with its `index`, sent whole once the choice is done.
+    pub tool_calls: Option<&'a Value>,
     pub finish_reason: Option<&'static str>,
+}
+
+/// A chat choice's message when the reply is read for tool calls, and its finish reason: the
+/// calls and `tool_calls` when the reply (after the turn's opening) holds them, else the whole
+/// reply, opening included, as content.
+fn tool_message(completion: &Completion, tools: &ToolRequest) -> (Value, &'static str) {
+    let text = tools.opening() + &completion.text;
+    match parse_reply(&text, tools.parallel) {
+        Some(reply) => {
+            let calls: Vec<Value> = reply.calls.iter().map(|call| call.json(None)).collect();
+            (json!({"role": "assistant", "content": reply.content, "tool_calls": calls}), TOOL_CALLS_FINISH)
+        }
+        None => (json!({"role": "assistant", "content": text}), completion.finish_reason.as_str()),
+    }
 }
 
 /// Usage of a request: the prompt once, the completion tokens of every choice.

@@ -417,7 +417,8 @@ fn generation(state: &State, body: &[u8], endpoint: Endpoint, client_gone: &Atom
     }
     let completions = completions?;
     let header = ReplyHeader::new(endpoint, &parsed.model);
-    Ok(Reply::Json(200, header.completion(&completions, policy.tokenizer(), parsed.logprobs)))
+    let body = header.completion(&completions, policy.tokenizer(), parsed.logprobs, parsed.tools.as_ref());
+    Ok(Reply::Json(200, body))
 }
 
 /// Events waiting to be written per streamed reply; a slower client holds the generation's

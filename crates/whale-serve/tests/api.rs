@@ -29,7 +29,13 @@ fn malformed_requests_get_openai_errors_and_the_server_keeps_serving() {
     assert_error(post(&server, chat, "{not json"), 400, "invalid request body");
     assert_error(post(&server, chat, &chat_body(json!({"temperature": "hot"}))), 400, "invalid type");
     assert_error(post(&server, chat, &chat_body(json!({"messages": "hi"}))), 400, "invalid");
-    assert_error(post(&server, chat, &chat_body(json!({"tools": []}))), 400, "unknown field `tools`");
+    assert_error(post(&server, chat, &chat_body(json!({"functions": []}))), 400, "unknown field `functions`");
+    let add = json!([{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]);
+    assert_error(post(&server, chat, &chat_body(json!({"tools": add}))), 400, "no tools part");
+    let (_, body) = post(&server, chat, &chat_body(json!({"tools": add})));
+    assert_eq!(body["error"]["param"], "tools");
+    let (status, body) = post(&server, chat, &chat_body(json!({"tools": add, "tool_choice": "none"})));
+    assert_eq!(status, 200, "`none` renders no tools, so any template serves it: {body}");
     assert_error(post(&server, chat, &chat_body(json!({"top_p": 2.0}))), 400, "top_p");
     assert_error(post(&server, chat, &chat_body(json!({"n": 1000}))), 400, "`n`");
     assert_error(post(&server, chat, &chat_body(json!({"model": "gpt-9"}))), 404, "gpt-9");

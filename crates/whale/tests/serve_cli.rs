@@ -1,5 +1,5 @@
 //! `whale serve` as a user runs it: the binary on a free loopback port, driven by the official
-//! `openai` Python client from PyPI.
+//! `openai` Python client from PyPI (tool calling too, on a tiny Qwen2 trained to call a tool).
 //!
 //! Python comes from `WHALE_PYTHON` when set, else from a virtual environment made (once) at
 //! `target/py-openai` with `python3 -m venv` and `pip install openai`. When neither works the
@@ -64,6 +64,115 @@ fn drive_with_openai_client(server: &Serve, key: Option<&str>) -> Value {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "the client script failed:\n{stderr}");
     serde_json::from_slice(&output.stdout).expect("a JSON summary")
+}
+
+/// A Hermes-style chat template with a tools part, as Qwen2.5's has one: the tool schemas in a
+/// system turn, the assistant's calls as `<tool_call>` blocks, a tool's result in its own turn.
+const TOOLS_TEMPLATE: &str = r#"{%- if tools %}<|im_start|>system
+Tools:
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == "assistant" and message.tool_calls %}<|im_start|>assistant
+{%- for call in message.tool_calls %}
+<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"#;
+
+/// Writes to `dir` a tiny Qwen2 with [`TOOLS_TEMPLATE`], trained until it answers the apple
+/// question with a call of `add` and, given the call's result, with the answer: what
+/// `tests/openai_tools.py` asks of it. Returns the directory.
+fn tool_calling_model(dir: &Path) -> PathBuf {
+    use whale_lm::{ModelSize, Qwen2Config, Qwen2Model, TrainableModel};
+    use whale_text::{ChatTemplate, RenderOptions, Tokenizer, TOKENIZER_FILE};
+    use whale_train::{SftExample, SftTrainer, TrainerConfig};
+    let tools: Value = serde_json::json!([{"type": "function", "function": {
+        "name": "add", "description": "Add two integers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"]}}}]);
+    let question = ChatMessage::new("user", "Kalo has 12 apples and buys 5 more. How many apples?");
+    let mut called = ChatMessage::new("assistant", "");
+    called.tool_calls = Some(
+        serde_json::json!([{"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 5}}}]),
+    );
+    let mut result = ChatMessage::new("tool", "17");
+    result.tool_call_id = Some("c".to_string());
+    let template = ChatTemplate::new("tools", TOOLS_TEMPLATE).expect("the template compiles");
+    let options =
+        RenderOptions { add_generation_prompt: true, tools: tools.as_array().cloned(), ..RenderOptions::default() };
+    let turns = [
+        (
+            vec![question.clone()],
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 12, \"b\": 5}}\n</tool_call>",
+        ),
+        (vec![question, called, result], "Kalo has 17 apples."),
+    ];
+    let rendered: Vec<(String, &str)> =
+        turns.iter().map(|(chat, reply)| (template.render(chat, &options).expect("renders"), *reply)).collect();
+    let texts: Vec<String> = rendered.iter().map(|(prompt, reply)| format!("{prompt}{reply}")).collect();
+    let tokenizer = Tokenizer::train_bpe(texts.iter().chain(&texts).map(String::as_str), 400).expect("a tokenizer");
+    let im_end = tokenizer.specials().im_end;
+    let examples: Vec<SftExample> = rendered
+        .iter()
+        .map(|(prompt, reply)| SftExample {
+            prompt: tokenizer.encode(prompt).expect("ids"),
+            completion: [tokenizer.encode(reply).expect("ids"), vec![im_end]].concat(),
+        })
+        .collect();
+    let mut config = Qwen2Config::with_size(tokenizer.vocab_size(), ModelSize::TINY);
+    config.eos_token_id = vec![im_end];
+    let model = Qwen2Model::new_random(&config, 3, DType::F32, &Device::Cpu).expect("a model");
+    let settings = TrainerConfig {
+        learning_rate: 1e-2,
+        warmup_steps: 5,
+        micro_batch_size: 2,
+        max_seq_len: 1024,
+        ..TrainerConfig::default()
+    };
+    let mut trainer = SftTrainer::new(model, settings).expect("a trainer");
+    let mut loss = f64::INFINITY;
+    for _ in 0..300 {
+        loss = trainer.step(&examples).expect("a step").loss;
+        if loss < 1e-3 {
+            break;
+        }
+    }
+    assert!(loss < 1e-2, "the tiny model did not learn its two replies: loss {loss}");
+    let model_dir = dir.join("qwen2-tools");
+    trainer.model().save(&model_dir).expect("weights written");
+    tokenizer.save(model_dir.join(TOKENIZER_FILE)).expect("tokenizer written");
+    whale_text::write_tokenizer_config(&model_dir, TOOLS_TEMPLATE, &tokenizer.specials(), 1024).expect("config");
+    model_dir
+}
+
+/// A full tool-calling round trip with the official client: the call (whole and streamed as
+/// deltas), then the answer once the call's result comes back in a `tool` message.
+#[test]
+fn the_official_openai_client_calls_tools_through_whale_serve() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tool_calling_model(dir.path());
+    let server = Serve::start(&model, "tools", &[]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_tools.py");
+    let output = Command::new(python()).arg(&script).args([&server.base_url, "tools"]).output().expect("python runs");
+    assert!(output.status.success(), "the client script failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    let seen: Value = serde_json::from_slice(&output.stdout).expect("a JSON summary");
+    assert_eq!(seen["call"], serde_json::json!({"name": "add", "arguments": {"a": 12, "b": 5}}), "{seen}");
+    assert_eq!(seen["content_with_call"], Value::Null, "{seen}");
+    assert_eq!(seen["streamed"][0]["name"], "add", "{seen}");
+    let streamed: Value = serde_json::from_str(seen["streamed"][0]["arguments"].as_str().unwrap_or("")).expect("JSON");
+    assert_eq!(streamed, serde_json::json!({"a": 12, "b": 5}), "{seen}");
+    assert_eq!(seen["stream_finishes"], serde_json::json!(["tool_calls"]), "{seen}");
+    assert_eq!((seen["answer"].as_str(), seen["answer_finish"].as_str()), (Some("Kalo has 17 apples."), Some("stop")));
+    assert!(seen["bad_choice"].as_str().is_some_and(|m| m.contains("tool_choice")), "{seen}");
 }
 
 #[test]

@@ -79,7 +79,8 @@ struct ServeOptions {
     /// pretrained first if needed).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// The name requests put in `model` (default: the model directory's name).
+    /// The name requests put in `model` (default: --model as written, or for a directory its
+    /// last component).
     #[arg(long)]
     served_model_name: Option<String>,
     /// The address to listen on. One that is not loopback (127.0.0.0/8, ::1, localhost) needs an
@@ -169,11 +170,19 @@ fn cached_base_model() -> Option<PathBuf> {
     pretrain::is_complete(&dir).then_some(dir)
 }
 
+/// The name a model given by a fetched model's name or a GGUF file is served under: `--model`
+/// as written, as vLLM serves `--model`, rather than the name of the directory it was converted
+/// into. A directory is served under its last component.
+fn name_as_given(given: &std::path::Path) -> Option<String> {
+    (!given.is_dir()).then(|| given.display().to_string())
+}
+
 fn serve(options: ServeOptions) -> Result<ExitCode> {
-    let dir = match options.model {
-        Some(given) => super::lm::model_dir(&given)?,
+    let dir = match &options.model {
+        Some(given) => super::lm::model_dir(given)?,
         None => pretrain::ensure_base_model(whale_core::Domain::Math)?,
     };
+    let served_name = options.served_model_name.or_else(|| options.model.as_deref().and_then(name_as_given));
     let device = match options.device.as_str() {
         "cpu" => Device::Cpu,
         "cuda" => Device::new_cuda(0).context("cannot open CUDA device 0")?,
@@ -185,8 +194,8 @@ fn serve(options: ServeOptions) -> Result<ExitCode> {
         ..EngineConfig::default()
     };
     let settings = LoadSettings { dtype: DType::F32, device, engine };
-    let registry = ModelRegistry::open(&dir, options.served_model_name, settings)
-        .with_context(|| format!("cannot serve {}", dir.display()))?;
+    let registry =
+        ModelRegistry::open(&dir, served_name, settings).with_context(|| format!("cannot serve {}", dir.display()))?;
     let name = registry.base_name().to_string();
     let config = ServeConfig {
         host: options.host,
@@ -244,5 +253,23 @@ fn describe_access(config: &ServeConfig, server: &Server) {
             let dirs: Vec<String> = loading.allowed_paths.iter().map(|dir| dir.display().to_string()).collect();
             eprintln!("runtime loading from: {}", dirs.join(", "));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--model qwen2.5-coder-0.5b` (or a GGUF file) is served as written, a directory under its
+    /// last component (the registry's own default), as vLLM serves `--model`.
+    #[test]
+    fn a_model_given_by_name_or_file_is_served_as_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(name_as_given(dir.path()), None);
+        assert_eq!(name_as_given(std::path::Path::new("qwen2.5-coder-0.5b")).as_deref(), Some("qwen2.5-coder-0.5b"));
+        assert_eq!(
+            name_as_given(std::path::Path::new("/models/tiny.Q8_0.gguf")).as_deref(),
+            Some("/models/tiny.Q8_0.gguf")
+        );
     }
 }
