@@ -5,11 +5,11 @@
 
 use crate::qwen3::config::ConfigError;
 use crate::qwen3::model::error::ModelError;
-use candle_core::safetensors::Load;
-use candle_core::{Device, Tensor};
-use safetensors::tensor::{Dtype as StDtype, SafeTensors};
+use candle_core::{DType, Device, Tensor};
+use safetensors::tensor::{Dtype as StDtype, Metadata};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -58,25 +58,14 @@ pub(crate) fn read_json_object(file: &Path) -> Result<Map<String, Value>, Checkp
     }
 }
 
-/// The safetensors format's own bound on its JSON header.
-const MAX_HEADER_BYTES: u64 = 100_000_000;
-
 /// The tensor names in a safetensors file's header (eight bytes of little-endian length, then
 /// that much JSON), read without the tensors' data.
 pub(crate) fn tensor_names(file: &Path) -> Result<Vec<String>, CheckpointError> {
-    use std::io::Read;
     let format = |reason: String| CheckpointError::Format { file: file.to_path_buf(), reason };
     let mut reader = std::fs::File::open(file).map_err(|e| CheckpointError::io(file, e))?;
-    let mut length = [0u8; 8];
-    reader.read_exact(&mut length).map_err(|e| CheckpointError::io(file, e))?;
-    let length = u64::from_le_bytes(length);
-    if length > MAX_HEADER_BYTES {
-        return Err(format(format!("a header of {length} bytes, past the format's limit of {MAX_HEADER_BYTES}")));
-    }
-    let mut header = Vec::new();
-    reader.take(length).read_to_end(&mut header).map_err(|e| CheckpointError::io(file, e))?;
-    let header: Map<String, Value> = serde_json::from_slice(&header).map_err(|e| format(e.to_string()))?;
-    Ok(header.into_iter().map(|(key, _)| key).filter(|key| key != "__metadata__").collect())
+    let file_length = reader.metadata().map_err(|e| CheckpointError::io(file, e))?.len();
+    let (_, metadata) = read_header(&mut reader, file_length).map_err(format)?;
+    Ok(metadata.tensors().into_keys().collect())
 }
 
 /// Reads the named float tensors of one safetensors file onto the CPU, checking each shape.
@@ -93,33 +82,78 @@ pub(crate) fn read_exact_tensors(
     read_tensors_checked(file, wanted, true)
 }
 
+/// Reads the header, then each wanted tensor's bytes on their own, so that loading holds one
+/// tensor's bytes at a time beside the tensors made so far, not the whole file beside them (a
+/// 7 GB checkpoint would otherwise peak at 14 GB while it loads).
 fn read_tensors_checked(
     file: &Path,
     wanted: &[(String, Vec<usize>)],
     exact: bool,
 ) -> Result<HashMap<String, Tensor>, CheckpointError> {
-    let bytes = std::fs::read(file).map_err(|e| CheckpointError::io(file, e))?;
-    let archive = SafeTensors::deserialize(&bytes)
-        .map_err(|e| CheckpointError::Format { file: file.to_path_buf(), reason: e.to_string() })?;
+    let format = |reason: String| CheckpointError::Format { file: file.to_path_buf(), reason };
+    let mut reader = std::fs::File::open(file).map_err(|e| CheckpointError::io(file, e))?;
+    let file_length = reader.metadata().map_err(|e| CheckpointError::io(file, e))?.len();
+    let (header_length, metadata) = read_header(&mut reader, file_length).map_err(format)?;
     if exact {
-        let mut names = archive.names();
+        let mut names: Vec<String> = metadata.tensors().into_keys().collect();
         names.sort_unstable();
         if let Some(unexpected) = names.into_iter().find(|name| !wanted.iter().any(|(w, _)| w == name)) {
-            return Err(CheckpointError::invalid(file, unexpected, "unexpected tensor"));
+            return Err(CheckpointError::invalid(file, &unexpected, "unexpected tensor"));
         }
     }
     let mut tensors = HashMap::with_capacity(wanted.len());
     for (name, shape) in wanted {
-        let view = archive.tensor(name).map_err(|_| CheckpointError::invalid(file, name, "missing"))?;
-        if view.shape() != shape.as_slice() {
-            return Err(CheckpointError::invalid(file, name, format!("shape {:?}, expected {shape:?}", view.shape())));
+        let info = metadata.info(name).ok_or_else(|| CheckpointError::invalid(file, name, "missing"))?;
+        if info.shape != *shape {
+            return Err(CheckpointError::invalid(file, name, format!("shape {:?}, expected {shape:?}", info.shape)));
         }
-        if !matches!(view.dtype(), StDtype::F32 | StDtype::BF16 | StDtype::F16 | StDtype::F64) {
-            return Err(CheckpointError::invalid(file, name, format!("dtype {:?} is not a float type", view.dtype())));
+        let dtype = match info.dtype {
+            StDtype::F32 => DType::F32,
+            StDtype::BF16 => DType::BF16,
+            StDtype::F16 => DType::F16,
+            StDtype::F64 => DType::F64,
+            other => return Err(CheckpointError::invalid(file, name, format!("dtype {other:?} is not a float type"))),
+        };
+        let (begin, end) = info.data_offsets;
+        let expected = shape.iter().product::<usize>() * dtype.size_in_bytes();
+        if end.checked_sub(begin) != Some(expected) {
+            return Err(CheckpointError::invalid(
+                file,
+                name,
+                format!("data offsets {begin}..{end} hold no {shape:?} {dtype:?}"),
+            ));
         }
-        tensors.insert(name.clone(), view.load(&Device::Cpu)?);
+        let mut bytes = vec![0u8; expected];
+        reader
+            .seek(SeekFrom::Start(8 + header_length + begin as u64))
+            .and_then(|_| reader.read_exact(&mut bytes))
+            .map_err(|e| CheckpointError::io(file, e))?;
+        tensors.insert(name.clone(), Tensor::from_raw_buffer(&bytes, dtype, shape, &Device::Cpu)?);
     }
     Ok(tensors)
+}
+
+/// The safetensors format's own bound on its JSON header.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// The header's length and its tensors' descriptions, checked to lie inside the file.
+fn read_header(reader: &mut std::fs::File, file_length: u64) -> Result<(u64, Metadata), String> {
+    let mut length = [0u8; 8];
+    reader.read_exact(&mut length).map_err(|e| format!("no header: {e}"))?;
+    let length = u64::from_le_bytes(length);
+    if length > MAX_HEADER_BYTES {
+        return Err(format!("a header of {length} bytes, past the format's limit of {MAX_HEADER_BYTES}"));
+    }
+    if 8 + length > file_length {
+        return Err(format!("a header of {length} bytes does not fit the file of {file_length}"));
+    }
+    let mut header = vec![0u8; length as usize];
+    reader.read_exact(&mut header).map_err(|e| format!("header: {e}"))?;
+    let metadata: Metadata = serde_json::from_slice(&header).map_err(|e| format!("header: {e}"))?;
+    if 8 + length + metadata.data_len() as u64 > file_length {
+        return Err(format!("the header's {} bytes of data pass the file's end", metadata.data_len()));
+    }
+    Ok((length, metadata))
 }
 
 /// Writes named tensors as one safetensors file with the `{"format": "pt"}` metadata that

@@ -572,6 +572,7 @@ impl RunConfig {
         self.tasks.files.iter_mut().for_each(resolve);
         self.tasks.corpus.iter_mut().for_each(resolve);
         self.model.path.iter_mut().for_each(resolve);
+        self.search.agent.local_model.iter_mut().for_each(resolve);
         if let Some(trainer) = &mut self.weights.trainer {
             let workdir = trainer.workdir.get_or_insert_with(|| base.to_path_buf());
             resolve(workdir);

@@ -21,6 +21,7 @@ pub mod config;
 pub mod experiment;
 pub mod lock;
 pub mod metrics_row;
+pub mod proposer_server;
 pub mod run_dir;
 pub mod scale_out;
 pub mod schedule;

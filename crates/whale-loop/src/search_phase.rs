@@ -9,6 +9,7 @@
 //! and `whale archive top`).
 
 use crate::config::{ProposerKind, RunConfig};
+use crate::proposer_server::ServedAgent;
 use crate::run_dir::{RunDir, SearchSpend};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -147,6 +148,9 @@ pub fn open_search(
     archive.seed(&initial.source, &format!("the initial harness ({})", config.harness.initial))?;
     let proposer: Box<dyn Proposer> = match (config.search.proposer, &config.search.command) {
         (ProposerKind::Mutate, _) => Box::new(MutateProposer::default()),
+        (ProposerKind::Agent, _) if config.search.agent.local_model.is_some() => {
+            Box::new(ServedAgent::start(&config.search.agent).map_err(|e| SearchPhaseError::Proposer(e.to_string()))?)
+        }
         (ProposerKind::Agent, _) => Box::new(
             AgentProposer::new(config.search.agent.clone()).map_err(|e| SearchPhaseError::Proposer(e.to_string()))?,
         ),

@@ -69,11 +69,17 @@ pub struct BenchConfig {
     pub max_prefill_tokens: usize,
     /// Examples of each timed SFT step, all of the same prompt and completion lengths.
     pub train_examples: usize,
+    /// Examples per forward and backward pass of a step (gradients accumulate over the step's
+    /// micro-batches); 0 runs the whole step as one.
+    pub train_micro_batch: usize,
     pub train_prompt_tokens: usize,
     pub train_completion_tokens: usize,
     /// Timed SFT steps of each training row, after one untimed warm-up step; 0 leaves the
     /// training rows out.
     pub train_steps: usize,
+    /// Whether to time the full-weight training row (a model too big to train whole here is
+    /// benched with its LoRA row only).
+    pub full_weights: bool,
     /// Rank of the adapter of the LoRA training row (the other LoRA settings are
     /// [`LoraConfig::default`]'s); 0 leaves that row out.
     pub lora_rank: usize,
@@ -97,9 +103,11 @@ impl Default for BenchConfig {
             prefill_prompt_tokens: 256,
             max_prefill_tokens: EngineConfig::default().max_prefill_tokens,
             train_examples: 16,
+            train_micro_batch: 0,
             train_prompt_tokens: 32,
             train_completion_tokens: 96,
             train_steps: 2,
+            full_weights: true,
             lora_rank: 16,
             matmul_size: 1024,
             matmul_repeats: 20,
@@ -211,7 +219,9 @@ pub fn run_bench(config: &BenchConfig, device: &Device) -> Result<BenchTable, Be
     }
     if config.train_steps > 0 {
         let row = |lora| TrainingRow { flops: &flops, text_ids: &text_ids, config, lora };
-        rows.push(decoder.with_trainable(row(None))?);
+        if config.full_weights {
+            rows.push(decoder.with_trainable(row(None))?);
+        }
         if config.lora_rank > 0 {
             let lora = LoraConfig { rank: config.lora_rank, ..LoraConfig::default() };
             rows.push(decoder.with_trainable(row(Some(lora)))?);
@@ -436,8 +446,9 @@ fn training_row<M: TrainableModel>(model: M, row: &TrainingRow<'_>) -> Result<Be
             SftExample { prompt: window[..prompt].to_vec(), completion: window[prompt..].to_vec() }
         })
         .collect();
+    let micro_batch = if config.train_micro_batch == 0 { config.train_examples } else { config.train_micro_batch };
     let trainer_config = TrainerConfig {
-        micro_batch_size: config.train_examples,
+        micro_batch_size: micro_batch,
         max_seq_len: total,
         learning_rate: 1e-5,
         ..TrainerConfig::default()
@@ -465,7 +476,7 @@ fn training_row<M: TrainableModel>(model: M, row: &TrainingRow<'_>) -> Result<Be
         flops_per_second: model_flops / seconds,
         mfu: 0.0,
         detail: format!(
-            "{} steps of {} x ({prompt} prompt + {completion} completion) tokens, one micro-batch; loss {loss:.3}",
+            "{} steps of {} x ({prompt} prompt + {completion} completion) tokens, micro-batches of {micro_batch}; loss {loss:.3}",
             config.train_steps, config.train_examples
         ),
     })

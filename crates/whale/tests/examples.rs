@@ -70,3 +70,29 @@ fn the_qa_example_runs() {
 fn the_smollm2_qa_testbed_runs() {
     run_example("qa-smollm2");
 }
+
+/// The agent-proposer testbed, its proposer's model served by the run itself: here the tiny
+/// model, whose ChatML template has no tools part, so the session's first request is refused
+/// (400). A proposer whose server refuses is infrastructure, not a search that found nothing: the
+/// run stops with the server's reason, the session recorded, and the server gone with the run.
+#[test]
+fn the_agent_proposer_testbed_serves_its_own_proposer_and_stops_on_its_refusal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = common::tiny_model_in(dir.path());
+    let mut config = shrunk("qa-smollm2-agent", &model);
+    assert_eq!(config.search.proposer, whale_loop::config::ProposerKind::Agent);
+    config.search.agent.local_model = Some(model.clone());
+    config.search.agent.model = Some("proposer".to_string());
+    config.search.agent.max_retries = 0;
+    let root = dir.path().join("runs").join("agent");
+    let mut experiment = Experiment::create(config, &root, Verbosity::default()).expect("the run starts");
+    let error = experiment.run().err().expect("the proposer's server refused").to_string();
+    assert!(error.contains("no tools part") && error.contains("agent"), "{error}");
+    let sessions: Vec<_> = std::fs::read_dir(root.join("archive/sessions")).expect("sessions").flatten().collect();
+    let session = std::fs::read_to_string(sessions[0].path()).expect("a session");
+    assert!(session.contains("no tools part") && session.contains("\"model\": \"proposer\""), "{session}");
+    let url = session.split("\"base_url\": \"").nth(1).and_then(|rest| rest.split('"').next()).expect("its url");
+    drop(experiment);
+    let gone = reqwest::blocking::get(format!("{url}/models"));
+    assert!(gone.is_err(), "the proposer's server stops with the run");
+}

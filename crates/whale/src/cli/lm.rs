@@ -136,10 +136,26 @@ pub enum LmCommand {
         /// max_prefill_tokens` (several prompts share a pass up to it).
         #[arg(long, value_parser = positive, default_value_t = BenchConfig::default().max_prefill_tokens)]
         max_prefill_tokens: usize,
-        /// Timed SFT steps of each training row (16 examples of 128 tokens each); 0 leaves the
+        /// Timed SFT steps of each training row (after one untimed step); 0 leaves the
         /// training rows out.
         #[arg(long, default_value_t = BenchConfig::default().train_steps)]
         train_steps: usize,
+        /// Examples of each SFT step.
+        #[arg(long, default_value_t = BenchConfig::default().train_examples)]
+        train_examples: usize,
+        /// Examples per forward and backward pass (gradients accumulate over a step's
+        /// micro-batches; less memory for activations); 0: the whole step in one pass.
+        #[arg(long, default_value_t = BenchConfig::default().train_micro_batch)]
+        train_micro_batch: usize,
+        /// Prompt tokens of each training example.
+        #[arg(long, default_value_t = BenchConfig::default().train_prompt_tokens)]
+        train_prompt_tokens: usize,
+        /// Completion tokens of each training example (the scored ones).
+        #[arg(long, default_value_t = BenchConfig::default().train_completion_tokens)]
+        train_completion_tokens: usize,
+        /// Leave out the full-weight training row (time and measure the LoRA row only).
+        #[arg(long)]
+        no_full_weights: bool,
         /// Rank of the adapter of the LoRA training row (alpha 16, all seven projections); 0
         /// leaves that row out.
         #[arg(long, default_value_t = BenchConfig::default().lora_rank)]
@@ -435,6 +451,11 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             prefill_requests,
             max_prefill_tokens,
             train_steps,
+            train_examples,
+            train_micro_batch,
+            train_prompt_tokens,
+            train_completion_tokens,
+            no_full_weights,
             lora_rank,
         } => {
             let device = match device.as_str() {
@@ -457,6 +478,11 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 prefill_prompt_tokens: prefill_tokens,
                 max_prefill_tokens,
                 train_steps,
+                train_examples,
+                train_micro_batch,
+                train_prompt_tokens,
+                train_completion_tokens,
+                full_weights: !no_full_weights,
                 lora_rank,
                 ..BenchConfig::default()
             };

@@ -144,14 +144,23 @@ pub struct ReportArgs {
     out: Option<PathBuf>,
 }
 
-/// A run config with its `[model] path` made a checkpoint directory: a GGUF file or a known
-/// model's name (`path = "smollm2"`) is fetched and converted once, as `--model` is, so the
-/// run records the directory it loaded.
+/// A run config with its `[model] path` (and the proposer's `[search.agent] local_model`) made
+/// a checkpoint directory: a GGUF file or a known model's name (`path = "smollm2"`) is fetched
+/// and converted once, as `--model` is, so the run records the directory it loaded. The
+/// proposer's model is served under the name it was given unless `[search.agent] model` says
+/// otherwise.
 fn load_config(file: &Path) -> Result<RunConfig> {
     let mut config = RunConfig::load(file)?;
     if let Some(path) = &config.model.path {
         let dir = super::lm::model_dir(path).with_context(|| format!("{}: [model] path", file.display()))?;
         config.model.path = Some(dir);
+    }
+    if let Some(given) = config.search.agent.local_model.clone() {
+        let dir =
+            super::lm::model_dir(&given).with_context(|| format!("{}: [search.agent] local_model", file.display()))?;
+        let name = given.file_name().map(|name| name.to_string_lossy().into_owned());
+        config.search.agent.model = config.search.agent.model.take().or(name);
+        config.search.agent.local_model = Some(dir);
     }
     Ok(config)
 }
@@ -161,6 +170,7 @@ fn load_config(file: &Path) -> Result<RunConfig> {
 fn read_config(file: &Path) -> Result<RunConfig> {
     let mut config = RunConfig::load(file)?;
     config.model.path = config.model.path.as_deref().map(super::lm::converted_dir);
+    config.search.agent.local_model = config.search.agent.local_model.as_deref().map(super::lm::converted_dir);
     Ok(config)
 }
 

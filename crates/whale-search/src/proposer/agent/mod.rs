@@ -27,6 +27,11 @@ pub struct AgentConfig {
     /// The API root, e.g. `http://127.0.0.1:8000/v1` (requests go to `<base_url>/chat/completions`).
     pub base_url: Option<String>,
     pub model: Option<String>,
+    /// A model the run serves itself for the proposer, on loopback, for as long as the run
+    /// lasts (a checkpoint directory, a GGUF file, or a fetched model's name such as
+    /// `qwen2.5-coder-1.5b`): no second terminal. `base_url` must then be unset; `model`
+    /// defaults to this name. whale-loop starts the server (`proposer_server.rs`).
+    pub local_model: Option<std::path::PathBuf>,
     pub api_key: Option<String>,
     /// Most model turns per session.
     pub max_turns: usize,
@@ -44,6 +49,7 @@ impl Default for AgentConfig {
         Self {
             base_url: None,
             model: None,
+            local_model: None,
             api_key: None,
             max_turns: 40,
             timeout_s: 600,

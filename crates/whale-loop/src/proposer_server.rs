@@ -1,0 +1,58 @@
+//! The agent proposer's own model, served by the run: `[search.agent] local_model` names a model
+//! (Qwen2.5-Coder-1.5B-Instruct, say) that the run loads into a `whale serve` of its own on a
+//! free loopback port, points the proposer at, and stops when the search is dropped.
+//!
+//! Why in-process rather than a second terminal: a run that needs another process started by
+//! hand first is one a killed run cannot resume by itself; here the server comes and goes with
+//! the run, and a resumed run starts it again.
+
+use whale_search::{AgentConfig, AgentProposer, Proposal, ProposalContext, Proposer, ProposerError, TokenUsage};
+use whale_serve::{LoadSettings, ModelRegistry, ServeConfig, Server};
+
+/// The agent proposer together with the server of its model.
+pub struct ServedAgent {
+    proposer: AgentProposer,
+    /// Kept for as long as the proposer talks to it; dropping it stops the server.
+    _server: Server,
+}
+
+impl ServedAgent {
+    /// Serves `config.local_model` on `127.0.0.1` (any free port) and makes the proposer that
+    /// talks to it. `local_model` must be a checkpoint directory by now (the run's config
+    /// loader converts a GGUF or a fetched model's name first).
+    pub fn start(config: &AgentConfig) -> Result<Self, ProposerError> {
+        let dir = config.local_model.as_deref().ok_or_else(|| ProposerError::Config("no local_model".into()))?;
+        if config.base_url.is_some() {
+            return Err(ProposerError::Config(
+                "[search.agent] has both base_url and local_model: a local model is served by the run itself".into(),
+            ));
+        }
+        let name = config.model.clone().unwrap_or_else(|| served_name(dir));
+        let registry = ModelRegistry::open(dir, Some(name.clone()), LoadSettings::default())
+            .map_err(|e| ProposerError::Config(format!("[search.agent] local_model {}: {e}", dir.display())))?;
+        let serve = ServeConfig { host: "127.0.0.1".into(), port: 0, ..ServeConfig::default() };
+        let server = Server::start(&serve, registry)
+            .map_err(|e| ProposerError::Config(format!("cannot serve the proposer's model: {e}")))?;
+        let agent = AgentConfig { base_url: Some(server.base_url()), model: Some(name), ..config.clone() };
+        Ok(Self { proposer: AgentProposer::new(agent)?, _server: server })
+    }
+}
+
+/// The name the proposer's model is served under: its directory's last component.
+fn served_name(dir: &std::path::Path) -> String {
+    dir.file_name().map_or_else(|| "proposer".to_string(), |name| name.to_string_lossy().into_owned())
+}
+
+impl Proposer for ServedAgent {
+    fn name(&self) -> &str {
+        self.proposer.name()
+    }
+
+    fn propose(&mut self, ctx: &ProposalContext<'_>) -> Result<Vec<Proposal>, ProposerError> {
+        self.proposer.propose(ctx)
+    }
+
+    fn usage(&self) -> TokenUsage {
+        self.proposer.usage()
+    }
+}
