@@ -428,7 +428,9 @@ def main():
           f"up to {adapter_effect:.2f})")
     if exact is not None:
         print(f"  each against the float64 logits: transformers f32 {(theirs.double() - exact_logits).abs().max():.2e},"
-              f" whale f32 {(ours_logits.double() - exact_logits).abs().max():.2e}")
+              f" whale f32 {(ours_logits.double() - exact_logits).abs().max():.2e}; through the adapter, transformers f32"
+              f" {(theirs_adapted.double() - exact_adapted_logits).abs().max():.2e},"
+              f" whale f32 {(ours_adapted - exact_adapted_logits).abs().max():.2e}")
     if spread is not None:
         print(f"  transformers against itself in f32 (its other attention kernel): {spread:.2e}")
     if not args.checks_only:

@@ -194,11 +194,12 @@ def logits(rows, args, env):
         rows.row("(c)+(d) hf_compare.py", False, f"exit {code}; output not as expected (see above)")
         return
     rows.row("(a) 64 GSM8K prompt ids", ids[1] == ids[2], f"{ids[1]}/{ids[2]}")
-    spread = re.search(r"each against the float64 logits: transformers f32 (\S+), whale f32 (\S+)", output)
+    spread = re.search(r"each against the float64 logits: transformers f32 (\S+), whale f32 ([^;\s]+)"
+                       r"(?:; through the adapter, transformers f32 (\S+), whale f32 (\S+))?", output)
     own = re.search(r"transformers against itself in f32 \(its other attention kernel\): (\S+)", output)
     bound = float(f32[3])
     context = (f"{tokens[1]}-token chat" if tokens else "") + (
-        f"; vs float64: transformers f32 {spread[1]}, whale f32 {spread[2]}" if spread else "") + (
+        f"; vs float64: transformers f32 {spread[1].rstrip(',')}, whale f32 {spread[2]}" if spread else "") + (
         f"; transformers eager vs sdpa {own[1]}" if own else "")
     rows.row("(c) logits float64", float(exact[1]) <= FLOAT64_TOLERANCE,
              f"max |difference| {exact[1]} (<= {FLOAT64_TOLERANCE:g})")
@@ -206,7 +207,9 @@ def logits(rows, args, env):
     rows.row("(d) adapter logits float64", float(exact[2]) <= FLOAT64_TOLERANCE,
              f"max |difference| {exact[2]} (<= {FLOAT64_TOLERANCE:g}), whale-trained LoRA loaded by peft")
     rows.row("(d) adapter logits f32", float(f32[2]) <= bound,
-             f"max |difference| {f32[2]} (<= {bound:g}; the adapter moves the logits by up to {f32[4]})")
+             f"max |difference| {f32[2]} (<= {bound:g}; the adapter moves the logits by up to {f32[4]}"
+             + (f"; vs float64: transformers f32 {spread[3].rstrip(',')}, whale f32 {spread[4]}"
+                if spread and spread[3] else "") + ")")
     if failed:
         rows.row("hf_compare.py's own verdict", False, "; ".join(failed))
 

@@ -90,7 +90,12 @@ impl Decoder {
             .iter()
             .find(|registration| registration.model_types.contains(&model_type))
             .ok_or_else(|| unknown_model_type(dir, &format!("{model_type:?}")))?;
-        (registration.load)(dir, dtype, device)
+        let decoder = (registration.load)(dir, dtype, device);
+        // Reading made a transient copy of every tensor; glibc keeps freed blocks under its
+        // mmap threshold (32 MB here, `whale_kernels::runtime`), so without this a loaded model
+        // held about twice its size.
+        whale_kernels::runtime::release_freed_memory();
+        decoder
     }
 }
 
