@@ -86,7 +86,8 @@ fn the_agent_proposer_testbed_serves_its_own_proposer_and_stops_on_its_refusal()
     config.search.agent.max_retries = 0;
     let root = dir.path().join("runs").join("agent");
     let mut experiment = Experiment::create(config, &root, Verbosity::default()).expect("the run starts");
-    let error = experiment.run().err().expect("the proposer's server refused").to_string();
+    let Err(error) = experiment.run() else { panic!("the proposer's server refused, yet the run finished") };
+    let error = error.to_string();
     assert!(error.contains("no tools part") && error.contains("agent"), "{error}");
     let sessions: Vec<_> = std::fs::read_dir(root.join("archive/sessions")).expect("sessions").flatten().collect();
     let session = std::fs::read_to_string(sessions[0].path()).expect("a session");
