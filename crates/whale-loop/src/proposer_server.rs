@@ -6,6 +6,7 @@
 //! hand first is one a killed run cannot resume by itself; here the server comes and goes with
 //! the run, and a resumed run starts it again.
 
+use whale_engine::EngineConfig;
 use whale_search::{AgentConfig, AgentProposer, Proposal, ProposalContext, Proposer, ProposerError, TokenUsage};
 use whale_serve::{LoadSettings, ModelRegistry, ServeConfig, Server};
 
@@ -28,7 +29,8 @@ impl ServedAgent {
             ));
         }
         let name = config.model.clone().unwrap_or_else(|| served_name(dir));
-        let registry = ModelRegistry::open(dir, Some(name.clone()), LoadSettings::default())
+        let settings = LoadSettings { engine: proposer_engine(), ..LoadSettings::default() };
+        let registry = ModelRegistry::open(dir, Some(name.clone()), settings)
             .map_err(|e| ProposerError::Config(format!("[search.agent] local_model {}: {e}", dir.display())))?;
         let serve = ServeConfig { host: "127.0.0.1".into(), port: 0, ..ServeConfig::default() };
         let server = Server::start(&serve, registry)
@@ -37,6 +39,22 @@ impl ServedAgent {
         Ok(Self { proposer: AgentProposer::new(agent)?, _server: server })
     }
 }
+
+/// The engine of the proposer's model. A session's prompt is the system prompt (the search rules
+/// and the harness API, about 6,000 tokens for Qwen2.5) and grows with every turn, so the context
+/// is the model's own (capped at 32,768 tokens) rather than the engine's 4,096, and each turn
+/// starts from the cache of the conversation so far instead of prefilling it again.
+fn proposer_engine() -> EngineConfig {
+    EngineConfig {
+        max_context: PROPOSER_CONTEXT,
+        max_prefill_tokens: 2048,
+        prefix_cache_tokens: PROPOSER_CONTEXT,
+        ..EngineConfig::default()
+    }
+}
+
+/// Most tokens of a proposer session's conversation (the model's own limit may be lower).
+const PROPOSER_CONTEXT: usize = 32_768;
 
 /// The name the proposer's model is served under: its directory's last component.
 fn served_name(dir: &std::path::Path) -> String {

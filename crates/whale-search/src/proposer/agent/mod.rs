@@ -30,7 +30,9 @@ pub struct AgentConfig {
     /// A model the run serves itself for the proposer, on loopback, for as long as the run
     /// lasts (a checkpoint directory, a GGUF file, or a fetched model's name such as
     /// `qwen2.5-coder-1.5b`): no second terminal. `base_url` must then be unset; `model`
-    /// defaults to this name. whale-loop starts the server (`proposer_server.rs`).
+    /// defaults to this name. whale-loop starts the server (`proposer_server.rs`). Left out of
+    /// the config's JSON when unset, so that configs without it keep their hashes.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub local_model: Option<std::path::PathBuf>,
     pub api_key: Option<String>,
     /// Most model turns per session.
