@@ -139,8 +139,8 @@ pub fn pre_tokenizer(pre: &str) -> Option<Value> {
     }
 }
 
-/// The normalizer of a `tokenizer.ggml.pre` value: Qwen2's tokenizer composes text to NFC first
-/// (llama.cpp does too); the others change nothing.
+/// The normalizer of a `tokenizer.ggml.pre` value: Qwen2's own `tokenizer.json` composes text to
+/// NFC first (transformers' GGUF loader leaves that out); the others change nothing.
 fn normalizer(pre: &str) -> Value {
     match pre {
         "qwen2" => json!({"type": "NFC"}),

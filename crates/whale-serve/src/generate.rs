@@ -21,7 +21,7 @@ use whale_policy::{Completion, PolicyError};
 use crate::error::ApiError;
 use crate::request::{Endpoint, GenerationRequest, Prompt};
 use crate::response::{ChunkUpdate, ReplyHeader, TOOL_CALLS_FINISH};
-use crate::tools::{parse_reply, ToolRequest, CALL_START};
+use crate::tools::{ToolRequest, CALL_START};
 use whale_text::{TextStream, Tokenizer};
 
 /// The prompt's token ids: messages through the model's chat template (with the request's tools,
@@ -185,7 +185,7 @@ impl<'a> ChoiceText<'a> {
     fn content_end(&self, text: &str) -> usize {
         match self.tools {
             None => text.len(),
-            Some(tools) if !tools.opening().is_empty() => 0,
+            Some(tools) if tools.opens_in_call() => 0,
             Some(_) => text.find(CALL_START).unwrap_or(text.len().saturating_sub(CALL_START.len() - 1)),
         }
     }
@@ -196,12 +196,16 @@ impl<'a> ChoiceText<'a> {
     fn last_updates(&self, completion: &Completion) -> Vec<LastUpdate> {
         let finish =
             |reason: &'static str| LastUpdate { text: String::new(), tool_calls: None, finish_reason: Some(reason) };
-        let opening = self.tools.map(ToolRequest::opening).unwrap_or_default();
-        let full = opening + &completion.text;
-        let reply = self.tools.and_then(|tools| parse_reply(&full, tools.parallel));
-        let Some(reply) = reply else {
-            let rest = full.get(self.sent..).unwrap_or_default().to_string();
-            return vec![LastUpdate { text: rest, ..finish(completion.finish_reason.as_str()) }];
+        let read = match self.tools {
+            Some(tools) => tools.read(&completion.text),
+            None => Err(completion.text.clone()),
+        };
+        let reply = match read {
+            Ok(reply) => reply,
+            Err(content) => {
+                let rest = content.get(self.sent..).unwrap_or_default().to_string();
+                return vec![LastUpdate { text: rest, ..finish(completion.finish_reason.as_str()) }];
+            }
         };
         let content = reply.content.unwrap_or_default();
         let calls: Vec<Value> = reply.calls.iter().enumerate().map(|(index, call)| call.json(Some(index))).collect();

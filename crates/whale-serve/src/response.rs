@@ -9,7 +9,7 @@ use whale_policy::Completion;
 use whale_text::Tokenizer;
 
 use crate::request::Endpoint;
-use crate::tools::{parse_reply, ToolRequest};
+use crate::tools::ToolRequest;
 
 /// The finish reason of a choice that ended in tool calls.
 pub const TOOL_CALLS_FINISH: &str = "tool_calls";
@@ -174,13 +174,12 @@ pub struct ChunkUpdate<'a> {
 /// calls and `tool_calls` when the reply (after the turn's opening) holds them, else the whole
 /// reply, opening included, as content.
 fn tool_message(completion: &Completion, tools: &ToolRequest) -> (Value, &'static str) {
-    let text = tools.opening() + &completion.text;
-    match parse_reply(&text, tools.parallel) {
-        Some(reply) => {
+    match tools.read(&completion.text) {
+        Ok(reply) => {
             let calls: Vec<Value> = reply.calls.iter().map(|call| call.json(None)).collect();
             (json!({"role": "assistant", "content": reply.content, "tool_calls": calls}), TOOL_CALLS_FINISH)
         }
-        None => (json!({"role": "assistant", "content": text}), completion.finish_reason.as_str()),
+        Err(content) => (json!({"role": "assistant", "content": content}), completion.finish_reason.as_str()),
     }
 }
 

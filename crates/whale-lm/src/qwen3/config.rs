@@ -378,21 +378,27 @@ impl ArchitectureKeys for Qwen3Keys {
         if config.attention_bias {
             return Err(ConfigIssue::new("attention_bias", "biases are not supported"));
         }
-        if config.extra.get("rope_scaling").is_some_and(|v| !v.is_null()) {
-            return Err(ConfigIssue::new("rope_scaling", "scaled rotary embeddings are not supported"));
-        }
-        let rope_type = config.extra.get("rope_parameters").and_then(|p| p.get("rope_type")).and_then(Value::as_str);
-        if let Some(kind) = rope_type.filter(|kind| *kind != "default") {
-            return Err(ConfigIssue::new(
-                "rope_parameters.rope_type",
-                format!("{kind:?} rotary embeddings are not supported (only \"default\")"),
-            ));
-        }
-        if config.extra.get("use_sliding_window").is_some_and(|v| v.as_bool() != Some(false)) {
-            return Err(ConfigIssue::new("use_sliding_window", "sliding-window attention is not supported"));
-        }
-        Ok(())
+        refuse_scaling_and_window(config)
     }
+}
+
+/// Refuses a scaled rotary embedding (`rope_scaling`, or a `rope_parameters.rope_type` other than
+/// `default`) and sliding-window attention, which neither Qwen3 nor Qwen2 runs here.
+pub(crate) fn refuse_scaling_and_window<K: ArchitectureKeys>(config: &DenseHfConfig<K>) -> Result<(), ConfigIssue> {
+    if config.extra.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+        return Err(ConfigIssue::new("rope_scaling", "scaled rotary embeddings are not supported"));
+    }
+    let rope_type = config.extra.get("rope_parameters").and_then(|p| p.get("rope_type")).and_then(Value::as_str);
+    if let Some(kind) = rope_type.filter(|kind| *kind != "default") {
+        return Err(ConfigIssue::new(
+            "rope_parameters.rope_type",
+            format!("{kind:?} rotary embeddings are not supported (only \"default\")"),
+        ));
+    }
+    if config.extra.get("use_sliding_window").is_some_and(|v| v.as_bool() != Some(false)) {
+        return Err(ConfigIssue::new("use_sliding_window", "sliding-window attention is not supported"));
+    }
+    Ok(())
 }
 
 impl Qwen3Config {

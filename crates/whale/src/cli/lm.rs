@@ -618,8 +618,11 @@ fn list_models() {
     let models_dir = pretrain::whale_home().join("models");
     for model in &fetch::KNOWN_MODELS {
         let path = fetch::model_path(model, &models_dir);
-        let here = std::fs::metadata(&path).is_ok_and(|found| found.len() == model.size);
-        let state = if here { format!("fetched: {}", path.display()) } else { "not fetched".to_string() };
+        let state = if fetch::is_fetched(model, &models_dir) {
+            format!("fetched: {}", path.display())
+        } else {
+            "not fetched".into()
+        };
         println!("{:<20} {} ({state})", model.name, model.description);
     }
 }
