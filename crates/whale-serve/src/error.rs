@@ -88,6 +88,23 @@ impl ApiError {
         Self::new(500, "server_error", message)
     }
 
+    /// 429: the server has as many generation requests running and queued as it takes; the
+    /// client is told to come back in a second (`Retry-After`), as vLLM and TGI tell it.
+    pub fn queue_full(limit: usize) -> Self {
+        let message = format!(
+            "the server is at its limit of {limit} generation requests running or queued (--max-queued-requests); retry after a second"
+        );
+        let error = Self::new(429, "rate_limit_error", message).with_code("queue_full");
+        Self { header: Some(("retry-after", "1")), ..error }
+    }
+
+    /// 503 while the server stops: the request was not run, or was cut off past the grace period.
+    pub fn stopping() -> Self {
+        let error =
+            Self::unavailable("the server is stopping; retry against a server that runs").with_code("server_stopping");
+        Self { header: Some(("retry-after", "1")), ..error }
+    }
+
     /// 503: the server cannot serve the request now; retrying may work.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(503, "server_error", message)

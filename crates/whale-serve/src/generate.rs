@@ -8,7 +8,6 @@
 //! string) and nothing from a completed stop string on is sent: text after the cut must never
 //! reach the client. The streamed pieces therefore always add up to the final completion's text.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hyper::body::Bytes;
@@ -50,23 +49,23 @@ pub fn prompt_ids(policy: &LocalPolicy, request: &GenerationRequest) -> Result<V
 }
 
 /// Every choice of `request`, generated concurrently (the engine batches them; this thread
-/// waits on all); none starts once `client_gone` is raised, and each stops at its next token
-/// when it is (the answer is then [`PolicyError::Cancelled`], which nobody reads). The first
-/// choice to fail stops the others.
+/// waits on all); none starts once `stop_now` says so (its client hung up, the server stops),
+/// and each stops at its next token when it does (the answer is then
+/// [`PolicyError::Cancelled`], which the caller replaces). The first choice to fail stops the others.
 pub fn complete(
     policy: &LocalPolicy,
     request: &GenerationRequest,
     prompt: &[u32],
-    client_gone: &AtomicBool,
+    stop_now: &dyn Fn() -> bool,
 ) -> Result<Vec<Completion>, ApiError> {
     let field = request.endpoint.prompt_field();
-    if client_gone.load(Ordering::Relaxed) {
+    if stop_now() {
         return Err(ApiError::from_policy(PolicyError::Cancelled, field));
     }
     let mut completions: Vec<Option<Completion>> = vec![None; request.n];
     let mut failure = None;
     let outcome = policy.generate_choices(prompt.to_vec(), &request.choices(), &mut |event| match event {
-        ChoiceEvent::Token { .. } => !client_gone.load(Ordering::Relaxed),
+        ChoiceEvent::Token { .. } => !stop_now(),
         ChoiceEvent::Done { index, outcome: Ok(completion) } => {
             completions[index] = Some(completion);
             true
@@ -84,13 +83,15 @@ pub fn complete(
 
 /// Streams every choice of `request` to `sink` as the engine samples them, then the usage
 /// (when asked for) and `[DONE]`. A client that goes away stops the writing and, at each
-/// choice's next token, its generation.
+/// choice's next token, its generation; so does `cut_off` (the server stops), which ends the
+/// stream with a 503's error event.
 pub fn stream(
     policy: &LocalPolicy,
     request: &GenerationRequest,
     prompt: &[u32],
     header: &ReplyHeader,
     mut sink: EventSink,
+    cut_off: &dyn Fn() -> bool,
 ) {
     let tokenizer = policy.tokenizer();
     for index in 0..request.n {
@@ -133,12 +134,13 @@ pub fn stream(
                 failure.get_or_insert(error);
             }
         }
-        !sink.broken
+        !sink.broken && !cut_off()
     });
     if let Err(error) = outcome {
         failure.get_or_insert(error);
     }
     match failure {
+        Some(_) if cut_off() => sink.send(&ApiError::stopping().body()),
         Some(error) => sink.send(&ApiError::from_policy(error, request.endpoint.prompt_field()).body()),
         None if request.include_usage => {
             let completions: Vec<Completion> = completions.into_iter().flatten().collect();

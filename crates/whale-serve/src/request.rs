@@ -149,8 +149,7 @@ pub struct GenerationRequest {
 impl GenerationRequest {
     /// Parses and checks a body sent to `endpoint`; every problem is a 400 naming the field.
     pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<Self, ApiError> {
-        let wire: WireGeneration =
-            serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+        let wire: WireGeneration = json_body(body)?;
         let prompt = prompt(&wire, endpoint)?;
         let logprobs = logprobs(wire.logprobs.as_ref(), endpoint)?;
         for (field, value) in
@@ -193,6 +192,22 @@ impl GenerationRequest {
             .map(|index| SamplingParams { seed: self.params.seed.wrapping_add(index), ..self.params.clone() })
             .collect()
     }
+}
+
+/// A JSON body read into `T`; a 400 otherwise, naming the field at fault (`messages[0].role`)
+/// in its message and `param` when the fault is inside the body rather than the whole of it.
+pub fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        match path.as_str() {
+            "." => ApiError::bad_request(format!("invalid request body: {inner}")),
+            _ => ApiError::bad_request(format!("invalid request body: `{path}`: {inner}")).with_param(path),
+        }
+    })?;
+    deserializer.end().map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+    Ok(value)
 }
 
 fn invalid(param: &str, message: impl std::fmt::Display) -> ApiError {

@@ -21,10 +21,11 @@
 //! then read only under the allowed directories ([`crate::runtime_loading`]).
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -44,7 +45,7 @@ use crate::error::ApiError;
 use crate::fault::FaultInjector;
 use crate::generate::{self, EventSink};
 use crate::registry::{ModelInfo, ModelRegistry, RegistryError};
-use crate::request::{Endpoint, GenerationRequest};
+use crate::request::{json_body, Endpoint, GenerationRequest};
 use crate::response::ReplyHeader;
 use crate::runtime_loading::{AdminAccess, AllowedPathError, RuntimeLoading};
 
@@ -56,6 +57,13 @@ pub struct ServeConfig {
     pub port: u16,
     /// Requests worked on at once (each waits on the engine in its own thread); more wait.
     pub workers: usize,
+    /// Generation requests that may wait for a worker beyond the `workers` running; past
+    /// `workers + max_queued_requests`, a generation request is answered 429 at once, with
+    /// `Retry-After`, without reading its body or taking a worker.
+    pub max_queued_requests: usize,
+    /// Connections open at once; past it, new connections wait in the kernel's backlog until
+    /// one closes (idle ones close after `header_read_timeout`).
+    pub max_connections: usize,
     /// Larger request bodies get a 413.
     pub max_body_bytes: usize,
     /// Fraction of generation requests answered 503 without generating (fault injection).
@@ -81,6 +89,8 @@ impl Default for ServeConfig {
             host: "127.0.0.1".to_string(),
             port: 8000,
             workers: 256,
+            max_queued_requests: 256,
+            max_connections: 1024,
             max_body_bytes: 8 << 20,
             fail_rate: 0.0,
             fail_seed: 0,
@@ -123,6 +133,22 @@ pub struct ServerStats {
     /// Whole-reply generation requests given up because their client hung up first (counted
     /// once every choice has stopped).
     pub abandoned: u64,
+    /// Generation requests answered 429 because the queue was full.
+    pub queue_full: u64,
+    /// Generation requests running or queued now.
+    pub admitted: usize,
+    /// Connections open now.
+    pub connections: usize,
+}
+
+/// How a stop went ([`Server::stop`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StopReport {
+    /// Generation requests that were running or queued when the stop began.
+    pub in_flight: usize,
+    /// Of those, the ones still running at the end of the grace period, answered 503 (a stream:
+    /// an error event) at their next token.
+    pub cut_off: usize,
 }
 
 /// What the request handlers share.
@@ -136,17 +162,71 @@ struct State {
     body_read_timeout: Duration,
     requests: AtomicU64,
     abandoned: AtomicU64,
+    queue_full: AtomicU64,
+    /// Generation requests running or queued ([`Ticket`]), and how many may be.
+    admitted: AtomicUsize,
+    admit_limit: usize,
+    connections: AtomicUsize,
+    /// Raised when a stop begins: new requests are answered 503 and connections close after
+    /// the request they carry.
+    draining: AtomicBool,
+    /// Raised at the end of the grace period: generations in flight stop at their next token.
+    cutting_off: AtomicBool,
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
-/// A running server; dropping it stops it.
+/// A generation request's place among the admitted ones, given back when dropped: when its
+/// reply is written (a whole reply) or its stream's writer ends.
+pub(crate) struct Ticket(Arc<State>);
+
+impl Ticket {
+    /// A place, or the 429 of a full queue.
+    fn take(state: &Arc<State>) -> Result<Self, ApiError> {
+        let admitted = state.admitted.fetch_add(1, Ordering::AcqRel);
+        let ticket = Self(Arc::clone(state));
+        if admitted >= state.admit_limit {
+            state.queue_full.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::queue_full(state.admit_limit));
+        }
+        Ok(ticket)
+    }
+
+    /// Whether the generation should stop now: its client hung up, or the stop's grace has ended.
+    fn cut_off(&self) -> bool {
+        self.0.cutting_off.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.0.admitted.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection's place among the open ones, given back when the connection ends.
+struct ConnectionSlot(Arc<State>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A running server; dropping it stops it ([`Server::stop`] with a grace of a few seconds).
 pub struct Server {
     runtime: Option<tokio::runtime::Runtime>,
     state: Arc<State>,
     addr: SocketAddr,
 }
 
-/// How long [`Server::shutdown`] lets requests in flight finish.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long dropping a server lets requests in flight finish.
+const DROP_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a stop waits for the connections to close once no generation is left.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a stop waits, after the grace period, for cut-off generations to write their 503.
+const CUT_OFF_WAIT: Duration = Duration::from_secs(5);
 
 impl Server {
     /// Binds `host:port` and starts serving.
@@ -183,8 +263,15 @@ impl Server {
             body_read_timeout: config.body_read_timeout,
             requests: AtomicU64::new(0),
             abandoned: AtomicU64::new(0),
+            queue_full: AtomicU64::new(0),
+            admitted: AtomicUsize::new(0),
+            admit_limit: config.workers + config.max_queued_requests,
+            connections: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            cutting_off: AtomicBool::new(false),
+            stop: tokio::sync::watch::channel(false).0,
         });
-        runtime.spawn(accept(listener, Arc::clone(&state)));
+        runtime.spawn(accept(listener, Arc::clone(&state), config.max_connections));
         Ok(Self { runtime: Some(runtime), state, addr })
     }
 
@@ -206,22 +293,68 @@ impl Server {
             requests: self.state.requests.load(Ordering::Relaxed),
             injected_faults: self.state.faults.injected(),
             abandoned: self.state.abandoned.load(Ordering::Relaxed),
+            queue_full: self.state.queue_full.load(Ordering::Relaxed),
+            admitted: self.state.admitted.load(Ordering::Relaxed),
+            connections: self.state.connections.load(Ordering::Relaxed),
         }
     }
 
-    /// Blocks the calling thread for as long as the process runs; the server works meanwhile.
-    pub fn wait(self) -> ! {
-        loop {
-            std::thread::park();
-        }
+    /// Blocks until the process gets SIGTERM or SIGINT (Ctrl-C), then stops with `grace`.
+    pub fn run_until_signalled(mut self, grace: Duration) -> Result<StopReport, ServeError> {
+        let runtime = self.runtime.as_ref().expect("a server that has not stopped has its runtime");
+        runtime.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut terminate = signal(SignalKind::terminate()).map_err(ServeError::Runtime)?;
+            let mut interrupt = signal(SignalKind::interrupt()).map_err(ServeError::Runtime)?;
+            std::future::poll_fn(|cx| {
+                if terminate.poll_recv(cx).is_ready() || interrupt.poll_recv(cx).is_ready() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            Ok::<(), ServeError>(())
+        })?;
+        Ok(self.stop(grace))
     }
 
-    /// Stops accepting, gives the requests in flight a few seconds, and stops.
-    pub fn shutdown(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(SHUTDOWN_GRACE);
-        }
+    /// Stops gracefully: closes the listening socket at once (new connections are refused),
+    /// answers new requests on open connections 503 and closes each connection after the
+    /// request it carries, lets the generation requests in flight finish for up to `grace`,
+    /// then cuts off those still running (503, or an error event in a stream) and stops.
+    pub fn stop(&mut self, grace: Duration) -> StopReport {
+        let Some(runtime) = self.runtime.take() else { return StopReport::default() };
+        let state = &self.state;
+        let in_flight = state.admitted.load(Ordering::Acquire);
+        state.draining.store(true, Ordering::Release);
+        state.stop.send_replace(true);
+        let idle = || state.admitted.load(Ordering::Acquire) == 0;
+        let cut_off = if wait_until(idle, grace) {
+            0
+        } else {
+            let running = state.admitted.load(Ordering::Acquire);
+            state.cutting_off.store(true, Ordering::Release);
+            wait_until(idle, CUT_OFF_WAIT);
+            running
+        };
+        // Each connection closes once its last reply is written.
+        wait_until(|| state.connections.load(Ordering::Acquire) == 0, CLOSE_WAIT);
+        runtime.shutdown_timeout(Duration::from_millis(500));
+        StopReport { in_flight, cut_off }
     }
+}
+
+/// Whether `done` came true within `limit`, checking every few milliseconds.
+fn wait_until(done: impl Fn() -> bool, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
 }
 
 fn validate(config: &ServeConfig) -> Result<(), ServeError> {
@@ -244,31 +377,77 @@ fn is_loopback(address: &str) -> bool {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.shutdown();
+        self.stop(DROP_GRACE);
     }
 }
 
-async fn accept(listener: tokio::net::TcpListener, state: Arc<State>) {
+/// Accepts connections, at most `max_connections` open at once, until the stop is raised; the
+/// listening socket closes when this returns.
+async fn accept(listener: tokio::net::TcpListener, state: Arc<State>, max_connections: usize) {
+    let mut stop = stop_signal(&state);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(_) => {
+        let mut acquire = std::pin::pin!(Arc::clone(&slots).acquire_owned());
+        let permit = std::future::poll_fn(|cx| match stop.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(None),
+            Poll::Pending => acquire.as_mut().poll(cx).map(Result::ok),
+        });
+        let Some(permit) = permit.await else { return };
+        let accepted = std::future::poll_fn(|cx| match stop.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(None),
+            Poll::Pending => listener.poll_accept(cx).map(Some),
+        });
+        let stream = match accepted.await {
+            None => return,
+            Some(Ok((stream, _))) => stream,
+            Some(Err(_)) => {
                 // Out of file descriptors or a connection reset before it was accepted: wait
                 // a moment rather than spin.
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
         };
-        let state = Arc::clone(&state);
-        tokio::spawn(async move {
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            // hyper enforces the header timeout only with a timer.
-            builder.timer(TokioTimer::new()).header_read_timeout(state.header_read_timeout);
-            let service = hyper::service::service_fn(move |request| handle(Arc::clone(&state), request));
-            // A connection that breaks concerns only its own client.
-            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-        });
+        state.connections.fetch_add(1, Ordering::AcqRel);
+        let slot = ConnectionSlot(Arc::clone(&state));
+        tokio::spawn(serve_connection(stream, Arc::clone(&state), (permit, slot)));
     }
+}
+
+/// A future that is ready once the stop is raised, and stays ready (it may be polled again).
+fn stop_signal(state: &State) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    let mut stop = state.stop.subscribe();
+    let mut waiting = Some(Box::pin(async move {
+        // An error means the sender is gone, with the server's state: stopped as well.
+        let _ = stop.wait_for(|stopped| *stopped).await;
+    }));
+    Box::pin(std::future::poll_fn(move |cx| match waiting.as_mut().map(|future| future.as_mut().poll(cx)) {
+        Some(Poll::Pending) => Poll::Pending,
+        Some(Poll::Ready(())) | None => {
+            waiting = None;
+            Poll::Ready(())
+        }
+    }))
+}
+
+/// One connection's requests, one after another, until the client closes it or the server
+/// stops (then after the request it carries).
+async fn serve_connection<Held>(stream: tokio::net::TcpStream, state: Arc<State>, _held: Held) {
+    let mut stop = stop_signal(&state);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // hyper enforces the header timeout only with a timer.
+    builder.timer(TokioTimer::new()).header_read_timeout(state.header_read_timeout);
+    let service = hyper::service::service_fn(move |request| handle(Arc::clone(&state), request));
+    let mut connection = std::pin::pin!(builder.serve_connection(TokioIo::new(stream), service));
+    let mut closing = false;
+    // A connection that breaks concerns only its own client.
+    let _ = std::future::poll_fn(|cx| {
+        if !closing && stop.as_mut().poll(cx).is_ready() {
+            closing = true;
+            connection.as_mut().graceful_shutdown();
+        }
+        connection.as_mut().poll(cx)
+    })
+    .await;
 }
 
 type ReplyBody = BoxBody<Bytes, Infallible>;
@@ -294,8 +473,8 @@ impl Route {
 /// How a request is answered.
 enum Reply {
     Json(u16, Value),
-    /// A valid generation request that streams.
-    Stream(Box<GenerationRequest>, Arc<LocalPolicy>, Vec<u32>),
+    /// A valid generation request that streams, with its place in the queue.
+    Stream(Box<GenerationRequest>, Arc<LocalPolicy>, Vec<u32>, Ticket),
 }
 
 async fn handle(state: Arc<State>, request: hyper::Request<Incoming>) -> Result<Response<ReplyBody>, Infallible> {
@@ -303,7 +482,7 @@ async fn handle(state: Arc<State>, request: hyper::Request<Incoming>) -> Result<
     let (parts, body) = request.into_parts();
     Ok(match reply(&state, &parts, body).await {
         Ok(Reply::Json(status, body)) => json_response(status, &body),
-        Ok(Reply::Stream(generation, policy, prompt)) => stream_response(*generation, policy, prompt),
+        Ok(Reply::Stream(generation, policy, prompt, ticket)) => stream_response(*generation, policy, prompt, ticket),
         Err(error) => error_response(&error),
     })
 }
@@ -316,11 +495,18 @@ async fn reply(state: &Arc<State>, parts: &hyper::http::request::Parts, body: In
     if route.is_admin() {
         state.admin.check_enabled()?;
     }
+    if state.draining.load(Ordering::Acquire) {
+        return Err(ApiError::stopping());
+    }
+    let ticket = match route {
+        Route::Generate(_) => Some(Ticket::take(state)?),
+        _ => None,
+    };
     let body = read_body(&parts.headers, body, state.max_body_bytes, state.body_read_timeout).await?;
     let worker_state = Arc::clone(state);
     let client_gone = Arc::new(AtomicBool::new(false));
     let _raised_when_dropped = RaisedOnDrop(Arc::clone(&client_gone));
-    tokio::task::spawn_blocking(move || answer(&worker_state, route, &body, &client_gone))
+    tokio::task::spawn_blocking(move || answer(&worker_state, route, &body, &client_gone, ticket))
         .await
         .unwrap_or_else(|_| Err(ApiError::internal("the request handler panicked")))
 }
@@ -380,11 +566,25 @@ async fn read_body(headers: &HeaderMap, body: Incoming, limit: usize, timeout: D
 }
 
 /// The blocking part of a request: everything after the body is read, until `client_gone`.
-fn answer(state: &State, route: Route, body: &[u8], client_gone: &AtomicBool) -> Result<Reply, ApiError> {
+fn answer(
+    state: &State,
+    route: Route,
+    body: &[u8],
+    client_gone: &AtomicBool,
+    ticket: Option<Ticket>,
+) -> Result<Reply, ApiError> {
+    match (route, ticket) {
+        (Route::Generate(endpoint), Some(ticket)) => generation(state, body, endpoint, client_gone, ticket),
+        (route, _) => other(state, route, body),
+    }
+}
+
+/// Every route but generation.
+fn other(state: &State, route: Route, body: &[u8]) -> Result<Reply, ApiError> {
     match route {
         Route::Health => health(state),
         Route::Models => Ok(Reply::Json(200, models(&state.registry.list()))),
-        Route::Generate(endpoint) => generation(state, body, endpoint, client_gone),
+        Route::Generate(_) => Err(ApiError::internal("a generation request without its place in the queue")),
         Route::Load => load(state, body),
         Route::Unload => unload(state, body),
         Route::ReloadBase => reload_base(state, body),
@@ -400,7 +600,13 @@ fn health(state: &State) -> Result<Reply, ApiError> {
     }
 }
 
-fn generation(state: &State, body: &[u8], endpoint: Endpoint, client_gone: &AtomicBool) -> Result<Reply, ApiError> {
+fn generation(
+    state: &State,
+    body: &[u8],
+    endpoint: Endpoint,
+    client_gone: &AtomicBool,
+    ticket: Ticket,
+) -> Result<Reply, ApiError> {
     if state.faults.should_fail() {
         return Err(ApiError::unavailable(format!("injected fault (fail rate {})", state.faults.rate()))
             .with_code("injected_fault"));
@@ -409,9 +615,13 @@ fn generation(state: &State, body: &[u8], endpoint: Endpoint, client_gone: &Atom
     let policy = state.registry.get(&parsed.model).ok_or_else(|| ApiError::model_not_found(&parsed.model))?;
     let prompt = generate::prompt_ids(&policy, &parsed)?;
     if parsed.stream {
-        return Ok(Reply::Stream(Box::new(parsed), policy, prompt));
+        return Ok(Reply::Stream(Box::new(parsed), policy, prompt, ticket));
     }
-    let completions = generate::complete(&policy, &parsed, &prompt, client_gone);
+    let stop_now = || client_gone.load(Ordering::Relaxed) || ticket.cut_off();
+    let completions = generate::complete(&policy, &parsed, &prompt, &stop_now);
+    if completions.is_err() && ticket.cut_off() {
+        return Err(ApiError::stopping());
+    }
     if completions.is_err() && client_gone.load(Ordering::Relaxed) {
         state.abandoned.fetch_add(1, Ordering::Relaxed);
     }
@@ -427,11 +637,17 @@ const STREAM_BUFFER: usize = 64;
 
 /// A `text/event-stream` reply whose events are written by a blocking thread as the engine
 /// samples.
-fn stream_response(generation: GenerationRequest, policy: Arc<LocalPolicy>, prompt: Vec<u32>) -> Response<ReplyBody> {
+fn stream_response(
+    generation: GenerationRequest,
+    policy: Arc<LocalPolicy>,
+    prompt: Vec<u32>,
+    ticket: Ticket,
+) -> Response<ReplyBody> {
     let (frames, receiver) = tokio::sync::mpsc::channel(STREAM_BUFFER);
     tokio::task::spawn_blocking(move || {
         let header = ReplyHeader::new(generation.endpoint, &generation.model);
-        generate::stream(&policy, &generation, &prompt, &header, EventSink::new(frames));
+        let cut_off = || ticket.cut_off();
+        generate::stream(&policy, &generation, &prompt, &header, EventSink::new(frames), &cut_off);
     });
     let mut response = Response::new(EventBody(receiver).boxed());
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -494,12 +710,8 @@ struct UpdateWeights {
     model_path: PathBuf,
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
-}
-
 fn load(state: &State, body: &[u8]) -> Result<Reply, ApiError> {
-    let LoadAdapter { lora_name, lora_path } = parse(body)?;
+    let LoadAdapter { lora_name, lora_path } = json_body(body)?;
     if lora_name.is_empty() {
         return Err(ApiError::bad_request("`lora_name` must not be empty").with_param("lora_name"));
     }
@@ -510,13 +722,13 @@ fn load(state: &State, body: &[u8]) -> Result<Reply, ApiError> {
 }
 
 fn unload(state: &State, body: &[u8]) -> Result<Reply, ApiError> {
-    let UnloadAdapter { lora_name } = parse(body)?;
+    let UnloadAdapter { lora_name } = json_body(body)?;
     state.registry.unload(&lora_name).map_err(|e| registry_error(e, "lora_name"))?;
     Ok(Reply::Json(200, json!({"success": true, "message": format!("unloaded `{lora_name}`")})))
 }
 
 fn reload_base(state: &State, body: &[u8]) -> Result<Reply, ApiError> {
-    let UpdateWeights { model_path } = parse(body)?;
+    let UpdateWeights { model_path } = json_body(body)?;
     let model_path = state.admin.resolve(&model_path, "model_path")?;
     let version = state.registry.reload_base(&model_path).map_err(|e| registry_error(e, "model_path"))?;
     let message =

@@ -344,3 +344,29 @@ fn serve_bench_measures_whale_serve_beside_a_peer_server_token_for_token() {
     assert!(prompt_tokens[0] > 20.0, "20 words of context and a question: {text}");
     assert!(text.contains(&peer.base_url), "the peer is named: {text}");
 }
+
+/// SIGTERM: the request in flight is answered in full, the listening socket closes, and the
+/// process exits 0 (docs/serving.md, "Limits under load").
+#[test]
+fn sigterm_lets_the_request_in_flight_finish_refuses_new_connections_and_exits_0() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = common::tiny_model_in(dir.path());
+    let mut server = Serve::start(&model, "tiny", &["--shutdown-grace", "60"]);
+    let url = format!("{}/chat/completions", server.base_url);
+    let address = server.base_url.trim_start_matches("http://").trim_end_matches("/v1").to_string();
+    let body = serde_json::json!({
+        "model": "tiny", "messages": [{"role": "user", "content": "Count."}],
+        "n": 64, "max_tokens": 150, "ignore_eos": true, "seed": 1,
+    });
+    let in_flight = std::thread::spawn(move || {
+        let response = reqwest::blocking::Client::new().post(url).json(&body).send().expect("an answer");
+        (response.status().as_u16(), response.json::<Value>().expect("a JSON body"))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let status = server.terminate();
+    assert!(status.success(), "{status}");
+    let (status, body) = in_flight.join().expect("the client");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"].as_array().map(Vec::len), Some(64));
+    assert!(std::net::TcpStream::connect(&address).is_err(), "{address} refuses connections");
+}

@@ -7,6 +7,7 @@ use clap::{Args, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 use whale_engine::EngineConfig;
 use whale_pretrain::{self as pretrain, PretrainConfig};
 use whale_serve::{ApiKey, LoadSettings, ModelRegistry, RuntimeLoading, ServeConfig, Server};
@@ -119,6 +120,27 @@ struct ServeOptions {
     /// Requests worked on at once (each holds a thread while the engine generates).
     #[arg(long, default_value_t = ServeConfig::default().workers)]
     workers: usize,
+    /// Generation requests that may wait for a worker beyond --workers; past that a generation
+    /// request gets 429 with `Retry-After: 1` at once (whale's own client waits and retries).
+    #[arg(long, default_value_t = ServeConfig::default().max_queued_requests)]
+    max_queued_requests: usize,
+    /// Connections open at once; more wait in the kernel's backlog until one closes.
+    #[arg(long, default_value_t = ServeConfig::default().max_connections)]
+    max_connections: usize,
+    /// Larger request bodies get 413.
+    #[arg(long, default_value_t = ServeConfig::default().max_body_bytes)]
+    max_body_bytes: usize,
+    /// Seconds a client may take to send a request's headers (an idle keep-alive connection
+    /// included); the connection is closed then.
+    #[arg(long, default_value_t = ServeConfig::default().header_read_timeout.as_secs_f64())]
+    header_timeout: f64,
+    /// Seconds a client may take to send a request's body once its headers are in (408 then).
+    #[arg(long, default_value_t = ServeConfig::default().body_read_timeout.as_secs_f64())]
+    body_timeout: f64,
+    /// On SIGTERM or Ctrl-C: seconds the requests in flight may take to finish (new connections
+    /// are refused at once); those still running then get 503, and the process exits 0.
+    #[arg(long, default_value_t = 20.0)]
+    shutdown_grace: f64,
     /// cpu, or cuda (a build with the `cuda` feature).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -201,6 +223,11 @@ fn serve(options: ServeOptions) -> Result<ExitCode> {
         host: options.host,
         port: options.port,
         workers: options.workers,
+        max_queued_requests: options.max_queued_requests,
+        max_connections: options.max_connections,
+        max_body_bytes: options.max_body_bytes,
+        header_read_timeout: seconds("--header-timeout", options.header_timeout)?,
+        body_read_timeout: seconds("--body-timeout", options.body_timeout)?,
         fail_rate: options.fail_rate,
         fail_seed: options.fail_seed,
         api_key: api_key(options.api_key)?,
@@ -209,18 +236,28 @@ fn serve(options: ServeOptions) -> Result<ExitCode> {
             enabled: options.allow_runtime_loading,
             allowed_paths: options.allowed_paths,
         },
-        ..ServeConfig::default()
     };
+    let grace = seconds("--shutdown-grace", options.shutdown_grace)?;
     let server = Server::start(&config, registry)?;
     // The notes go out before the address, so whoever waits for the address has them too.
-    eprintln!("serving `{name}` ({}); stop with Ctrl-C", dir.display());
+    eprintln!("serving `{name}` ({}); stop with Ctrl-C or SIGTERM ({grace:?} for requests in flight)", dir.display());
     describe_access(&config, &server);
     if config.fail_rate > 0.0 {
         eprintln!("fault injection: {} of generation requests get a 503 (seed {})", config.fail_rate, config.fail_seed);
     }
     println!("{LISTENING}{}", server.base_url());
     std::io::stdout().flush().context("cannot write to stdout")?;
-    server.wait()
+    let stop = server.run_until_signalled(grace)?;
+    eprintln!(
+        "stopped: {} generation requests were in flight, {} of them cut off with 503 after the grace period",
+        stop.in_flight, stop.cut_off
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A duration given in seconds on the command line.
+fn seconds(flag: &str, value: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|e| anyhow::anyhow!("{flag} {value}: {e}"))
 }
 
 /// The key from --api-key, else from WHALE_API_KEY (unset or empty: none).

@@ -54,6 +54,23 @@ impl Serve {
     }
 }
 
+impl Serve {
+    /// Sends the server SIGTERM and waits (at most a minute) for it to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+        assert!(sent.success(), "kill -TERM {pid}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("the server's status") {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "whale serve still runs a minute after SIGTERM");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
 impl Drop for Serve {
     fn drop(&mut self) {
         // The test is over either way; a server that already exited needs nothing more.
