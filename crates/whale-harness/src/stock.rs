@@ -45,13 +45,14 @@ macro_rules! domain {
 }
 
 /// Every stock harness, by domain, the plain one first.
-pub const STOCK_HARNESSES: [StockHarness; 17] = [
+pub const STOCK_HARNESSES: [StockHarness; 18] = [
     stock!(math, "plain"),
     stock!(math, "calculator"),
     stock!(math, "vote"),
     stock!(math, "verify"),
     stock!(math, "fewshot"),
     stock!(math, "expression"),
+    stock!(math, "boxed"),
     stock!(chess, "plain"),
     stock!(chess, "legal-moves"),
     stock!(chess, "san-moves"),
@@ -93,7 +94,7 @@ mod tests {
         for domain in Domain::ALL {
             let names: Vec<&str> = STOCK_HARNESSES.iter().filter(|s| s.domain == domain).map(|s| s.name).collect();
             assert_eq!(names[0], format!("{domain}/plain"));
-            assert!((3..=6).contains(&names.len()), "{names:?}");
+            assert!((3..=7).contains(&names.len()), "{names:?}");
         }
         assert_eq!(stock_harness("qa/two-hop").map(|s| s.domain), Some(Domain::Qa));
         assert_eq!(stock_harness("qa/nonexistent"), None);
