@@ -5,8 +5,10 @@
 //! an evaluation of the base weights one condition took (the start of every curve: same model,
 //! same harness, same seeds) is handed to the next instead of being repeated. A
 //! comparison interrupted at any point continues where it stopped when run again: finished
-//! conditions are kept, an unfinished one resumes from its last completed unit.
+//! conditions are kept, an unfinished one resumes from its last completed unit. Beside the
+//! report, `curves.png` draws every condition's test mean@k against its training rollouts.
 
+use crate::figures::{self, BandCurve, FigureError};
 use crate::report::{self, ReportError, Series};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -94,6 +96,10 @@ pub enum CompareError {
     Report(#[from] ReportError),
     #[error(transparent)]
     Lock(#[from] LockError),
+    #[error("{path}: {source}")]
+    Figure { path: PathBuf, source: FigureError },
+    #[error("writing {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
     /// One run directory per arm: an arm given twice would be reported twice.
     #[error("the condition `{0}` is given twice")]
     DuplicateArm(Arm),
@@ -105,6 +111,8 @@ pub struct Comparison {
     pub root: PathBuf,
     pub series: Vec<Series>,
     pub report: PathBuf,
+    /// `curves.png`: test mean@k against training rollouts, a line per arm.
+    pub curves: PathBuf,
     /// Seconds per arm spent in this invocation.
     pub seconds: Vec<(Arm, f64)>,
 }
@@ -174,7 +182,26 @@ pub fn compare_with(
     let report = root.join(REPORT_FILE);
     let title = format!("whale compare: {}", config.name);
     let series = report::write_report(&[root.to_path_buf()], &report, &title)?;
-    Ok(Comparison { root: root.to_path_buf(), series, report, seconds })
+    let curves = root.join(CURVES_FILE);
+    write_curves(&series, &title, config.eval.k, &curves)?;
+    Ok(Comparison { root: root.to_path_buf(), series, report, curves, seconds })
+}
+
+/// The comparison's picture, beside its report.
+pub const CURVES_FILE: &str = "curves.png";
+
+/// Draws each series' test mean@k against its training rollouts into the PNG `path`.
+fn write_curves(series: &[Series], title: &str, k: usize, path: &Path) -> Result<(), CompareError> {
+    let curves: Vec<BandCurve> = series
+        .iter()
+        .map(|s| {
+            let points = s.points.iter().map(|p| (p.training_rollouts, p.mean.value)).collect();
+            BandCurve::over_seeds(&s.label, &[points])
+        })
+        .collect();
+    let figure = |source| CompareError::Figure { path: path.to_path_buf(), source };
+    let png = figures::curves_svg(title, k, &curves).and_then(|svg| figures::png(&svg)).map_err(figure)?;
+    std::fs::write(path, png).map_err(|source| CompareError::Write { path: path.to_path_buf(), source })
 }
 
 /// Adds the evaluations of the base weights of the finished run in `dir` to `memos`, if it is a

@@ -51,6 +51,13 @@ impl BandCurve {
     }
 }
 
+impl BandCurve {
+    /// Whether the band is a line: one seed, or seeds that agree everywhere.
+    pub fn is_a_line(&self) -> bool {
+        self.points.iter().all(|&(_, _, least, most)| least == most)
+    }
+}
+
 /// One row of a forest plot: a label and an estimate with its interval.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ForestRow {
@@ -99,20 +106,26 @@ pub fn curves_svg(title: &str, k: usize, curves: &[BandCurve]) -> Result<String,
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_label_formatter(&|y| format!("{y:.2}"))
             .x_desc("cumulative training rollouts (weight phase + search)")
-            .y_desc(format!("test mean@{k} (mean over seeds; band: range)"))
+            .y_desc(match curves.iter().all(BandCurve::is_a_line) {
+                true => format!("test mean@{k}"),
+                false => format!("test mean@{k} (mean over seeds; band: range)"),
+            })
             .draw()
             .map_err(draw_error)?;
         for (index, curve) in curves.iter().enumerate() {
             let color = PALETTE[index % PALETTE.len()];
+            // Each line narrower than the one before, so that conditions that ran the same
+            // (sequential and WHALE often do, over a short budget) show as nested lines.
+            let width = 2 + 2 * (curves.len() - 1 - index) as u32;
             let steps = |pick: fn(&(u64, f64, f64, f64)) -> f64| step_line(&curve.points, pick);
             let mut band = steps(|p| p.3);
             band.extend(steps(|p| p.2).into_iter().rev());
             chart.draw_series(std::iter::once(Polygon::new(band, color.mix(0.15)))).map_err(draw_error)?;
             chart
-                .draw_series(LineSeries::new(steps(|p| p.1), color.stroke_width(2)))
+                .draw_series(LineSeries::new(steps(|p| p.1), color.stroke_width(width)))
                 .map_err(draw_error)?
                 .label(curve.label.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(width)));
         }
         chart
             .configure_series_labels()

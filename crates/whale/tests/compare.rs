@@ -1,6 +1,7 @@
 //! `whale compare` hands the evaluation of the base weights a finished condition took to the
 //! next one, also across invocations in one comparison directory, and only between runs of the
-//! same config: a run left there by a comparison of another config lends nothing.
+//! same config: a run left there by a comparison of another config lends nothing. Each
+//! comparison draws its curves into `curves.png`.
 
 mod common;
 
@@ -47,6 +48,8 @@ fn the_base_evaluation_is_shared_across_invocations_within_one_config_only() {
         alone - one_evaluation,
         "harness-only's start was handed on"
     );
+    let curves = std::fs::read(root.join("same/tiny/curves.png")).expect("the comparison's picture");
+    assert!(curves.starts_with(b"\x89PNG\r\n\x1a\n") && curves.len() > 1000, "{} bytes", curves.len());
 
     compare(root, "a.toml", "other", "harness-only");
     compare(root, "b.toml", "other", "weight-only");

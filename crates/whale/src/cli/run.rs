@@ -1,10 +1,9 @@
 //! `whale run`, `whale compare`, `whale study`, `whale coupling`, `whale report` and `whale demo`: the WHALE loop and its
 //! baselines, their run directories and their reports.
 
-use crate::demo::demo;
+use crate::demo;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -12,7 +11,7 @@ use whale_loop::condition::Condition;
 use whale_loop::config::RunConfig;
 use whale_loop::experiment::{Experiment, Verbosity};
 use whale_loop::lock::DirLock;
-use whale_study::compare::{compare, Arm, Comparison};
+use whale_study::compare::{compare, compare_with, Arm, ArmEvent, Comparison};
 use whale_study::coupling;
 use whale_study::figures;
 use whale_study::report::{self, comparison, table_text};
@@ -52,6 +51,16 @@ impl CommonArgs {
     fn verbosity(&self) -> Verbosity {
         Verbosity { progress: !self.quiet }
     }
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The earlier demo instead: the tiny base model (trained on first use, about 15 minutes) on
+    /// synthetic math with the settings of examples/math.toml, into RUNS/demo/.
+    #[arg(long)]
+    tiny: bool,
+    #[command(flatten)]
+    common: CommonArgs,
 }
 
 #[derive(Debug, Args)]
@@ -318,15 +327,47 @@ fn lock_if_written_into(dirs: &[PathBuf], out: &Path) -> Result<Option<DirLock>>
     Ok(Some(DirLock::acquire(parent)?))
 }
 
-pub fn demo_command(common: CommonArgs) -> Result<ExitCode> {
+pub fn demo_command(args: DemoArgs) -> Result<ExitCode> {
     print_cpu();
     let started = Instant::now();
-    if !common.quiet && !std::io::stderr().is_terminal() {
-        eprintln!("whale demo: WHALE and its five baselines on the tiny model, synthetic math, the mutate proposer");
-    }
-    let result = demo(&common.runs, common.verbosity())?;
+    let verbosity = args.common.verbosity();
+    let config = if args.tiny {
+        say(
+            verbosity,
+            "whale demo --tiny: WHALE and its five baselines on the tiny model, synthetic math, the mutate proposer",
+        );
+        demo::tiny_config()?
+    } else {
+        say(verbosity, "whale demo: WHALE and its five baselines on SmolLM2-135M-Instruct, QA (examples/qa-smollm2.toml under --quick, seed 0)");
+        let mut config = demo::qa_config()?;
+        let model = config.model.path.take().unwrap_or_default();
+        config.model.path =
+            Some(super::lm::model_dir(&model).context("the demo's model (`whale demo --tiny` needs none)")?);
+        config
+    };
+    let mut finished = Vec::new();
+    let mut on_arm = |event: ArmEvent| {
+        if let ArmEvent::Finished { seconds, .. } = event {
+            finished.push(seconds);
+        }
+        say(verbosity, &format!("demo [{}] {}", elapsed(started), demo::arm_line(event, &finished)));
+    };
+    let root = args.common.runs.join(&config.name);
+    let result = compare_with(&config, &root, &demo::arms(), verbosity, &mut on_arm)?;
     print_comparison(&result, started);
     Ok(ExitCode::SUCCESS)
+}
+
+fn say(verbosity: Verbosity, line: &str) {
+    if verbosity.progress {
+        eprintln!("{line}");
+    }
+}
+
+/// `12m05s`.
+fn elapsed(since: Instant) -> String {
+    let seconds = since.elapsed().as_secs();
+    format!("{}m{:02}s", seconds / 60, seconds % 60)
 }
 
 /// The CPU the run uses, first: its tables reproduce bit for bit only on the same CPU family.
@@ -339,6 +380,7 @@ fn print_comparison(result: &Comparison, started: Instant) {
     let seconds: Vec<String> = result.seconds.iter().map(|(c, s)| format!("{c} {s:.0}s")).collect();
     println!("runs: {}", display(&result.root));
     println!("report: {}", display(&result.report));
+    println!("curves: {}", display(&result.curves));
     println!("wall time: {:.0} s ({})", started.elapsed().as_secs_f64(), seconds.join(", "));
 }
 
