@@ -78,8 +78,11 @@ pub struct EngineConfig {
     /// Most tokens of prompt plus completion; capped by the model's `max_position_embeddings`.
     pub max_context: usize,
     /// Most cells (sequences x longest prompt, padding included) of one prefill call; a prompt
-    /// longer than this is prefilled alone. The default suits a CPU: there a larger batch
-    /// gains little and padding costs a lot (64 GSM8K prompts with a 1M-parameter model
+    /// longer than this is prefilled alone, in chunks of this many tokens, one chunk a step
+    /// (each chunk attends to those before it in the cache), so that its attention needs
+    /// chunk x prompt cells rather than prompt² (a 6,000-token prompt of Qwen2.5-Coder-1.5B
+    /// fed whole ran a 24 GB machine out of memory). The default suits a CPU: there a larger
+    /// batch gains little and padding costs a lot (64 GSM8K prompts with a 1M-parameter model
     /// prefill 2-3x faster at 512 than at 8192); a GPU wants several thousand.
     pub max_prefill_tokens: usize,
     /// Most tokens of finished sequences' caches kept for later prompts that begin with their
@@ -662,7 +665,8 @@ struct Sequence {
     /// changed): such a sequence may copy the cache of another with the same tokens to feed.
     fresh: bool,
     /// Tokens of the prompt a fresh sequence's cache holds already, copied from another cache
-    /// ([`Scheduler::reuse_prefixes`]); `feed` is the rest of the prompt.
+    /// ([`Scheduler::reuse_prefixes`]) or fed in earlier chunks of a long prompt; `feed` is the
+    /// rest of the prompt. A sequence stays fresh until its whole prompt is held.
     reused: usize,
     /// Tokens to feed next: the prompt (or, after a weight change, prompt plus completion so
     /// far), then the last sampled token.
@@ -732,6 +736,19 @@ impl Sequence {
             }
         }
         Ok((self.generated.len() >= self.limit).then_some(FinishReason::Length))
+    }
+
+    /// Takes a chunk of a long prompt, now in the cache, off what is left to feed; the logits of
+    /// its last token are not sampled. While the cache holds only prompt tokens the sequence
+    /// stays fresh, so that the k samples of one long prompt keep sharing its chunks; past the
+    /// prompt (a prompt and completion refed after a weight change) it is fed on its own.
+    fn fed_chunk(&mut self, chunk: usize) {
+        self.feed.drain(..chunk);
+        if self.fresh && self.reused + chunk <= self.prompt.len() {
+            self.reused += chunk;
+        } else {
+            self.fresh = false;
+        }
     }
 
     /// What a fresh sequence's prefill would leave in its cache, told apart from every other
@@ -926,7 +943,7 @@ impl Scheduler {
     fn prefill_members(&self) -> Vec<bool> {
         let mut waiting: Vec<(usize, PrefillKey<'_>, usize)> = (self.live.iter().enumerate())
             .filter(|(_, sequence)| sequence.feed.len() >= 2)
-            .map(|(index, sequence)| (sequence.feed.len(), sequence.prefill_key(), index))
+            .map(|(index, sequence)| (self.prefill_chunk(sequence), sequence.prefill_key(), index))
             .collect();
         waiting.sort_unstable();
         let mut members = vec![false; self.live.len()];
@@ -946,6 +963,12 @@ impl Scheduler {
             members[index] = true;
         }
         members
+    }
+
+    /// How many of `sequence`'s tokens to feed now if it is prefilled: all, or the next chunk of a
+    /// prompt longer than the prefill budget.
+    fn prefill_chunk(&self, sequence: &Sequence) -> usize {
+        sequence.feed.len().min(self.max_prefill_tokens)
     }
 
     /// Starts each new prompt that begins with at least [`MIN_REUSED_TOKENS`] tokens a cache
@@ -1024,14 +1047,17 @@ impl Scheduler {
             Phase::Decode => vec![None; self.live.len()],
         };
         let fed: Vec<bool> = members.iter().zip(&shared).map(|(&member, copy)| member && copy.is_none()).collect();
-        let mut steps: Vec<DecoderStep<'_>> = self
-            .live
-            .iter_mut()
-            .zip(&fed)
-            .filter(|(_, &fed)| fed)
-            .map(|(sequence, _)| {
+        let chunks: Vec<usize> = (self.live.iter())
+            .map(|sequence| match phase {
+                Phase::Prefill => self.prefill_chunk(sequence),
+                Phase::Decode => sequence.feed.len(),
+            })
+            .collect();
+        let mut steps: Vec<DecoderStep<'_>> = (self.live.iter_mut().zip(&fed).zip(&chunks))
+            .filter(|((_, &fed), _)| fed)
+            .map(|((sequence, _), &chunk)| {
                 let Sequence { feed, cache, .. } = sequence;
-                DecoderStep { tokens: feed, cache }
+                DecoderStep { tokens: &feed[..chunk], cache }
             })
             .collect();
         let rows = steps.len();
@@ -1041,22 +1067,26 @@ impl Scheduler {
         drop(steps);
         let row_of = logits_rows(&fed, &shared);
         self.copy_shared_caches(&shared);
-        let batch = (self.live.iter_mut().zip(members).zip(row_of))
-            .filter(|((_, &member), _)| member)
-            .map(|((sequence, _), row)| (sequence, row));
+        let batch = (self.live.iter_mut().zip(members).zip(row_of).zip(&chunks))
+            .filter(|(((_, &member), _), _)| member)
+            .map(|(((sequence, _), row), &chunk)| (sequence, row, chunk));
         match logits {
             Ok(logits) => {
                 let rows = batch
-                    .filter(|(sequence, _)| sequence.outcome.is_none())
-                    .map(|(sequence, row)| {
+                    .filter(|(sequence, _, _)| sequence.outcome.is_none())
+                    .filter_map(|(sequence, row, chunk)| {
+                        if chunk < sequence.feed.len() {
+                            sequence.fed_chunk(chunk);
+                            return None;
+                        }
                         sequence.fresh = false;
-                        (sequence, &logits[row])
+                        Some((sequence, &logits[row]))
                     })
                     .collect();
                 accept_rows(rows, &self.tokenizer, &self.eos);
             }
             Err(error) => {
-                for (sequence, _) in batch {
+                for (sequence, _, _) in batch {
                     sequence.outcome = Some(Err(PolicyError::Model(error.to_string())));
                 }
             }

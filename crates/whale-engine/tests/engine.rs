@@ -435,6 +435,45 @@ fn a_batch_is_admitted_in_one_step_and_each_request_gets_what_it_gets_alone() {
     assert_eq!(after.prefill_rows - before.prefill_rows, 3, "{after:?}");
 }
 
+/// A prompt longer than the prefill budget is fed in chunks of the budget, one a step: the
+/// greedy reply and its log-probabilities are those of a plain forward loop, and the k samples
+/// of one long prompt still share every chunk, each then getting what it gets fed whole.
+#[test]
+fn a_long_prompt_is_prefilled_in_chunks_and_gets_what_it_gets_fed_whole() {
+    let model = tiny_model(12);
+    let messages: Vec<ChatMessage> = (0..6).flat_map(|i| ask(i * 7)).collect();
+    let prompt = prompt_of(&messages);
+    let chunk = 16;
+    assert!(prompt.len() > 5 * chunk, "a prompt of {} tokens is not long", prompt.len());
+    let chunked = engine(model.clone(), EngineConfig { max_prefill_tokens: chunk, ..EngineConfig::default() });
+
+    let completion = chat(&chunked, messages.clone(), greedy(16)).expect("completion");
+    let (tokens, logprobs) = reference_greedy(&model, &prompt, 16, chunked.eos_token_ids());
+    assert_eq!(completion.token_ids, tokens);
+    for (got, want) in completion.logprobs.iter().zip(&logprobs) {
+        assert!((got - want).abs() < 1e-3, "logprob {got} vs {want}");
+    }
+    // A prefill feeds the next chunk while two or more tokens are left; a last single token
+    // is fed by a decode step.
+    let (mut left, mut chunks) = (prompt.len(), 0);
+    while left >= 2 {
+        left -= left.min(chunk);
+        chunks += 1;
+    }
+    let stats = chunked.stats();
+    assert_eq!(stats.prefill_rows, chunks, "{stats:?}");
+
+    let whole = engine(model, EngineConfig { max_prefill_tokens: 4096, ..EngineConfig::default() });
+    let samples: Vec<(Vec<u32>, SamplingParams)> = (0..4).map(|seed| (prompt.clone(), sampled(seed, 10))).collect();
+    let before = chunked.stats();
+    let got = chunked.generate_batch(&samples);
+    let after = chunked.stats();
+    for (index, (got, want)) in got.into_iter().zip(whole.generate_batch(&samples)).enumerate() {
+        assert_same_completion(&got.expect("chunked"), &want.expect("whole"), &format!("sample {index}"));
+    }
+    assert_eq!(after.prefill_rows - before.prefill_rows, chunks, "the four samples share each chunk: {after:?}");
+}
+
 #[test]
 fn sixty_four_concurrent_requests_all_complete() {
     let policy = engine(tiny_model(7), EngineConfig::default());

@@ -34,5 +34,5 @@ pub use fault::FaultInjector;
 pub use registry::{LoadSettings, ModelInfo, ModelRegistry, RegistryError};
 pub use request::{Endpoint, GenerationRequest, Prompt};
 pub use runtime_loading::{AllowedPathError, RuntimeLoading};
-pub use server::{ServeConfig, ServeError, Server, ServerStats, StopReport};
+pub use server::{ServeConfig, ServeError, Server, ServerStats, StopReport, StopSignals};
 pub use tools::{ToolChoice, ToolRequest};

@@ -175,20 +175,23 @@ struct State {
     stop: tokio::sync::watch::Sender<bool>,
 }
 
-/// A generation request's place among the admitted ones, given back when dropped: when its
-/// reply is written (a whole reply) or its stream's writer ends.
+/// A generation request's place among the admitted ones, given back when dropped: once its
+/// generation is over (a whole reply's body is then built and written; a stream's last events
+/// may still be on their way). A stop waits for the connections to close as well.
 pub(crate) struct Ticket(Arc<State>);
 
 impl Ticket {
-    /// A place, or the 429 of a full queue.
+    /// A place, or the 429 of a full queue. Counted with the stop's draining flag in one
+    /// order (`SeqCst`), so that a stop either sees this ticket or this request sees the stop.
     fn take(state: &Arc<State>) -> Result<Self, ApiError> {
-        let admitted = state.admitted.fetch_add(1, Ordering::AcqRel);
-        let ticket = Self(Arc::clone(state));
-        if admitted >= state.admit_limit {
+        let admitted = state.admitted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |admitted| {
+            (admitted < state.admit_limit).then_some(admitted + 1)
+        });
+        if admitted.is_err() {
             state.queue_full.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::queue_full(state.admit_limit));
         }
-        Ok(ticket)
+        Ok(Self(Arc::clone(state)))
     }
 
     /// Whether the generation should stop now: its client hung up, or the stop's grace has ended.
@@ -199,7 +202,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.0.admitted.fetch_sub(1, Ordering::AcqRel);
+        self.0.admitted.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -299,24 +302,33 @@ impl Server {
         }
     }
 
-    /// Blocks until the process gets SIGTERM or SIGINT (Ctrl-C), then stops with `grace`.
-    pub fn run_until_signalled(mut self, grace: Duration) -> Result<StopReport, ServeError> {
+    /// Starts listening for SIGTERM and SIGINT (Ctrl-C), before the server says where it is, so
+    /// that a supervisor that stops it as soon as it is up gets a graceful stop.
+    pub fn stop_signals(&self) -> Result<StopSignals, ServeError> {
+        use tokio::signal::unix::{signal, SignalKind};
         let runtime = self.runtime.as_ref().expect("a server that has not stopped has its runtime");
-        runtime.block_on(async {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut terminate = signal(SignalKind::terminate()).map_err(ServeError::Runtime)?;
-            let mut interrupt = signal(SignalKind::interrupt()).map_err(ServeError::Runtime)?;
-            std::future::poll_fn(|cx| {
-                if terminate.poll_recv(cx).is_ready() || interrupt.poll_recv(cx).is_ready() {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            })
-            .await;
-            Ok::<(), ServeError>(())
-        })?;
-        Ok(self.stop(grace))
+        let _entered = runtime.enter();
+        Ok(StopSignals {
+            terminate: signal(SignalKind::terminate()).map_err(ServeError::Runtime)?,
+            interrupt: signal(SignalKind::interrupt()).map_err(ServeError::Runtime)?,
+        })
+    }
+
+    /// Blocks until one of `signals` arrives, then stops with `grace`. A second signal during
+    /// the stop calls `on_second_signal` (the command line exits at once).
+    pub fn run_until_signalled(
+        mut self,
+        mut signals: StopSignals,
+        grace: Duration,
+        on_second_signal: impl FnOnce() + Send + 'static,
+    ) -> StopReport {
+        let runtime = self.runtime.as_ref().expect("a server that has not stopped has its runtime");
+        runtime.block_on(std::future::poll_fn(|cx| signals.poll_any(cx)));
+        runtime.spawn(async move {
+            std::future::poll_fn(|cx| signals.poll_any(cx)).await;
+            on_second_signal();
+        });
+        self.stop(grace)
     }
 
     /// Stops gracefully: closes the listening socket at once (new connections are refused),
@@ -326,30 +338,32 @@ impl Server {
     pub fn stop(&mut self, grace: Duration) -> StopReport {
         let Some(runtime) = self.runtime.take() else { return StopReport::default() };
         let state = &self.state;
-        let in_flight = state.admitted.load(Ordering::Acquire);
-        state.draining.store(true, Ordering::Release);
+        state.draining.store(true, Ordering::SeqCst);
+        let in_flight = state.admitted.load(Ordering::SeqCst);
         state.stop.send_replace(true);
-        let idle = || state.admitted.load(Ordering::Acquire) == 0;
-        let cut_off = if wait_until(idle, grace) {
+        let generating = || state.admitted.load(Ordering::SeqCst) > 0;
+        // Each connection closes once its last reply is written, admin requests' too.
+        let closed = || state.connections.load(Ordering::SeqCst) == 0;
+        let cut_off = if wait_until(|| !generating() && closed(), grace) || !generating() {
             0
         } else {
-            let running = state.admitted.load(Ordering::Acquire);
-            state.cutting_off.store(true, Ordering::Release);
-            wait_until(idle, CUT_OFF_WAIT);
+            let running = state.admitted.load(Ordering::SeqCst);
+            state.cutting_off.store(true, Ordering::SeqCst);
+            wait_until(|| !generating(), CUT_OFF_WAIT);
             running
         };
-        // Each connection closes once its last reply is written.
-        wait_until(|| state.connections.load(Ordering::Acquire) == 0, CLOSE_WAIT);
+        wait_until(closed, CLOSE_WAIT);
         runtime.shutdown_timeout(Duration::from_millis(500));
         StopReport { in_flight, cut_off }
     }
 }
 
-/// Whether `done` came true within `limit`, checking every few milliseconds.
+/// Whether `done` came true within `limit` (a limit past what the clock can count waits for
+/// ever), checking every few milliseconds.
 fn wait_until(done: impl Fn() -> bool, limit: Duration) -> bool {
-    let deadline = std::time::Instant::now() + limit;
+    let deadline = std::time::Instant::now().checked_add(limit);
     while !done() {
-        if std::time::Instant::now() >= deadline {
+        if deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline) {
             return false;
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -357,9 +371,38 @@ fn wait_until(done: impl Fn() -> bool, limit: Duration) -> bool {
     true
 }
 
+/// The signals that stop a server ([`Server::stop_signals`]).
+pub struct StopSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn poll_any(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.terminate.poll_recv(cx).is_ready() || self.interrupt.poll_recv(cx).is_ready() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
 fn validate(config: &ServeConfig) -> Result<(), ServeError> {
-    if config.workers == 0 {
-        return Err(ServeError::Config { key: "workers", reason: "must be positive".to_string() });
+    let positive = [
+        ("workers", config.workers == 0),
+        ("max_connections", config.max_connections == 0),
+        ("max_body_bytes", config.max_body_bytes == 0),
+        ("header_read_timeout", config.header_read_timeout.is_zero()),
+        ("body_read_timeout", config.body_read_timeout.is_zero()),
+    ];
+    if let Some((key, _)) = positive.iter().find(|(_, zero)| *zero) {
+        return Err(ServeError::Config { key, reason: "must be positive".to_string() });
+    }
+    if config.workers.checked_add(config.max_queued_requests).is_none() {
+        return Err(ServeError::Config {
+            key: "max_queued_requests",
+            reason: "workers + max_queued_requests overflows".into(),
+        });
     }
     if !(0.0..=1.0).contains(&config.fail_rate) {
         return Err(ServeError::Config { key: "fail_rate", reason: format!("{} is not in [0, 1]", config.fail_rate) });
@@ -495,13 +538,20 @@ async fn reply(state: &Arc<State>, parts: &hyper::http::request::Parts, body: In
     if route.is_admin() {
         state.admin.check_enabled()?;
     }
-    if state.draining.load(Ordering::Acquire) {
-        return Err(ApiError::stopping());
-    }
     let ticket = match route {
-        Route::Generate(_) => Some(Ticket::take(state)?),
+        Route::Generate(_) => match Ticket::take(state) {
+            Ok(ticket) => Some(ticket),
+            Err(full) => {
+                discard_small_body(&parts.headers, body).await;
+                return Err(full);
+            }
+        },
         _ => None,
     };
+    // After the ticket: a stop that did not count it has raised this flag already.
+    if state.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::stopping());
+    }
     let body = read_body(&parts.headers, body, state.max_body_bytes, state.body_read_timeout).await?;
     let worker_state = Arc::clone(state);
     let client_gone = Arc::new(AtomicBool::new(false));
@@ -546,6 +596,20 @@ fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
         return Err(ApiError::method_not_allowed(method.as_str(), path, allowed));
     }
     Ok(route)
+}
+
+/// Bodies up to this size are read and dropped before a 429 goes out.
+const DISCARDED_BODY_BYTES: usize = 64 << 10;
+
+/// Reads and drops a body of at most [`DISCARDED_BODY_BYTES`] that is all but sent (within a
+/// moment), so that the refusal is not lost: a connection closed with unread data is reset,
+/// and the reset may reach the client before the reply. A longer or slower body is left.
+async fn discard_small_body(headers: &HeaderMap, body: Incoming) {
+    let declared = headers.get(CONTENT_LENGTH).and_then(|value| value.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|length| length <= DISCARDED_BODY_BYTES) {
+        let _ =
+            tokio::time::timeout(Duration::from_millis(200), Limited::new(body, DISCARDED_BODY_BYTES).collect()).await;
+    }
 }
 
 /// The whole body, refused with a 413 past `limit` bytes (before reading when the client

@@ -345,8 +345,8 @@ fn serve_bench_measures_whale_serve_beside_a_peer_server_token_for_token() {
     assert!(text.contains(&peer.base_url), "the peer is named: {text}");
 }
 
-/// SIGTERM: the request in flight is answered in full, the listening socket closes, and the
-/// process exits 0 (docs/serving.md, "Limits under load").
+/// SIGTERM: the request in flight (a stream, seen under way before the signal) is answered in
+/// full, the listening socket closes, and the process exits 0 (docs/serving.md, "Limits under load").
 #[test]
 fn sigterm_lets_the_request_in_flight_finish_refuses_new_connections_and_exits_0() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -355,18 +355,29 @@ fn sigterm_lets_the_request_in_flight_finish_refuses_new_connections_and_exits_0
     let url = format!("{}/chat/completions", server.base_url);
     let address = server.base_url.trim_start_matches("http://").trim_end_matches("/v1").to_string();
     let body = serde_json::json!({
-        "model": "tiny", "messages": [{"role": "user", "content": "Count."}],
+        "model": "tiny", "messages": [{"role": "user", "content": "Count."}], "stream": true,
         "n": 64, "max_tokens": 150, "ignore_eos": true, "seed": 1,
     });
-    let in_flight = std::thread::spawn(move || {
-        let response = reqwest::blocking::Client::new().post(url).json(&body).send().expect("an answer");
-        (response.status().as_u16(), response.json::<Value>().expect("a JSON body"))
+    let mut response = reqwest::blocking::Client::new().post(url).json(&body).send().expect("an answer");
+    assert_eq!(response.status().as_u16(), 200);
+    let mut events = vec![0u8; 256];
+    let first = response.read(&mut events).expect("the first events");
+    assert!(String::from_utf8_lossy(&events[..first]).contains("data:"), "the stream is under way");
+
+    let reader = std::thread::spawn(move || {
+        let mut rest = String::new();
+        response.read_to_string(&mut rest).expect("the rest of the stream");
+        rest
     });
-    std::thread::sleep(std::time::Duration::from_millis(300));
     let status = server.terminate();
+    let rest = reader.join().expect("the reader");
     assert!(status.success(), "{status}");
-    let (status, body) = in_flight.join().expect("the client");
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["choices"].as_array().map(Vec::len), Some(64));
+    assert!(
+        rest.trim_end().ends_with("data: [DONE]"),
+        "the stream ends whole: ...{}",
+        &rest[rest.len().saturating_sub(300)..]
+    );
+    assert!(!rest.contains("server_stopping"), "nothing was cut off");
+    assert_eq!(rest.matches("\"finish_reason\":\"length\"").count(), 64, "every choice ran to max_tokens");
     assert!(std::net::TcpStream::connect(&address).is_err(), "{address} refuses connections");
 }

@@ -239,6 +239,7 @@ fn serve(options: ServeOptions) -> Result<ExitCode> {
     };
     let grace = seconds("--shutdown-grace", options.shutdown_grace)?;
     let server = Server::start(&config, registry)?;
+    let signals = server.stop_signals()?;
     // The notes go out before the address, so whoever waits for the address has them too.
     eprintln!("serving `{name}` ({}); stop with Ctrl-C or SIGTERM ({grace:?} for requests in flight)", dir.display());
     describe_access(&config, &server);
@@ -247,7 +248,10 @@ fn serve(options: ServeOptions) -> Result<ExitCode> {
     }
     println!("{LISTENING}{}", server.base_url());
     std::io::stdout().flush().context("cannot write to stdout")?;
-    let stop = server.run_until_signalled(grace)?;
+    let stop = server.run_until_signalled(signals, grace, || {
+        eprintln!("a second signal: stopping at once");
+        std::process::exit(130);
+    });
     eprintln!(
         "stopped: {} generation requests were in flight, {} of them cut off with 503 after the grace period",
         stop.in_flight, stop.cut_off
