@@ -137,3 +137,29 @@ fn past_the_grace_period_requests_in_flight_get_503_whole_or_streamed() {
         &events[events.len().saturating_sub(400)..]
     );
 }
+
+#[test]
+fn past_the_connection_cap_a_new_connection_waits_until_one_closes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_model(dir.path(), 4);
+    let server = start(dir.path(), ServeConfig { max_connections: 2, ..ServeConfig::default() });
+    let held: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(server.addr()).expect("connected")).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.stats().connections < 2 {
+        assert!(Instant::now() < deadline, "{:?}", server.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let url = format!("http://{}/health", server.addr());
+    let waiting = std::thread::spawn(move || {
+        let asked = Instant::now();
+        let status = http().get(&url).send().expect("an answer").status().as_u16();
+        (status, asked.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!waiting.is_finished(), "a third connection is not served while two are open");
+    assert_eq!(server.stats().connections, 2);
+    drop(held);
+    let (status, waited) = waiting.join().expect("the third client");
+    assert_eq!(status, 200);
+    assert!(waited >= Duration::from_millis(500), "{waited:?}");
+}
