@@ -57,9 +57,8 @@ impl Serve {
 impl Serve {
     /// Sends the server SIGTERM and waits (at most a minute) for it to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
-        assert!(sent.success(), "kill -TERM {pid}");
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM sent");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.try_wait().expect("the server's status") {
