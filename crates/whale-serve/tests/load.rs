@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{chat_body_with, http, remote, request, start, write_model};
 use serde_json::{json, Value};
 use whale_policy::Policy;
-use whale_serve::{ServeConfig, Server};
+use whale_serve::{ServeConfig, Server, ServerStats};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -40,21 +40,32 @@ fn in_background(url: &str, body: String) -> JoinHandle<(u16, Option<String>, Va
     std::thread::spawn(move || post(&url, body))
 }
 
-/// Waits until `server` has `admitted` generation requests running or queued.
-fn wait_for_admitted(server: &Server, admitted: usize) {
+/// A server of a tiny model with `config`, and its chat completions URL.
+fn serving(config: ServeConfig) -> (tempfile::TempDir, Server, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_model(dir.path(), 4);
+    let server = start(dir.path(), config);
+    let url = format!("http://{}{CHAT}", server.addr());
+    (dir, server, url)
+}
+
+/// Waits (at most 30 s) until `server`'s counters say `reached`.
+fn wait_for(server: &Server, reached: impl Fn(&ServerStats) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while server.stats().admitted < admitted {
+    while !reached(&server.stats()) {
         assert!(Instant::now() < deadline, "{:?}", server.stats());
         std::thread::sleep(Duration::from_millis(5));
     }
 }
 
+/// Waits until `server` has `admitted` generation requests running or queued.
+fn wait_for_admitted(server: &Server, admitted: usize) {
+    wait_for(server, |stats| stats.admitted >= admitted);
+}
+
 #[test]
 fn past_the_queue_bound_a_request_gets_429_with_retry_after_at_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_model(dir.path(), 4);
-    let server = start(dir.path(), ServeConfig { workers: 1, max_queued_requests: 1, ..ServeConfig::default() });
-    let url = format!("http://{}{CHAT}", server.addr());
+    let (_dir, server, url) = serving(ServeConfig { workers: 1, max_queued_requests: 1, ..ServeConfig::default() });
     let running: Vec<_> = (0..2).map(|_| in_background(&url, long_body(400))).collect();
     wait_for_admitted(&server, 2);
 
@@ -78,10 +89,7 @@ fn past_the_queue_bound_a_request_gets_429_with_retry_after_at_once() {
 
 #[test]
 fn whales_client_waits_out_a_429_and_its_request_is_answered_not_scored() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_model(dir.path(), 4);
-    let server = start(dir.path(), ServeConfig { workers: 1, max_queued_requests: 0, ..ServeConfig::default() });
-    let url = format!("http://{}{CHAT}", server.addr());
+    let (_dir, server, url) = serving(ServeConfig { workers: 1, max_queued_requests: 0, ..ServeConfig::default() });
     let busy = in_background(&url, long_body(300));
     wait_for_admitted(&server, 1);
 
@@ -95,11 +103,8 @@ fn whales_client_waits_out_a_429_and_its_request_is_answered_not_scored() {
 
 #[test]
 fn a_graceful_stop_lets_requests_in_flight_finish_and_refuses_new_connections() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_model(dir.path(), 4);
-    let mut server = start(dir.path(), ServeConfig::default());
+    let (_dir, mut server, url) = serving(ServeConfig::default());
     let addr = server.addr();
-    let url = format!("http://{addr}{CHAT}");
     let in_flight = in_background(&url, long_body(100));
     wait_for_admitted(&server, 1);
 
@@ -113,10 +118,7 @@ fn a_graceful_stop_lets_requests_in_flight_finish_and_refuses_new_connections() 
 
 #[test]
 fn past_the_grace_period_requests_in_flight_get_503_whole_or_streamed() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_model(dir.path(), 4);
-    let mut server = start(dir.path(), ServeConfig::default());
-    let url = format!("http://{}{CHAT}", server.addr());
+    let (_dir, mut server, url) = serving(ServeConfig::default());
     let whole = in_background(&url, long_body_of(128, 200, false));
     let streamed = in_background(&url, long_body_of(1, 200, true));
     wait_for_admitted(&server, 2);
@@ -140,15 +142,9 @@ fn past_the_grace_period_requests_in_flight_get_503_whole_or_streamed() {
 
 #[test]
 fn past_the_connection_cap_a_new_connection_waits_until_one_closes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_model(dir.path(), 4);
-    let server = start(dir.path(), ServeConfig { max_connections: 2, ..ServeConfig::default() });
+    let (_dir, server, _) = serving(ServeConfig { max_connections: 2, ..ServeConfig::default() });
     let held: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(server.addr()).expect("connected")).collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.stats().connections < 2 {
-        assert!(Instant::now() < deadline, "{:?}", server.stats());
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for(&server, |stats| stats.connections >= 2);
     let url = format!("http://{}/health", server.addr());
     let waiting = std::thread::spawn(move || {
         let asked = Instant::now();
