@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{tasks, SumEvaluator, PARSED, PLAIN};
+use common::{tasks, SumEvaluator, PARSED, PARSED_SMALL, PLAIN};
 use serde_json::{json, Value};
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -72,16 +72,19 @@ fn tool_reply(request: &Received, id: &str) -> String {
     reply["content"].as_str().expect("text").to_string()
 }
 
-fn agent(url: &str) -> Box<AgentProposer> {
-    let config = AgentConfig {
+fn config(url: &str) -> AgentConfig {
+    AgentConfig {
         base_url: Some(url.to_string()),
         model: Some("proposer-model".into()),
         api_key: Some("sk-test".into()),
         max_turns: 5,
         timeout_s: 20,
         ..AgentConfig::default()
-    };
-    Box::new(AgentProposer::new(config).expect("agent"))
+    }
+}
+
+fn agent(url: &str) -> Box<AgentProposer> {
+    Box::new(AgentProposer::new(config(url)).expect("agent"))
 }
 
 #[test]
@@ -164,6 +167,47 @@ fn the_agent_reads_the_archive_is_confined_to_it_and_writes_candidates() {
     let messages = session["messages"].as_array().expect("messages");
     assert_eq!(messages.len(), 2 + 1 + 9 + 1 + 3 + 1, "system, task, every turn and every tool reply");
     assert_eq!(messages.last().expect("last")["content"], "Done.");
+}
+
+#[test]
+fn a_compact_session_shows_the_incumbent_and_its_failures_inline_and_keeps_tool_replies_short() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut archive = Archive::open(dir.path()).expect("archive");
+    archive.seed(PARSED_SMALL, "start").expect("seed");
+    let start = archive.incumbent().expect("incumbent").meta.hash.clone();
+    let read =
+        calls(&[("c1", "read_file", json!({"path": "harness-api.md"})), ("c2", "grep", json!({"pattern": "e"}))]);
+    let write = calls(&[("d1", "write_candidate", json!({"source": PARSED, "hypothesis": "parse the last number"}))]);
+    let (url, received) = serve(vec![(200, read), (200, write)]);
+    let compact = AgentConfig { compact: true, ..config(&url) };
+    let proposer = Box::new(AgentProposer::new(compact).expect("agent"));
+    let config = SearchConfig { candidates: 1, ..SearchConfig::default() };
+    let mut search = HarnessSearch::new(archive, Domain::Math, tasks(6), proposer, config).expect("search");
+    let report = search.iterate(&SumEvaluator::new(1)).expect("iterate");
+    assert_eq!((report.proposer_error, report.candidates.len()), (None, 1));
+
+    let requests = received.lock().expect("log").clone();
+    let system = requests[0].body["messages"][0]["content"].as_str().expect("system");
+    let task = requests[0].body["messages"][1]["content"].as_str().expect("task");
+    assert!(system.contains("One mechanism per candidate") && system.contains("ctx.llm.chat"), "{system}");
+    assert!(system.contains("at most 16 model calls"), "the run's limits: {system}");
+    assert!(
+        system.len() < include_str!("../../../docs/harness-api.md").len() / 3,
+        "the API in brief: {} characters",
+        system.len()
+    );
+    assert!(task.contains("return task.a === 0 && numbers"), "the incumbent's source inline: {task}");
+    assert!(task.contains("% of the 6 search tasks"), "its score: {task}");
+    let failed = search.archive().scores(&start, 1);
+    let failed = failed.expect("scores").expect("recorded").tasks.iter().filter(|t| !t.success).count();
+    assert!(failed > 0, "the harness fails every sum whose first addend is not 0");
+    assert!(task.contains(&format!("of its {failed} failed rollouts")) && task.contains("its reply:"), "{task}");
+    let read_file = requests[0].body["tools"][1]["function"]["description"].as_str().expect("description");
+    assert!(read_file.contains("3000 characters"), "{read_file}");
+    let api = tool_reply(&requests[1], "c1");
+    assert!(api.len() < 3_200 && api.contains("more characters; read from offset 3000"), "{} characters", api.len());
+    let grep = tool_reply(&requests[1], "c2");
+    assert!(grep.lines().count() <= 21 && grep.ends_with("more matches"), "{grep}");
 }
 
 #[test]

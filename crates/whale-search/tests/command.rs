@@ -102,9 +102,24 @@ fn a_failing_command_is_recorded_and_stops_the_search() {
 #[test]
 fn a_command_that_runs_too_long_is_stopped_with_everything_it_started() {
     let started = Instant::now();
-    let (outcome, _dir) = propose("sleep 30 & sleep 30", 1);
+    let pids = tempfile::tempdir().expect("tempdir");
+    let pid_file = pids.path().join("grandchild");
+    let (outcome, _dir) = propose(&format!("sleep 30 & echo $! > '{}'; sleep 30", pid_file.display()), 1);
     assert!(matches!(outcome, Err(ProposerError::Command(ref m)) if m.contains("timed out after 1 s")), "{outcome:?}");
     assert!(started.elapsed().as_secs() < 10, "the command was killed, not waited for");
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let grandchild = fs::read_to_string(&pid_file).expect("the pid the command wrote");
+    let stat = Path::new("/proc").join(grandchild.trim()).join("stat");
+    let gone = |stat: &Path| {
+        fs::read_to_string(stat).map_or(true, |s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+    };
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    while !gone(&stat) && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(gone(&stat), "the command's background child was killed with it");
 }
 
 #[test]

@@ -187,14 +187,7 @@ impl Archive {
 
     /// The scores of (`hash`, `weights_version`), if they were recorded.
     pub fn scores(&self, hash: &str, weights_version: u64) -> Result<Option<ScoreCard>, ArchiveError> {
-        let path = self.results_dir(hash, weights_version).join(SCORES_FILE);
-        match fs::read_to_string(&path) {
-            Ok(text) => {
-                serde_json::from_str(&text).map(Some).map_err(|e| ArchiveError::Corrupt { path, reason: e.to_string() })
-            }
-            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(ArchiveError::Io { path, source }),
-        }
+        read_scores(&self.root, hash, weights_version)
     }
 
     /// The raw trajectories behind (`hash`, `weights_version`), empty if none were recorded.
@@ -285,7 +278,7 @@ impl Archive {
     }
 
     fn results_dir(&self, hash: &str, weights_version: u64) -> PathBuf {
-        self.root.join(RESULTS).join(hash).join(format!("w{weights_version}"))
+        results_dir(&self.root, hash, weights_version)
     }
 
     fn seeded_ref(&self) -> Option<CandidateRef> {
@@ -374,6 +367,24 @@ fn write_if_changed(path: &Path, text: &str) -> Result<(), ArchiveError> {
 
 fn pretty(value: &impl Serialize) -> String {
     serde_json::to_string_pretty(value).expect("archive records always serialise")
+}
+
+/// `results/<hash>/w<version>/` of the archive at `root`.
+fn results_dir(root: &Path, hash: &str, weights_version: u64) -> PathBuf {
+    root.join(RESULTS).join(hash).join(format!("w{weights_version}"))
+}
+
+/// The scores of (`hash`, `weights_version`) in the archive at `root`, if they were recorded:
+/// for a proposer, which reads the archive without opening it.
+pub(crate) fn read_scores(root: &Path, hash: &str, weights_version: u64) -> Result<Option<ScoreCard>, ArchiveError> {
+    let path = results_dir(root, hash, weights_version).join(SCORES_FILE);
+    match fs::read_to_string(&path) {
+        Ok(text) => {
+            serde_json::from_str(&text).map(Some).map_err(|e| ArchiveError::Corrupt { path, reason: e.to_string() })
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ArchiveError::Io { path, source }),
+    }
 }
 
 #[cfg(test)]

@@ -135,8 +135,8 @@ impl CommandProposer {
 fn stop(child: &mut Child) {
     #[cfg(unix)]
     {
-        let group = format!("-{}", child.id());
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let group = rustix::process::Pid::from_child(child);
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
     }
     let _ = child.kill();
     let _ = child.wait();

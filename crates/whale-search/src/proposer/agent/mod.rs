@@ -1,21 +1,22 @@
 //! The agentic proposer: an LLM behind an OpenAI-compatible chat API, with tool calling,
 //! that reads the archive (list, read, grep), checks candidates and writes them. Its system
-//! prompt carries the rules of good harness search and the harness API; its whole session
+//! prompt carries the rules of good harness search and the harness API (whole, or in brief
+//! with the incumbent and its failures inline for a small model: `prompt.rs`); its whole session
 //! (messages, tool calls and their replies, tokens) is kept in the archive as
 //! `sessions/<iteration>.json`, whether the session succeeded or not.
 
 mod client;
+mod prompt;
 mod tools;
 
 use super::confine::ConfinedDir;
 use super::{Proposal, ProposalContext, Proposer, ProposerError, TokenUsage};
 use crate::durable;
-use crate::guide::{HARNESS_API, SEARCH_RULES};
 use client::{ChatClient, Sampling};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::time::Duration;
-use tools::ArchiveTools;
+use tools::{ArchiveTools, ReplySizes};
 use whale_http::{ClientConfig, RetryPolicy};
 
 /// Where the proposer's model is served and how a session runs. `base_url`, `model` and
@@ -44,6 +45,12 @@ pub struct AgentConfig {
     pub max_retries: u32,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
+    /// A prompt sized for a small model: the harness API in brief, the incumbent's source, score
+    /// and two of its failed rollouts inline, and tool replies of about 1,000 tokens at most
+    /// (full: the whole API, the archive left to the tools, replies up to 20,000 characters).
+    /// Left out of the config's JSON when false, so that configs without it keep their hashes.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub compact: bool,
 }
 
 impl Default for AgentConfig {
@@ -58,6 +65,7 @@ impl Default for AgentConfig {
             max_retries: 4,
             temperature: None,
             max_tokens: None,
+            compact: false,
         }
     }
 }
@@ -68,6 +76,7 @@ pub struct AgentProposer {
     model: String,
     base_url: String,
     max_turns: usize,
+    compact: bool,
     usage: TokenUsage,
 }
 
@@ -93,7 +102,8 @@ impl AgentProposer {
             max_in_flight: None,
         };
         let client = ChatClient::new(&base_url, &model, http, sampling)?;
-        Ok(Self { client, model, base_url, max_turns: config.max_turns.max(1), usage: TokenUsage::default() })
+        let max_turns = config.max_turns.max(1);
+        Ok(Self { client, model, base_url, max_turns, compact: config.compact, usage: TokenUsage::default() })
     }
 
     /// Runs the conversation; `messages` holds it so far whatever happens.
@@ -103,7 +113,7 @@ impl AgentProposer {
         messages: &mut Vec<Value>,
         session: &mut Session,
     ) -> Result<(), ProposerError> {
-        let specs = ArchiveTools::specs();
+        let specs = tools.specs();
         for _ in 0..self.max_turns {
             if tools.is_done() {
                 return Ok(());
@@ -133,11 +143,10 @@ impl Proposer for AgentProposer {
     fn propose(&mut self, ctx: &ProposalContext<'_>) -> Result<Vec<Proposal>, ProposerError> {
         let dir = ConfinedDir::new(ctx.archive)
             .map_err(|source| ProposerError::Io { context: format!("archive {}", ctx.archive.display()), source })?;
-        let mut tools = ArchiveTools::new(dir, ctx.limits, ctx.candidates, ctx.incumbent.meta.id.clone());
-        let mut messages = vec![
-            json!({"role": "system", "content": system_prompt()}),
-            json!({"role": "user", "content": task_prompt(ctx)}),
-        ];
+        let sizes = if self.compact { ReplySizes::COMPACT } else { ReplySizes::FULL };
+        let mut tools = ArchiveTools::new(dir, ctx.limits, sizes, ctx.candidates, ctx.incumbent.meta.id.clone());
+        let (system, task) = prompt::prompts(ctx, self.compact);
+        let mut messages = vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": task})];
         let mut session = Session { model: self.model.clone(), base_url: self.base_url.clone(), ..Session::default() };
         let outcome = self.converse(&mut tools, &mut messages, &mut session);
         session.iteration = ctx.iteration;
@@ -169,38 +178,4 @@ struct Session {
     error: Option<String>,
     /// The whole conversation: system and task prompts, model turns, tool calls and replies.
     messages: Vec<Value>,
-}
-
-fn system_prompt() -> String {
-    format!(
-        "You improve a harness: the JavaScript program that wraps a language model to solve tasks. You work \
-         in an archive of every harness tried so far, with their scores and raw rollout traces, through tools: \
-         list_dir, read_file and grep to study it, check_candidate to validate a source, write_candidate to \
-         submit a candidate. Study the incumbent and its failed traces first, then write candidates, each a \
-         complete harness source with one new mechanism and a hypothesis.\n\n{SEARCH_RULES}\n\
-         The harness API follows.\n\n{HARNESS_API}"
-    )
-}
-
-fn task_prompt(ctx: &ProposalContext<'_>) -> String {
-    let incumbent = &ctx.incumbent.meta;
-    let task = format!(
-        "Iteration {iteration}, domain {domain}. The incumbent is candidates/{id}/harness.js (hash {hash}); its \
-         scores and traces under the current weights are in results/{hash}/w{version}/. summary.jsonl logs every \
-         earlier candidate, frontier.json the Pareto front. Write {m} candidate(s) with write_candidate, then stop.",
-        iteration = ctx.iteration,
-        domain = ctx.domain,
-        id = incumbent.id,
-        hash = incumbent.hash,
-        version = ctx.weights_version,
-        m = ctx.candidates,
-    );
-    if !ctx.prompt_only {
-        return task;
-    }
-    format!(
-        "{task}\nThis search edits prompt text only: read the incumbent's failed traces, then change only the text \
-         inside its string and template literals (instructions, wording, examples written into the prompt). Any \
-         change to code, control flow, tool use or parsing, even a ${{}} substitution, is rejected unscored."
-    )
 }

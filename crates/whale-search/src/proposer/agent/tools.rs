@@ -10,26 +10,40 @@ use std::fs;
 use std::path::Path;
 use whale_harness::{validate, Limits};
 
-/// Characters `read_file` returns per call.
-const READ_CHARS: usize = 20_000;
-/// Matches `grep` returns, and the characters of one matching line it shows.
-const GREP_MATCHES: usize = 200;
-const GREP_LINE_CHARS: usize = 300;
-/// Entries `list_dir` shows.
-const LIST_ENTRIES: usize = 500;
+/// How much one tool reply may show: every reply lands in the model's context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplySizes {
+    /// Characters `read_file` returns per call.
+    pub read_chars: usize,
+    /// Matches `grep` returns, and the characters of one matching line it shows.
+    pub grep_matches: usize,
+    pub grep_line_chars: usize,
+    /// Entries `list_dir` shows.
+    pub list_entries: usize,
+}
+
+impl ReplySizes {
+    /// For a model with a long context.
+    pub const FULL: ReplySizes =
+        ReplySizes { read_chars: 20_000, grep_matches: 200, grep_line_chars: 300, list_entries: 500 };
+    /// For a small model on a CPU: about 1,000 tokens a reply at most.
+    pub const COMPACT: ReplySizes =
+        ReplySizes { read_chars: 3_000, grep_matches: 20, grep_line_chars: 160, list_entries: 40 };
+}
 
 /// The tools of one session, and the candidates written so far.
 pub(crate) struct ArchiveTools<'a> {
     dir: ConfinedDir,
     limits: &'a Limits,
+    sizes: ReplySizes,
     wanted: usize,
     incumbent: String,
     pub written: Vec<Proposal>,
 }
 
 impl<'a> ArchiveTools<'a> {
-    pub fn new(dir: ConfinedDir, limits: &'a Limits, wanted: usize, incumbent: String) -> Self {
-        Self { dir, limits, wanted, incumbent, written: Vec::new() }
+    pub fn new(dir: ConfinedDir, limits: &'a Limits, sizes: ReplySizes, wanted: usize, incumbent: String) -> Self {
+        Self { dir, limits, sizes, wanted, incumbent, written: Vec::new() }
     }
 
     /// Whether the session has written every candidate it was asked for.
@@ -38,7 +52,7 @@ impl<'a> ArchiveTools<'a> {
     }
 
     /// The `tools` array of a chat request.
-    pub fn specs() -> Value {
+    pub fn specs(&self) -> Value {
         let function = |name: &str, description: &str, properties: Value, required: &[&str]| {
             json!({"type": "function", "function": {"name": name, "description": description,
                 "parameters": {"type": "object", "properties": properties, "required": required}}})
@@ -48,7 +62,7 @@ impl<'a> ArchiveTools<'a> {
             function("list_dir", "List a directory of the archive (name, kind, size).", json!({"path": path}), &[]),
             function(
                 "read_file",
-                &format!("Read a text file of the archive, {READ_CHARS} characters from `offset`."),
+                &format!("Read a text file of the archive, {} characters from `offset`.", self.sizes.read_chars),
                 json!({"path": path, "offset": {"type": "integer", "minimum": 0}}),
                 &["path"]
             ),
@@ -120,9 +134,9 @@ impl<'a> ArchiveTools<'a> {
             .collect();
         entries.sort();
         let total = entries.len();
-        entries.truncate(LIST_ENTRIES);
-        if total > LIST_ENTRIES {
-            entries.push(format!("... {} more", total - LIST_ENTRIES));
+        entries.truncate(self.sizes.list_entries);
+        if total > self.sizes.list_entries {
+            entries.push(format!("... {} more", total - self.sizes.list_entries));
         }
         Ok(format!("{}:\n{}", self.dir.display(&dir), entries.join("\n")))
     }
@@ -131,7 +145,7 @@ impl<'a> ArchiveTools<'a> {
         let file = self.dir.resolve(path).map_err(|e| e.to_string())?;
         let text = fs::read_to_string(&file).map_err(|e| format!("{path}: {e}"))?;
         let total = text.chars().count();
-        let chunk: String = text.chars().skip(offset).take(READ_CHARS).collect();
+        let chunk: String = text.chars().skip(offset).take(self.sizes.read_chars).collect();
         let end = offset + chunk.chars().count();
         let more = if end < total {
             format!("\n[... {} more characters; read from offset {end}]", total - end)
@@ -150,9 +164,9 @@ impl<'a> ArchiveTools<'a> {
         let mut matches = Vec::new();
         self.grep_in(&start, &needle, &mut matches);
         let total = matches.len();
-        matches.truncate(GREP_MATCHES);
-        if total > GREP_MATCHES {
-            matches.push(format!("... {} more matches", total - GREP_MATCHES));
+        matches.truncate(self.sizes.grep_matches);
+        if total > self.sizes.grep_matches {
+            matches.push(format!("... {} more matches", total - self.sizes.grep_matches));
         }
         Ok(if matches.is_empty() { "no match".to_string() } else { matches.join("\n") })
     }
@@ -171,7 +185,7 @@ impl<'a> ArchiveTools<'a> {
             let Ok(text) = fs::read_to_string(path) else { return };
             let shown = self.dir.display(path);
             for (number, line) in text.lines().enumerate().filter(|(_, line)| line.to_lowercase().contains(needle)) {
-                let clipped: String = line.chars().take(GREP_LINE_CHARS).collect();
+                let clipped: String = line.chars().take(self.sizes.grep_line_chars).collect();
                 matches.push(format!("{shown}:{}: {clipped}", number + 1));
             }
         }
