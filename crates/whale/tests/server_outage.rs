@@ -6,7 +6,9 @@
 //! number of chat requests, chosen to fall in the start's test evaluation, in the first weight
 //! step and in the search phase. The request counts of each unit are fixed by the config
 //! (3 test tasks x k 2, 2 tasks x 2 rollouts a step, one model call per rollout of the plain
-//! harness), whatever order the threads send them in.
+//! harness), whatever order the threads send them in. The same holds when the server itself
+//! is stopped with SIGTERM in the middle of a run (its graceful stop: requests in flight
+//! answered, new connections refused) and a new one is started on its port.
 
 mod common;
 
@@ -53,4 +55,37 @@ fn a_run_whose_server_dies_stops_and_resumed_ends_as_if_never_interrupted() {
         assert_same_run(&own, &runs);
     }
     assert_eq!(stopped, ["evaluation", "weight step", "search"]);
+}
+
+#[test]
+fn a_run_whose_server_is_stopped_by_sigterm_stops_and_resumed_ends_as_if_never_interrupted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = common::tiny_model_in(dir.path());
+    let own = run(dir.path(), "own", &config(&model, &in_process_lora()));
+    let mut serve = Serve::for_runs_in(dir.path(), &model, "base");
+    let port = serve.port();
+    let server = format!(
+        "[server]\nbase_url = \"{}\"\nmodel = \"base\"\nkind = \"whale\"\nmax_retries = 1\n\
+         backoff_initial_ms = 1\nbackoff_max_ms = 10\n",
+        serve.base_url
+    );
+    let text = config(&model, &format!("{server}{}", whale_lm_train("0.002")));
+    let runs = dir.path().join("runs").join("stopped");
+    let metrics = runs.join("metrics.jsonl");
+    let stopper = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !std::fs::read_to_string(&metrics).is_ok_and(|rows| rows.contains("\"weight_step\"")) {
+            assert!(std::time::Instant::now() < deadline, "no weight step in two minutes");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        serve.terminate()
+    });
+    let error = start(dir.path(), "stopped", &text).expect_err("the server stopped after the first weight step");
+    let status = stopper.join().expect("the stopper");
+    assert!(status.success(), "whale serve exits 0 on SIGTERM: {status}");
+    assert_eq!(unit(&error), "weight step", "{error}");
+    assert_eq!(common::read_json(&runs.join("state.json"))["finished"], false);
+    let _back = Serve::for_runs_in_on(dir.path(), &model, "base", port);
+    Experiment::resume(&runs, Verbosity::default()).and_then(|mut e| e.run()).expect("the resumed run ends");
+    assert_same_run(&own, &runs);
 }

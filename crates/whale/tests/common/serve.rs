@@ -20,27 +20,41 @@ impl Serve {
     pub fn start(model: &Path, name: &str, extra: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
         command.env_remove("WHALE_API_KEY");
-        Self::spawn(command, model, name, extra)
+        Self::spawn(&mut command, model, name, 0, extra)
     }
 
     /// Keyed through the variable `WHALE_API_KEY`, and with the flags in `extra`.
     pub fn start_keyed(model: &Path, name: &str, key: &str, extra: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
         command.env("WHALE_API_KEY", key);
-        Self::spawn(command, model, name, extra)
+        Self::spawn(&mut command, model, name, 0, extra)
     }
 
     /// As whale's runs under `root/runs` need it: loading adapters from there at run time.
     pub fn for_runs_in(root: &Path, model: &Path, name: &str) -> Self {
+        Self::for_runs_in_on(root, model, name, 0)
+    }
+
+    /// [`Serve::for_runs_in`] listening on `port` (0: any free one), to stand in for a server
+    /// that stopped.
+    pub fn for_runs_in_on(root: &Path, model: &Path, name: &str, port: u16) -> Self {
         let runs = root.join("runs");
         std::fs::create_dir_all(&runs).expect("the runs directory");
         let runs = runs.to_str().expect("a UTF-8 path");
-        Self::start(model, name, &["--allow-runtime-loading", "--allowed-path", runs])
+        let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
+        command.env_remove("WHALE_API_KEY");
+        Self::spawn(&mut command, model, name, port, &["--allow-runtime-loading", "--allowed-path", runs])
     }
 
-    fn spawn(mut command: Command, model: &Path, name: &str, extra: &[&str]) -> Self {
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        let authority = self.base_url.trim_start_matches("http://").split('/').next().unwrap_or_default();
+        authority.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port in the base URL")
+    }
+
+    fn spawn(command: &mut Command, model: &Path, name: &str, port: u16, extra: &[&str]) -> Self {
         let mut child = command
-            .args(["serve", "--host", "127.0.0.1", "--port", "0", "--served-model-name", name, "--model"])
+            .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--served-model-name", name, "--model"])
             .arg(model)
             .args(extra)
             .stdout(Stdio::piped())
