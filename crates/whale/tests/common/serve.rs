@@ -18,9 +18,14 @@ pub struct Serve {
 impl Serve {
     /// Without a key (`WHALE_API_KEY` is not passed on) and with the flags in `extra`.
     pub fn start(model: &Path, name: &str, extra: &[&str]) -> Self {
+        Self::start_on(model, name, 0, extra)
+    }
+
+    /// [`Serve::start`] listening on `port` (0: any free one).
+    fn start_on(model: &Path, name: &str, port: u16, extra: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
         command.env_remove("WHALE_API_KEY");
-        Self::spawn(&mut command, model, name, 0, extra)
+        Self::spawn(&mut command, model, name, port, extra)
     }
 
     /// Keyed through the variable `WHALE_API_KEY`, and with the flags in `extra`.
@@ -41,9 +46,7 @@ impl Serve {
         let runs = root.join("runs");
         std::fs::create_dir_all(&runs).expect("the runs directory");
         let runs = runs.to_str().expect("a UTF-8 path");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_whale"));
-        command.env_remove("WHALE_API_KEY");
-        Self::spawn(&mut command, model, name, port, &["--allow-runtime-loading", "--allowed-path", runs])
+        Self::start_on(model, name, port, &["--allow-runtime-loading", "--allowed-path", runs])
     }
 
     /// The port it listens on.

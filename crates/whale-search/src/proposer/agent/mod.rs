@@ -145,7 +145,7 @@ impl Proposer for AgentProposer {
             .map_err(|source| ProposerError::Io { context: format!("archive {}", ctx.archive.display()), source })?;
         let sizes = if self.compact { ReplySizes::COMPACT } else { ReplySizes::FULL };
         let mut tools = ArchiveTools::new(dir, ctx.limits, sizes, ctx.candidates, ctx.incumbent.meta.id.clone());
-        let (system, task) = prompt::prompts(ctx, self.compact);
+        let (system, task) = prompt::prompts(ctx, self.compact)?;
         let mut messages = vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": task})];
         let mut session = Session { model: self.model.clone(), base_url: self.base_url.clone(), ..Session::default() };
         let outcome = self.converse(&mut tools, &mut messages, &mut session);

@@ -5,7 +5,7 @@
 //! otherwise spend its first turns reading (the incumbent's source, its score and a few of its
 //! failed rollouts, each cut short).
 
-use super::super::ProposalContext;
+use super::super::{ProposalContext, ProposerError};
 use crate::archive::read_scores;
 use crate::guide::{HARNESS_API, SEARCH_RULES};
 use whale_core::Trajectory;
@@ -18,13 +18,14 @@ const REPLY_HEAD_CHARS: usize = 500;
 const REPLY_TAIL_CHARS: usize = 300;
 const DETAIL_CHARS: usize = 300;
 
-/// The system and task prompts of a session.
-pub(super) fn prompts(ctx: &ProposalContext<'_>, compact: bool) -> (String, String) {
-    if compact {
-        (compact_system_prompt(ctx.limits), compact_task_prompt(ctx))
+/// The system and task prompts of a session; an archive whose incumbent's scores cannot be
+/// read is an infrastructure error that stops the search, not a prompt without them.
+pub(super) fn prompts(ctx: &ProposalContext<'_>, compact: bool) -> Result<(String, String), ProposerError> {
+    Ok(if compact {
+        (compact_system_prompt(ctx.limits), compact_task_prompt(ctx)?)
     } else {
         (system_prompt(), task_prompt(ctx))
-    }
+    })
 }
 
 fn system_prompt() -> String {
@@ -87,16 +88,19 @@ fn task_prompt(ctx: &ProposalContext<'_>) -> String {
     with_prompt_only_rule(ctx, task)
 }
 
-fn compact_task_prompt(ctx: &ProposalContext<'_>) -> String {
+fn compact_task_prompt(ctx: &ProposalContext<'_>) -> Result<String, ProposerError> {
     let incumbent = &ctx.incumbent.meta;
-    let score = match read_scores(ctx.archive, &incumbent.hash, ctx.weights_version) {
-        Ok(Some(card)) => format!(
+    let card = read_scores(ctx.archive, &incumbent.hash, ctx.weights_version).map_err(|e| ProposerError::Io {
+        context: "the incumbent's scores".into(),
+        source: std::io::Error::other(e),
+    })?;
+    let score = card.map_or(String::new(), |card| {
+        format!(
             " It solved {:.0}% of the {} search tasks under the current weights.",
             100.0 * card.objectives.success,
             card.tasks.len()
-        ),
-        _ => String::new(),
-    };
+        )
+    });
     let shown: Vec<String> = ctx.failures.iter().take(FAILURES_SHOWN).map(failure_digest).collect();
     let failures = if shown.is_empty() {
         String::new()
@@ -121,7 +125,7 @@ fn compact_task_prompt(ctx: &ProposalContext<'_>) -> String {
         source = ctx.incumbent.source.trim_end(),
         m = ctx.candidates,
     );
-    with_prompt_only_rule(ctx, task)
+    Ok(with_prompt_only_rule(ctx, task))
 }
 
 fn with_prompt_only_rule(ctx: &ProposalContext<'_>, task: String) -> String {
@@ -186,6 +190,43 @@ fn head_and_tail(text: &str, head_chars: usize, tail_chars: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::archive::{Candidate, CandidateMeta};
+    use whale_core::Domain;
+
+    #[test]
+    fn unreadable_scores_of_the_incumbent_stop_the_session_as_an_infrastructure_fault() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let scores = dir.path().join("results/h/w0");
+        std::fs::create_dir_all(&scores).expect("results");
+        std::fs::write(scores.join("scores.json"), "{not json").expect("a corrupt file");
+        let meta = CandidateMeta {
+            id: "c0000".into(),
+            parent: None,
+            hypothesis: String::new(),
+            hash: "h".into(),
+            iteration: 0,
+            proposer: "seed".into(),
+            rejection: None,
+        };
+        let incumbent = Candidate { meta, source: "export function solve() {}".into() };
+        let limits = Limits::default();
+        let ctx = ProposalContext {
+            archive: dir.path(),
+            incumbent: &incumbent,
+            domain: Domain::Math,
+            candidates: 1,
+            iteration: 1,
+            weights_version: 0,
+            seed: 0,
+            examples: &[],
+            limits: &limits,
+            prompt_only: false,
+            failures: &[],
+        };
+        let error = prompts(&ctx, true).expect_err("a corrupt scores file");
+        assert!(error.is_infrastructure() && error.to_string().contains("scores.json"), "{error}");
+        assert!(prompts(&ctx, false).is_ok(), "the full prompt leaves the scores to the tools");
+    }
 
     #[test]
     fn long_texts_are_cut_to_their_ends_and_say_how_much_is_left_out() {
