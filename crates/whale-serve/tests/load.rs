@@ -146,8 +146,8 @@ fn past_the_connection_cap_a_new_connection_waits_until_one_closes() {
     let held: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(server.addr()).expect("connected")).collect();
     wait_for(&server, |stats| stats.connections >= 2);
     let url = format!("http://{}/health", server.addr());
+    let asked = Instant::now();
     let waiting = std::thread::spawn(move || {
-        let asked = Instant::now();
         let status = http().get(&url).send().expect("an answer").status().as_u16();
         (status, asked.elapsed())
     });
