@@ -245,3 +245,74 @@ fn a_failing_server_is_recorded_and_stops_the_search() {
     let session = fs::read_to_string(dir.path().join("sessions/1.json")).expect("session kept");
     assert!(session.contains("HTTP 400") && session.contains("list_dir"));
 }
+
+fn said(content: &str) -> Value {
+    json!({"choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 200, "completion_tokens": 50}})
+}
+
+#[test]
+fn a_one_shot_session_asks_once_per_candidate_without_tools_and_reads_each_reply_or_says_why_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut archive = Archive::open(dir.path()).expect("archive");
+    archive.seed(PARSED_SMALL, "start").expect("seed");
+    let as_asked = said(&format!("Hypothesis: parse the last number of the reply\n```js\n{PARSED}\n```"));
+    let garbage = said("I would make the harness better by thinking harder.");
+    let as_json = said(&format!(
+        "```json\n{}\n```",
+        json!({"source": PARSED.replace("max_tokens: 32", "max_tokens: 48"), "hypothesis": "a longer reply"})
+    ));
+    let (url, received) = serve(vec![(200, as_asked), (200, garbage), (200, as_json)]);
+    let one_shot = AgentConfig { one_shot: true, ..config(&url) };
+    let proposer = Box::new(AgentProposer::new(one_shot).expect("proposer"));
+    let config = SearchConfig { candidates: 3, ..SearchConfig::default() };
+    let mut search = HarnessSearch::new(archive, Domain::Math, tasks(6), proposer, config).expect("search");
+    let report = search.iterate(&SumEvaluator::new(1)).expect("iterate");
+    assert_eq!(report.proposer_error, None);
+    let hypotheses: Vec<&str> = report.candidates.iter().map(|c| c.hypothesis.as_str()).collect();
+    assert_eq!(hypotheses, ["parse the last number of the reply", "a longer reply"]);
+    assert!(report.candidates.iter().all(|c| matches!(c.result, CandidateResult::Scored { .. })));
+    assert!(search.archive().candidates().skip(1).all(|c| c.meta.proposer == "one-shot"));
+    assert_eq!((report.proposer_tokens.requests, report.proposer_tokens.prompt_tokens), (3, 600));
+
+    let requests = received.lock().expect("log").clone();
+    assert_eq!(requests.len(), 3, "one request per candidate");
+    let tasks: Vec<&str> = requests.iter().map(|r| r.body["messages"][1]["content"].as_str().expect("task")).collect();
+    for request in &requests {
+        assert!(request.body.get("tools").is_none() && request.body.get("tool_choice").is_none());
+        assert_eq!(request.body["max_tokens"], 2048, "a bounded reply by default");
+        assert_eq!(request.body["messages"].as_array().map(Vec::len), Some(2));
+    }
+    let system = requests[0].body["messages"][0]["content"].as_str().expect("system");
+    assert!(system.contains("Hypothesis: <what you changed") && system.contains("ctx.llm.chat"), "{system}");
+    assert!(tasks[0].contains("return task.a === 0 && numbers") && tasks[0].contains("```js code block"));
+    let first_failure = |task: &str| task.lines().find(|l| l.starts_with("task sum-")).map(str::to_string);
+    assert_ne!(first_failure(tasks[0]), first_failure(tasks[1]), "each request shows other failures");
+
+    let session: Value =
+        serde_json::from_str(&fs::read_to_string(dir.path().join("sessions/1.json")).expect("session")).expect("json");
+    let outcomes: Vec<&str> = session["replies"]
+        .as_array()
+        .expect("replies")
+        .iter()
+        .map(|r| r["outcome"].as_str().expect("outcome"))
+        .collect();
+    assert_eq!(outcomes, ["candidate 1", "no candidate: the reply has no code block", "candidate 2"]);
+    assert_eq!(session["turns"], 3);
+}
+
+#[test]
+fn one_shot_replies_without_a_harness_are_the_proposers_output_not_an_outage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut archive = Archive::open(dir.path()).expect("archive");
+    archive.seed(PLAIN, "start").expect("seed");
+    let (url, _) = serve(vec![(200, said("No.")), (200, said("```js\n```"))]);
+    let proposer = Box::new(AgentProposer::new(AgentConfig { one_shot: true, ..config(&url) }).expect("proposer"));
+    let config = SearchConfig { candidates: 2, ..SearchConfig::default() };
+    let mut search = HarnessSearch::new(archive, Domain::Math, tasks(4), proposer, config).expect("search");
+    let report = search.iterate(&SumEvaluator::new(1)).expect("a poor reply does not stop the run");
+    let error = report.proposer_error.expect("recorded");
+    assert!(error.contains("no reply held a harness") && error.contains("code block is empty"), "{error}");
+    assert!(report.candidates.is_empty());
+    assert_eq!(search.archive().next_iteration(), 2, "the iteration is concluded");
+}

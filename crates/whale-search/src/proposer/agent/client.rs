@@ -47,9 +47,13 @@ impl ChatClient {
         })
     }
 
-    /// Sends the conversation and returns the model's turn.
-    pub fn complete(&self, messages: &[Value], tools: &Value) -> Result<Turn, ProposerError> {
-        let mut body = json!({"model": self.model, "messages": messages, "tools": tools, "tool_choice": "auto"});
+    /// Sends the conversation (with `tools` the model may call, if any) and returns the model's turn.
+    pub fn complete(&self, messages: &[Value], tools: Option<&Value>) -> Result<Turn, ProposerError> {
+        let mut body = json!({"model": self.model, "messages": messages});
+        if let Some(tools) = tools {
+            body["tools"] = tools.clone();
+            body["tool_choice"] = json!("auto");
+        }
         if let Some(temperature) = self.sampling.temperature {
             body["temperature"] = json!(temperature);
         }

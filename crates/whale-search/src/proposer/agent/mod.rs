@@ -3,9 +3,11 @@
 //! prompt carries the rules of good harness search and the harness API (whole, or in brief
 //! with the incumbent and its failures inline for a small model: `prompt.rs`); its whole session
 //! (messages, tool calls and their replies, tokens) is kept in the archive as
-//! `sessions/<iteration>.json`, whether the session succeeded or not.
+//! `sessions/<iteration>.json`, whether the session succeeded or not. Its one-shot mode
+//! (`one_shot.rs`) asks for each candidate in one request without tools.
 
 mod client;
+mod one_shot;
 mod prompt;
 mod tools;
 
@@ -51,6 +53,12 @@ pub struct AgentConfig {
     /// Left out of the config's JSON when false, so that configs without it keep their hashes.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub compact: bool,
+    /// One request per candidate and no tools: the compact prompt's incumbent and failures in,
+    /// a hypothesis line and a whole harness in a code block out (`max_tokens` defaults to 2,048
+    /// here). Candidates are recorded as proposed by `one-shot`. For a model that cannot hold a
+    /// tool-calling loop. Left out of the config's JSON when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub one_shot: bool,
 }
 
 impl Default for AgentConfig {
@@ -66,6 +74,7 @@ impl Default for AgentConfig {
             temperature: None,
             max_tokens: None,
             compact: false,
+            one_shot: false,
         }
     }
 }
@@ -77,6 +86,7 @@ pub struct AgentProposer {
     base_url: String,
     max_turns: usize,
     compact: bool,
+    one_shot: bool,
     usage: TokenUsage,
 }
 
@@ -92,7 +102,8 @@ impl AgentProposer {
             .or_else(|| env("WHALE_PROPOSER_MODEL"))
             .ok_or_else(|| ProposerError::Config("no model (set it or WHALE_PROPOSER_MODEL)".into()))?;
         let api_key = config.api_key.or_else(|| env("WHALE_PROPOSER_API_KEY")).or_else(|| env("OPENAI_API_KEY"));
-        let sampling = Sampling { temperature: config.temperature, max_tokens: config.max_tokens };
+        let max_tokens = config.max_tokens.or(config.one_shot.then_some(one_shot::DEFAULT_MAX_TOKENS));
+        let sampling = Sampling { temperature: config.temperature, max_tokens };
         let retry = RetryPolicy::from_millis(config.max_retries, 1_000, 30_000);
         let http = ClientConfig {
             request_timeout: Duration::from_secs(config.timeout_s.max(1)),
@@ -103,7 +114,15 @@ impl AgentProposer {
         };
         let client = ChatClient::new(&base_url, &model, http, sampling)?;
         let max_turns = config.max_turns.max(1);
-        Ok(Self { client, model, base_url, max_turns, compact: config.compact, usage: TokenUsage::default() })
+        Ok(Self {
+            client,
+            model,
+            base_url,
+            max_turns,
+            compact: config.compact,
+            one_shot: config.one_shot,
+            usage: TokenUsage::default(),
+        })
     }
 
     /// Runs the conversation; `messages` holds it so far whatever happens.
@@ -118,7 +137,7 @@ impl AgentProposer {
             if tools.is_done() {
                 return Ok(());
             }
-            let turn = self.client.complete(messages, &specs)?;
+            let turn = self.client.complete(messages, Some(&specs))?;
             self.usage.add(turn.usage);
             session.usage.add(turn.usage);
             session.turns += 1;
@@ -133,14 +152,72 @@ impl AgentProposer {
         }
         Ok(())
     }
+
+    /// One request per candidate; `session` records each reply and what became of it. A reply
+    /// without a harness costs its candidate only; an API failure ends the session.
+    fn ask_one_shot(
+        &mut self,
+        ctx: &ProposalContext<'_>,
+        session: &mut Session,
+    ) -> Result<Vec<Proposal>, ProposerError> {
+        let mut written = Vec::new();
+        for index in 0..ctx.candidates {
+            let (system, task) = prompt::one_shot_prompts(ctx, index)?;
+            if session.messages.is_empty() {
+                session.messages.push(json!({"role": "system", "content": system}));
+            }
+            let messages = [json!({"role": "system", "content": system}), json!({"role": "user", "content": task})];
+            let turn = self.client.complete(&messages, None)?;
+            self.usage.add(turn.usage);
+            session.usage.add(turn.usage);
+            session.turns += 1;
+            let text = turn.message["content"].as_str().unwrap_or_default();
+            let outcome = match one_shot::read_reply(text) {
+                Ok(harness) => {
+                    written.push(Proposal {
+                        source: harness.source,
+                        hypothesis: harness.hypothesis,
+                        parent: Some(ctx.incumbent.meta.id.clone()),
+                    });
+                    format!("candidate {}", written.len())
+                }
+                Err(why) => format!("no candidate: {why}"),
+            };
+            session.replies.push(OneShotReply { task, reply: turn.message, outcome });
+        }
+        if written.is_empty() && ctx.candidates > 0 {
+            let outcomes: Vec<&str> = session.replies.iter().map(|r| r.outcome.as_str()).collect();
+            return Err(ProposerError::Reply(format!("no reply held a harness ({})", outcomes.join("; "))));
+        }
+        Ok(written)
+    }
+
+    fn propose_one_shot(&mut self, ctx: &ProposalContext<'_>) -> Result<Vec<Proposal>, ProposerError> {
+        let mut session = Session { model: self.model.clone(), base_url: self.base_url.clone(), ..Session::default() };
+        let outcome = self.ask_one_shot(ctx, &mut session);
+        session.iteration = ctx.iteration;
+        session.error = outcome.as_ref().err().map(ToString::to_string);
+        if let Ok(written) = &outcome {
+            session.candidates = written.iter().map(|p| p.hypothesis.clone()).collect();
+        }
+        write_session(ctx, &session)?;
+        outcome
+    }
 }
 
 impl Proposer for AgentProposer {
     fn name(&self) -> &str {
-        "agent"
+        if self.one_shot {
+            "one-shot"
+        } else {
+            "agent"
+        }
     }
 
     fn propose(&mut self, ctx: &ProposalContext<'_>) -> Result<Vec<Proposal>, ProposerError> {
+        if self.one_shot {
+            return self.propose_one_shot(ctx);
+        }
         let dir = ConfinedDir::new(ctx.archive)
             .map_err(|source| ProposerError::Io { context: format!("archive {}", ctx.archive.display()), source })?;
         let sizes = if self.compact { ReplySizes::COMPACT } else { ReplySizes::FULL };
@@ -153,16 +230,20 @@ impl Proposer for AgentProposer {
         session.messages = messages;
         session.error = outcome.as_ref().err().map(ToString::to_string);
         session.candidates = tools.written.iter().map(|p| p.hypothesis.clone()).collect();
-        let path = ctx.session_path("json");
-        let text = serde_json::to_string_pretty(&session).unwrap_or_default();
-        durable::write_file(&path, text.as_bytes())
-            .map_err(|source| ProposerError::Io { context: format!("session {}", path.display()), source })?;
+        write_session(ctx, &session)?;
         outcome.map(|()| tools.written)
     }
 
     fn usage(&self) -> TokenUsage {
         self.usage
     }
+}
+
+fn write_session(ctx: &ProposalContext<'_>, session: &Session) -> Result<(), ProposerError> {
+    let path = ctx.session_path("json");
+    let text = serde_json::to_string_pretty(session).unwrap_or_default();
+    durable::write_file(&path, text.as_bytes())
+        .map_err(|source| ProposerError::Io { context: format!("session {}", path.display()), source })
 }
 
 /// `sessions/<iteration>.json`.
@@ -176,6 +257,18 @@ struct Session {
     /// The hypotheses of the candidates written.
     candidates: Vec<String>,
     error: Option<String>,
-    /// The whole conversation: system and task prompts, model turns, tool calls and replies.
+    /// The whole conversation: system and task prompts, model turns, tool calls and replies
+    /// (in one-shot mode, the system prompt only: the rest is in `replies`).
     messages: Vec<Value>,
+    /// One-shot mode: each request's task prompt, the model's reply and what became of it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    replies: Vec<OneShotReply>,
+}
+
+#[derive(Debug, Serialize)]
+struct OneShotReply {
+    task: String,
+    reply: Value,
+    /// `candidate N`, or `no candidate: <why>`.
+    outcome: String,
 }

@@ -89,6 +89,37 @@ fn task_prompt(ctx: &ProposalContext<'_>) -> String {
 }
 
 fn compact_task_prompt(ctx: &ProposalContext<'_>) -> Result<String, ProposerError> {
+    let task = format!(
+        "{}\n\nWrite {} candidate(s) with write_candidate, each a complete source with one new mechanism and its \
+         hypothesis, then stop.",
+        incumbent_inline(ctx, 0)?,
+        ctx.candidates
+    );
+    Ok(with_prompt_only_rule(ctx, task))
+}
+
+/// The system and task prompts of the one-shot proposer's request for candidate `index`: no
+/// tools, the incumbent inline, and a reply of one hypothesis line and one code block. Each
+/// request of an iteration shows the next failed rollouts, so that the candidates differ.
+pub(super) fn one_shot_prompts(ctx: &ProposalContext<'_>, index: usize) -> Result<(String, String), ProposerError> {
+    let system = format!(
+        "You improve a harness: the JavaScript program that wraps a language model to solve tasks. The task \
+         message shows the current best harness and some of its failures. Write one new harness that adds one \
+         new mechanism to it. Reply in exactly this form and nothing else:\n\n\
+         Hypothesis: <what you changed, why it should help, what result would refute it>\n\
+         ```js\n<the complete new harness source>\n```\n\n{SEARCH_RULES}\n{}",
+        harness_brief(ctx.limits)
+    );
+    let task = format!(
+        "{}\n\nReply with one line starting `Hypothesis:` and then the complete new harness in one ```js code block.",
+        incumbent_inline(ctx, index * FAILURES_SHOWN)?
+    );
+    Ok((system, with_prompt_only_rule(ctx, task)))
+}
+
+/// The incumbent's source and score, and [`FAILURES_SHOWN`] of its failed rollouts from the
+/// `first`-th on (counting round the list).
+fn incumbent_inline(ctx: &ProposalContext<'_>, first: usize) -> Result<String, ProposerError> {
     let incumbent = &ctx.incumbent.meta;
     let card = read_scores(ctx.archive, &incumbent.hash, ctx.weights_version).map_err(|e| ProposerError::Io {
         context: "the incumbent's scores".into(),
@@ -101,31 +132,29 @@ fn compact_task_prompt(ctx: &ProposalContext<'_>) -> Result<String, ProposerErro
             card.tasks.len()
         )
     });
-    let shown: Vec<String> = ctx.failures.iter().take(FAILURES_SHOWN).map(failure_digest).collect();
+    let count = ctx.failures.len();
+    let shown: Vec<String> =
+        (0..FAILURES_SHOWN.min(count)).map(|offset| failure_digest(&ctx.failures[(first + offset) % count])).collect();
     let failures = if shown.is_empty() {
         String::new()
     } else {
         format!(
             "\n\n{} of its {} failed rollouts on the search tasks (all of them are in results/{}/w{}/traces.jsonl):\n\n{}",
             shown.len(),
-            ctx.failures.len(),
+            count,
             incumbent.hash,
             ctx.weights_version,
             shown.join("\n\n")
         )
     };
-    let task = format!(
+    Ok(format!(
         "Iteration {iteration}, domain {domain}. The incumbent harness is candidates/{id}/harness.js.{score}\n\n\
-         ```js\n{source}\n```{failures}\n\n\
-         Write {m} candidate(s) with write_candidate, each a complete source with one new mechanism and its \
-         hypothesis, then stop.",
+         ```js\n{source}\n```{failures}",
         iteration = ctx.iteration,
         domain = ctx.domain,
         id = incumbent.id,
         source = ctx.incumbent.source.trim_end(),
-        m = ctx.candidates,
-    );
-    Ok(with_prompt_only_rule(ctx, task))
+    ))
 }
 
 fn with_prompt_only_rule(ctx: &ProposalContext<'_>, task: String) -> String {
