@@ -272,7 +272,8 @@ fn a_one_shot_session_asks_once_per_candidate_without_tools_and_reads_each_reply
     let hypotheses: Vec<&str> = report.candidates.iter().map(|c| c.hypothesis.as_str()).collect();
     assert_eq!(hypotheses, ["parse the last number of the reply", "a longer reply"]);
     assert!(report.candidates.iter().all(|c| matches!(c.result, CandidateResult::Scored { .. })));
-    assert!(search.archive().candidates().skip(1).all(|c| c.meta.proposer == "one-shot"));
+    let proposers: Vec<&str> = search.archive().candidates().map(|c| c.meta.proposer.as_str()).collect();
+    assert_eq!(proposers, ["seed", "one-shot", "one-shot"]);
     assert_eq!((report.proposer_tokens.requests, report.proposer_tokens.prompt_tokens), (3, 600));
 
     let requests = received.lock().expect("log").clone();
@@ -315,4 +316,26 @@ fn one_shot_replies_without_a_harness_are_the_proposers_output_not_an_outage() {
     assert!(error.contains("no reply held a harness") && error.contains("code block is empty"), "{error}");
     assert!(report.candidates.is_empty());
     assert_eq!(search.archive().next_iteration(), 2, "the iteration is concluded");
+    let session = fs::read_to_string(dir.path().join("sessions/1.json")).expect("session kept");
+    assert!(session.contains("no candidate: the reply has no code block") && session.contains("\"No.\""), "{session}");
+}
+
+#[test]
+fn a_one_shot_server_failure_stops_the_search_and_the_session_keeps_the_harness_already_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut archive = Archive::open(dir.path()).expect("archive");
+    archive.seed(PLAIN, "start").expect("seed");
+    let first = said(&format!("Hypothesis: parse the last number\n```js\n{PARSED}\n```"));
+    let (url, _) = serve(vec![(200, first), (400, json!({"error": {"message": "maximum context length exceeded"}}))]);
+    let proposer = Box::new(AgentProposer::new(AgentConfig { one_shot: true, ..config(&url) }).expect("proposer"));
+    let config = SearchConfig { candidates: 2, ..SearchConfig::default() };
+    let mut search = HarnessSearch::new(archive, Domain::Math, tasks(4), proposer, config).expect("search");
+    let error = search.iterate(&SumEvaluator::new(1)).expect_err("a refused request stops the search");
+    let SearchError::Proposer { iteration: 1, error, .. } = &error else { panic!("{error}") };
+    assert!(error.contains("HTTP 400") && error.contains("maximum context length"), "{error}");
+    assert_eq!(search.archive().next_iteration(), 1, "no iteration concluded without its candidates");
+    let session: Value =
+        serde_json::from_str(&fs::read_to_string(dir.path().join("sessions/1.json")).expect("session")).expect("json");
+    assert_eq!(session["candidates"][0], "parse the last number");
+    assert!(session["error"].as_str().expect("the error").contains("HTTP 400"), "{session}");
 }

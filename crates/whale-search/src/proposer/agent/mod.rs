@@ -153,55 +153,65 @@ impl AgentProposer {
         Ok(())
     }
 
-    /// One request per candidate; `session` records each reply and what became of it. A reply
-    /// without a harness costs its candidate only; an API failure ends the session.
+    /// One request per candidate, each harness read out of its reply into `written`; `session`
+    /// records each reply and what became of it. A reply without a harness costs its candidate
+    /// only; an API failure ends the session.
     fn ask_one_shot(
         &mut self,
         ctx: &ProposalContext<'_>,
         session: &mut Session,
-    ) -> Result<Vec<Proposal>, ProposerError> {
-        let mut written = Vec::new();
+        written: &mut Vec<Proposal>,
+    ) -> Result<(), ProposerError> {
         for index in 0..ctx.candidates {
             let (system, task) = prompt::one_shot_prompts(ctx, index)?;
-            if session.messages.is_empty() {
+            if index == 0 {
                 session.messages.push(json!({"role": "system", "content": system}));
             }
             let messages = [json!({"role": "system", "content": system}), json!({"role": "user", "content": task})];
-            let turn = self.client.complete(&messages, None)?;
-            self.usage.add(turn.usage);
-            session.usage.add(turn.usage);
-            session.turns += 1;
-            let text = turn.message["content"].as_str().unwrap_or_default();
-            let outcome = match one_shot::read_reply(text) {
-                Ok(harness) => {
-                    written.push(Proposal {
-                        source: harness.source,
-                        hypothesis: harness.hypothesis,
-                        parent: Some(ctx.incumbent.meta.id.clone()),
-                    });
-                    format!("candidate {}", written.len())
+            let (reply, outcome) = match self.client.complete(&messages, None) {
+                Ok(turn) => {
+                    self.usage.add(turn.usage);
+                    session.usage.add(turn.usage);
+                    session.turns += 1;
+                    let outcome = self.read_one_shot(ctx, &turn.message, written);
+                    (turn.message, outcome)
                 }
-                Err(why) => format!("no candidate: {why}"),
+                Err(ProposerError::Reply(why)) => (Value::Null, format!("no candidate: an unusable reply: {why}")),
+                Err(error) => return Err(error),
             };
-            session.replies.push(OneShotReply { task, reply: turn.message, outcome });
+            session.replies.push(OneShotReply { task, reply, outcome });
         }
         if written.is_empty() && ctx.candidates > 0 {
             let outcomes: Vec<&str> = session.replies.iter().map(|r| r.outcome.as_str()).collect();
             return Err(ProposerError::Reply(format!("no reply held a harness ({})", outcomes.join("; "))));
         }
-        Ok(written)
+        Ok(())
+    }
+
+    /// The harness of one reply, added to `written`, and what became of the reply.
+    fn read_one_shot(&self, ctx: &ProposalContext<'_>, reply: &Value, written: &mut Vec<Proposal>) -> String {
+        match one_shot::read_reply(reply["content"].as_str().unwrap_or_default()) {
+            Ok(harness) => {
+                written.push(Proposal {
+                    source: harness.source,
+                    hypothesis: harness.hypothesis,
+                    parent: Some(ctx.incumbent.meta.id.clone()),
+                });
+                format!("candidate {}", written.len())
+            }
+            Err(why) => format!("no candidate: {why}"),
+        }
     }
 
     fn propose_one_shot(&mut self, ctx: &ProposalContext<'_>) -> Result<Vec<Proposal>, ProposerError> {
         let mut session = Session { model: self.model.clone(), base_url: self.base_url.clone(), ..Session::default() };
-        let outcome = self.ask_one_shot(ctx, &mut session);
+        let mut written = Vec::new();
+        let outcome = self.ask_one_shot(ctx, &mut session, &mut written);
         session.iteration = ctx.iteration;
         session.error = outcome.as_ref().err().map(ToString::to_string);
-        if let Ok(written) = &outcome {
-            session.candidates = written.iter().map(|p| p.hypothesis.clone()).collect();
-        }
+        session.candidates = written.iter().map(|p| p.hypothesis.clone()).collect();
         write_session(ctx, &session)?;
-        outcome
+        outcome.map(|()| written)
     }
 }
 
@@ -239,6 +249,7 @@ impl Proposer for AgentProposer {
     }
 }
 
+/// Keeps `session` in the archive as `sessions/<iteration>.json` (or the next free name).
 fn write_session(ctx: &ProposalContext<'_>, session: &Session) -> Result<(), ProposerError> {
     let path = ctx.session_path("json");
     let text = serde_json::to_string_pretty(session).unwrap_or_default();
