@@ -807,6 +807,7 @@ impl Experiment {
                 let report = self.search.iterate(&evaluator)?;
                 proposer_tokens.prompt_tokens = report.proposer_tokens.prompt_tokens;
                 proposer_tokens.completion_tokens = report.proposer_tokens.completion_tokens;
+                proposer_tokens.wall_s = report.proposer_seconds;
             }
             let (row, new_best) = iteration_row(self.search.archive(), iteration);
             self.state.search_iterations = iteration;

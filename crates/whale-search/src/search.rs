@@ -112,6 +112,9 @@ pub struct IterationReport {
     pub completion_tokens: usize,
     /// Tokens the proposer spent in this iteration.
     pub proposer_tokens: TokenUsage,
+    /// Seconds the proposer took to propose (its model's turns, or its command).
+    #[serde(default)]
+    pub proposer_seconds: f64,
 }
 
 /// Rollouts and tokens spent.
@@ -231,7 +234,9 @@ impl HarnessSearch {
         let usage_before = self.proposer.usage();
         let failures: Vec<Trajectory> =
             self.archive.traces(&incumbent.meta.hash, version)?.into_iter().filter(|t| !t.success).collect();
+        let proposing = std::time::Instant::now();
         let (proposals, proposer_error) = self.propose(iteration, version, &incumbent, &failures)?;
+        let proposer_seconds = proposing.elapsed().as_secs_f64();
         let proposer_tokens = self.proposer.usage().since(usage_before);
         let mut reports = Vec::new();
         let mut scored: Vec<(Candidate, ScoreCard)> = Vec::new();
@@ -266,6 +271,7 @@ impl HarnessSearch {
             prompt_tokens: spent.prompt_tokens,
             completion_tokens: spent.completion_tokens,
             proposer_tokens,
+            proposer_seconds,
         })
     }
 

@@ -275,6 +275,7 @@ fn a_one_shot_session_asks_once_per_candidate_without_tools_and_reads_each_reply
     let proposers: Vec<&str> = search.archive().candidates().map(|c| c.meta.proposer.as_str()).collect();
     assert_eq!(proposers, ["seed", "one-shot", "one-shot"]);
     assert_eq!((report.proposer_tokens.requests, report.proposer_tokens.prompt_tokens), (3, 600));
+    assert!(report.proposer_seconds > 0.0, "the proposer's wall time is measured");
 
     let requests = received.lock().expect("log").clone();
     assert_eq!(requests.len(), 3, "one request per candidate");
