@@ -22,7 +22,8 @@ mod search;
 
 pub use acceptance::{probability_of_gain, Acceptance};
 pub use archive::{
-    Archive, ArchiveError, Candidate, CandidateMeta, CandidateRef, Frontier, FrontierEntry, SummaryEvent,
+    Archive, ArchiveError, Candidate, CandidateMeta, CandidateRef, Frontier, FrontierEntry, ProposalRecord,
+    SummaryEvent,
 };
 pub use guide::SEARCH_RULES;
 pub use prompt_text::only_prompt_text_differs;

@@ -1,11 +1,12 @@
 //! `whale archive`: reading a run's harness archive — the Pareto frontier, the top candidates,
-//! the difference between two candidates' sources, and a candidate's raw traces.
+//! the difference between two candidates' sources, a candidate's raw traces, and the
+//! proposers' record beside the proposer's spend from the run's ledger.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use whale_core::Trajectory;
+use whale_core::{Ledger, Purpose, Trajectory};
 use whale_loop::search_phase::ranking;
-use whale_search::{Archive, ArchiveError, Candidate, SummaryEvent};
+use whale_search::{Archive, ArchiveError, Candidate, ProposalRecord, SummaryEvent};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveViewError {
@@ -17,6 +18,8 @@ pub enum ArchiveViewError {
     UnknownCandidate(String),
     #[error("nothing was scored under weights version {0}")]
     NoScores(u64),
+    #[error("{}: {message}", path.display())]
+    Ledger { path: PathBuf, message: String },
 }
 
 /// Opens the archive of a run directory, or an archive directory itself.
@@ -161,6 +164,27 @@ pub fn traces_text(traces: &[Trajectory]) -> String {
         let _ = writeln!(out, "{:<28} reward {:.2} turns {} answer {answer} | {why}", t.task_id, t.reward, t.turns);
     }
     out
+}
+
+/// The proposers' record ([`ProposalRecord`]) and, from the ledger of the run that `path`
+/// names (a run directory or its archive/), the proposer's requests' tokens and wall time.
+pub fn proposals_text(archive: &Archive, path: &Path) -> Result<String, ArchiveViewError> {
+    let mut out = ProposalRecord::from_events(archive.events()).to_string();
+    let ledger = [path.join("ledger.json"), path.join("..").join("ledger.json")].into_iter().find(|p| p.is_file());
+    let Some(ledger_path) = ledger else {
+        out.push_str("proposer spend: unknown (no run ledger.json beside the archive)\n");
+        return Ok(out);
+    };
+    let error = |message: String| ArchiveViewError::Ledger { path: ledger_path.clone(), message };
+    let text = std::fs::read_to_string(&ledger_path).map_err(|e| error(e.to_string()))?;
+    let ledger: Ledger = serde_json::from_str(&text).map_err(|e| error(e.to_string()))?;
+    let spend = ledger.get(Purpose::Proposer);
+    let _ = writeln!(
+        out,
+        "proposer spend: {} prompt and {} completion tokens, {:.0} s",
+        spend.prompt_tokens, spend.completion_tokens, spend.wall_s
+    );
+    Ok(out)
 }
 
 #[cfg(test)]

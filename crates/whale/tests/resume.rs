@@ -227,6 +227,11 @@ fn the_archive_and_report_commands_read_a_finished_run() {
     assert_eq!(traces.lines().count(), 4, "one line per search task: {traces}");
     let diff = archive(&["diff", "c0000", "c0001"]);
     assert!(diff.starts_with("--- c0000") && diff.lines().any(|l| l.starts_with('+')), "{diff}");
+    let proposals = archive(&["proposals"]);
+    let summary = std::fs::read_to_string(run.join("archive/summary.jsonl")).expect("summary");
+    let made = summary.lines().filter(|l| l.contains("\"event\":\"proposed\"")).count();
+    assert!(made > 0 && proposals.contains(&format!("proposals: {made} made")), "{proposals}");
+    assert!(proposals.contains("proposer: mutate") && proposals.contains("proposer spend: 0 prompt"), "{proposals}");
     let report = whale_output(&["report"], &run);
     assert!(report.contains("whale") && report.contains("report.html"), "{report}");
     let page = std::fs::read_to_string(run.join("report.html")).expect("report.html");

@@ -15,10 +15,12 @@
 
 mod candidate;
 mod error;
+mod proposals;
 mod summary;
 
 pub use candidate::{Candidate, CandidateMeta};
 pub use error::ArchiveError;
+pub use proposals::ProposalRecord;
 pub use summary::{CandidateRef, SummaryEvent};
 
 use crate::durable;

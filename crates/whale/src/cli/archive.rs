@@ -1,7 +1,9 @@
-//! `whale archive`: the frontier, the top candidates, a diff of two candidates and a
-//! candidate's traces, read from a run's harness archive.
+//! `whale archive`: the frontier, the top candidates, a diff of two candidates, a
+//! candidate's traces and the proposers' record, read from a run's harness archive.
 
-use crate::archive_view::{self, diff_text, frontier_text, latest_version, top_text, traces, traces_text};
+use crate::archive_view::{
+    self, diff_text, frontier_text, latest_version, proposals_text, top_text, traces, traces_text,
+};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
@@ -46,6 +48,10 @@ enum ArchiveCommand {
         #[arg(long)]
         json: bool,
     },
+    /// What the proposers did: proposals made, the share that validated, why the others were
+    /// rejected, harnesses accepted, the best search score, the proposers' failures, and (from
+    /// the run's ledger) the proposer's tokens and wall time.
+    Proposals,
 }
 
 pub fn run(args: ArchiveArgs) -> Result<ExitCode> {
@@ -55,6 +61,7 @@ pub fn run(args: ArchiveArgs) -> Result<ExitCode> {
         ArchiveCommand::Frontier { weights } => frontier_text(&archive, weights.unwrap_or(latest))?,
         ArchiveCommand::Top { k, weights } => top_text(&archive, weights.unwrap_or(latest), k)?,
         ArchiveCommand::Diff { a, b } => diff_text(&archive, &a, &b)?,
+        ArchiveCommand::Proposals => proposals_text(&archive, &args.dir)?,
         ArchiveCommand::Traces { id, weights, failed, json } => {
             let found = traces(&archive, &id, weights.unwrap_or(latest), failed)?;
             if json {
