@@ -38,7 +38,7 @@ use whale_harness::scoring::{environment, EvaluateError};
 use whale_harness::{stock_harness, validate, Harness};
 use whale_lm::Decoder;
 use whale_policy::Policy;
-use whale_search::HarnessSearch;
+use whale_search::{HarnessSearch, ProposalRecord};
 use whale_tasks::split::{split, SplitSizes, Splits};
 use whale_tasks::{task_domain, Environment};
 
@@ -526,6 +526,7 @@ impl Experiment {
                 None => {
                     self.state.finished = true;
                     self.dir.commit(&self.state)?;
+                    self.say_proposals();
                 }
             }
         }
@@ -892,6 +893,15 @@ impl Experiment {
                 "cumulative": before,
             })
         })
+    }
+
+    /// At the run's end: what its proposers did, and why proposals failed (`whale archive DIR
+    /// proposals` prints the same, with the proposer's spend).
+    fn say_proposals(&self) {
+        let record = ProposalRecord::from_events(self.search.archive().events());
+        if record.proposed > 0 || !record.failures.is_empty() {
+            record.to_string().lines().for_each(|line| self.say(line.to_string()));
+        }
     }
 
     fn say(&self, line: String) {
