@@ -521,25 +521,27 @@ fn weight_updates_in_place_and_new_models_take_effect() {
 
 #[test]
 fn a_request_in_flight_continues_under_reloaded_weights() {
+    const LENGTH: usize = 800;
     let (first, second) = (model_without_eos(9), model_without_eos(10));
     let policy = engine(first.clone(), EngineConfig::default());
     let prompt = prompt_of(&ask(30));
     let eos = policy.eos_token_ids().to_vec();
-    // 400 tokens leave the reload hundreds of decode steps to arrive in, on a loaded machine too.
+    // 800 tokens leave the reload hundreds of decode steps to arrive in, on a loaded machine too;
+    // it must land before the last one.
     let completion = std::thread::scope(|scope| {
-        let request = scope.spawn(|| chat(&policy, ask(30), greedy(400)));
+        let request = scope.spawn(|| chat(&policy, ask(30), greedy(LENGTH)));
         wait_for(|| policy.stats().decode_calls >= 10);
         policy.reload(second.clone(), 7).expect("reload");
         request.join().expect("request thread").expect("completion")
     });
     assert_eq!(policy.weights_version(), 7);
     let tokens = &completion.token_ids;
-    assert_eq!(tokens.len(), 400);
-    let (under_first, _) = reference_greedy(&first, &prompt, 400, &eos);
+    assert_eq!(tokens.len(), LENGTH);
+    let (under_first, _) = reference_greedy(&first, &prompt, LENGTH, &eos);
     let switch = tokens.iter().zip(&under_first).take_while(|(a, b)| a == b).count();
-    assert!((10..360).contains(&switch), "the new weights took effect at token {switch}");
+    assert!((10..LENGTH).contains(&switch), "the new weights took effect at token {switch}");
     let resumed = [&prompt[..], &tokens[..switch]].concat();
-    let (under_second, _) = reference_greedy(&second, &resumed, 400 - switch, &eos);
+    let (under_second, _) = reference_greedy(&second, &resumed, LENGTH - switch, &eos);
     assert_eq!(&tokens[switch..], &under_second[..], "after the reload, tokens come from the new weights only");
 }
 

@@ -232,14 +232,16 @@ export async function solve(task, ctx) {
   return last.text;
 }"#;
     let harness = Arc::new(Harness::new("patient", source));
-    let policy = ArithmeticModel::slow(Duration::from_millis(200));
-    let limits = Limits { compute_ms: 100, ..Limits::default() };
+    // Three calls of 1 s each: three times the compute budget, which a loaded machine's own
+    // harness work (building the context, compiling) stays well under.
+    let policy = ArithmeticModel::slow(Duration::from_millis(1_000));
+    let limits = Limits { compute_ms: 1_000, ..Limits::default() };
     let jobs = (0..4).map(|i| arithmetic_job(&harness, &format!("t{i}"), json!({}), i, 2, i as u64)).collect();
     for t in run(jobs, policy, &limits, 4) {
         assert_eq!(t.error, None);
         assert!(t.success);
-        assert!(t.wall.model_ms >= 600.0, "{:?}", t.wall);
-        assert!(t.wall.harness_ms < 100.0, "{:?}", t.wall);
+        assert!(t.wall.model_ms >= 3_000.0, "{:?}", t.wall);
+        assert!(t.wall.harness_ms < 1_000.0, "{:?}", t.wall);
     }
 }
 

@@ -17,8 +17,10 @@ use whale_serve::{ServeConfig, Server, ServerStats};
 const CHAT: &str = "/v1/chat/completions";
 
 /// A request that keeps the engine busy for a while: many choices, every token generated.
+/// A request of the most choices a request may ask for (128), so that it keeps the server busy
+/// long enough for a test's next step, on a loaded machine too.
 fn long_body(tokens: usize) -> String {
-    long_body_of(32, tokens, false)
+    long_body_of(128, tokens, false)
 }
 
 fn long_body_of(n: usize, tokens: usize, stream: bool) -> String {
@@ -112,7 +114,7 @@ fn a_graceful_stop_lets_requests_in_flight_finish_and_refuses_new_connections() 
     assert_eq!((report.in_flight, report.cut_off), (1, 0), "{report:?}");
     let (status, _, body) = in_flight.join().expect("the client");
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["choices"].as_array().map(Vec::len), Some(32), "{body}");
+    assert_eq!(body["choices"].as_array().map(Vec::len), Some(128), "{body}");
     assert!(TcpStream::connect(addr).is_err(), "new connections are refused");
 }
 

@@ -22,8 +22,14 @@ fn has_openai(python: &Path) -> bool {
     Command::new(python).args(["-c", "import openai"]).output().is_ok_and(|output| output.status.success())
 }
 
-/// A Python interpreter with the `openai` package.
+/// A Python interpreter with the `openai` package, made once per test binary: the tests that
+/// use it run in parallel, and two pip installs into one venv would clash.
 fn python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(find_or_make_python).clone()
+}
+
+fn find_or_make_python() -> PathBuf {
     if let Some(python) = std::env::var_os("WHALE_PYTHON").filter(|value| !value.is_empty()) {
         let python = PathBuf::from(python);
         assert!(
