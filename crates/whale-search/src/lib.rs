@@ -5,7 +5,8 @@
 //! [`HarnessSearch`] validates each, scores it with one rollout per search task through an
 //! [`Evaluator`] the caller provides, and keeps the best by an [`Acceptance`] rule, the
 //! incumbent included so that "no change" can win. Results are keyed by (content hash,
-//! weights version), the archive survives a kill, and it never holds a test task.
+//! weights version), the archive survives a kill, and it never holds a test task. A candidate
+//! that copies a search task's text is rejected unscored ([`copied_task_text`]).
 //!
 //! Proposers ([`Proposer`]): [`MutateProposer`] (offline source edits), [`AgentProposer`]
 //! (an LLM over an OpenAI-compatible API, with tools confined to the archive) and
@@ -13,6 +14,7 @@
 
 mod acceptance;
 mod archive;
+mod copied_text;
 mod durable;
 mod guide;
 mod prompt_text;
@@ -25,6 +27,7 @@ pub use archive::{
     Archive, ArchiveError, Candidate, CandidateMeta, CandidateRef, Frontier, FrontierEntry, ProposalRecord,
     SummaryEvent,
 };
+pub use copied_text::{copied_task_text, CopiedText, MIN_COPIED_CHARS};
 pub use guide::SEARCH_RULES;
 pub use prompt_text::only_prompt_text_differs;
 pub use proposer::{

@@ -12,6 +12,7 @@
 
 use crate::acceptance::Acceptance;
 use crate::archive::{Archive, ArchiveError, Candidate, CandidateDraft, CandidateRef, SummaryEvent};
+use crate::copied_text::{copied_task_text, CopiedText};
 use crate::prompt_text::only_prompt_text_differs;
 use crate::proposer::{Proposal, ProposalContext, Proposer, TokenUsage};
 use crate::score::ScoreCard;
@@ -333,11 +334,13 @@ impl HarnessSearch {
         let mut smoke = Spent::default();
         let code_changed =
             self.config.prompt_only && !only_prompt_text_differs(&self.incumbent().source, &harness.source);
+        let copied = copied_task_text(&harness.source, &self.tasks);
         let rejection = match (validate(&harness.source, &self.config.limits), screened) {
             (Err(error), _) => Some(format!("does not validate: {error}")),
             (Ok(_), _) if code_changed => {
                 Some("changes the harness's code, and only its prompt text may change here".to_string())
             }
+            (Ok(_), _) if copied.is_some() => copied.map(|c| copy_rejection(&c)),
             (Ok(_), _) if cached => None,
             (Ok(_), Some(earlier)) => earlier,
             (Ok(_), None) => self.smoke(&harness, evaluator, &mut smoke)?,
@@ -436,6 +439,13 @@ impl HarnessSearch {
         }
         Ok(trajectories)
     }
+}
+
+/// Why a candidate holding a search task's text is rejected; the text up to the first colon
+/// is the reason's kind in [`crate::ProposalRecord`].
+fn copy_rejection(copied: &CopiedText) -> String {
+    let shown: String = copied.text.chars().take(80).collect();
+    format!("copies a search task's text: task {} has \"{shown}\"", copied.task_id)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

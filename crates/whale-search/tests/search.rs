@@ -9,8 +9,8 @@ use std::path::Path;
 use whale_core::{Domain, Split, Task};
 use whale_harness::{content_hash, Limits};
 use whale_search::{
-    Acceptance, Archive, ArchiveError, CandidateResult, Evaluator, HarnessSearch, MutateProposer, Mutation, Proposer,
-    ScoreCard, SearchConfig, SearchError, SummaryEvent,
+    Acceptance, Archive, ArchiveError, CandidateResult, Evaluator, HarnessSearch, MutateProposer, Mutation,
+    ProposalRecord, Proposer, ScoreCard, SearchConfig, SearchError, SummaryEvent,
 };
 
 const N: usize = 8;
@@ -172,6 +172,42 @@ fn invalid_candidates_are_recorded_with_their_reason_and_valid_ones_are_scored()
     let meta = fs::read_to_string(dir.path().join("candidates").join(&rejected.id).join("meta.json")).expect("meta");
     assert!(meta.contains("smoke rollout failed"), "{meta}");
     assert!(!dir.path().join("results").join(&rejected.hash).exists(), "a rejected candidate has no results");
+}
+
+/// PARSED with the first search task's question written into it, as a small proposer model
+/// wrote one of the question it was shown failing.
+const COPIES_A_QUESTION: &str = r#"const SEEN = "What is the SUM of 0 and 3,\n  written in digits?";
+export function solve(task, ctx) {
+  const reply = ctx.llm.chat(ctx.env.observation, { max_tokens: 32 });
+  const numbers = reply.text.match(/-?\d+/g);
+  return numbers ? numbers[numbers.length - 1] : undefined;
+}
+"#;
+
+#[test]
+fn a_candidate_that_copies_a_search_task_s_question_is_rejected_before_any_rollout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut asked = tasks(N);
+    for task in &mut asked {
+        let question =
+            format!("What is the sum of {} and {}, written in digits?", task.payload["a"], task.payload["b"]);
+        task.payload["question"] = serde_json::json!(question);
+    }
+    let proposer = scripted(vec![Script::Propose(vec![(COPIES_A_QUESTION, "copy"), (PARSED, "parse")])]);
+    let config = SearchConfig { candidates: 2, ..SearchConfig::default() };
+    let mut search = HarnessSearch::new(seeded(dir.path()), Domain::Math, asked, proposer, config).expect("search");
+    let report = search.iterate(&SumEvaluator::new(1)).expect("iterate");
+    match &report.candidates[0].result {
+        CandidateResult::Rejected { reason } => assert_eq!(
+            reason,
+            "copies a search task's text: task sum-0 has \"What is the sum of 0 and 3, written in digits?\""
+        ),
+        other => panic!("the copy was not rejected: {other:?}"),
+    }
+    assert_eq!(report.rollouts, N + 1 + N, "the incumbent, then the honest candidate's smoke and scoring only");
+    assert_eq!(report.accepted.as_ref().map(|a| a.hash.as_str()), Some(content_hash(PARSED).as_str()));
+    let record = ProposalRecord::from_events(search.archive().events());
+    assert_eq!(record.rejected.get("copies a search task's text"), Some(&1), "{:?}", record.rejected);
 }
 
 #[test]
