@@ -419,9 +419,23 @@ pub fn write_report(dirs: &[PathBuf], out: &Path, title: &str) -> Result<Vec<Ser
             series.push(Series::read(&run)?);
         }
     }
+    name_repeated_labels(&mut series);
     let page = html(title, &series)?;
     std::fs::write(out, page).map_err(|source| ReportError::Io { path: out.to_path_buf(), source })?;
     Ok(series)
+}
+
+/// Adds its directory's name to each label that more than one series carries (two harness-only
+/// runs with different proposers), so the table's rows and the plot's lines tell them apart.
+pub fn name_repeated_labels(series: &mut [Series]) {
+    let labels: Vec<String> = series.iter().map(|s| s.label.clone()).collect();
+    for s in series.iter_mut() {
+        if labels.iter().filter(|l| **l == s.label).count() > 1 {
+            let name =
+                s.dir.file_name().map_or_else(|| s.dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+            s.label = format!("{} ({name})", s.label);
+        }
+    }
 }
 
 /// Writes `report.html` of the run in `dir` into it. A finished run's directory holds its report:
@@ -543,5 +557,19 @@ mod tests {
         assert!(page.contains("<svg"), "an inline SVG plot");
         assert_eq!(page.matches("<tr><td>whale</td>").count(), 2, "a row in both tables");
         assert!(page.contains("test mean@8"));
+    }
+
+    #[test]
+    fn runs_of_one_condition_are_told_apart_by_their_directories() {
+        let mut all = [
+            series(Condition::HarnessOnly, vec![point(0, 0.1)]),
+            series(Condition::HarnessOnly, vec![point(0, 0.1)]),
+            series(Condition::Whale, vec![point(0, 0.1)]),
+        ];
+        all[0].dir = PathBuf::from("runs/one-shot-s0");
+        all[1].dir = PathBuf::from("runs/mutate-s0");
+        name_repeated_labels(&mut all);
+        let labels: Vec<&str> = all.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(labels, ["harness-only (one-shot-s0)", "harness-only (mutate-s0)", "whale"]);
     }
 }
