@@ -2,10 +2,12 @@
 //! tasks (rule 4 of the search), and a small proposer model breaks that rule: shown a failed
 //! rollout, it may write that task's question into the harness, which then answers that one
 //! search task and no other, and one success on a small search set can carry it past the
-//! acceptance rule. So a candidate that holds any string of a search task's payload at least
-//! [`MIN_COPIED_CHARS`] long (case, layout and a literal's escapes aside) is rejected before it
-//! costs a rollout. Shorter strings (an answer such as "1932") occur in honest harnesses and are
-//! left alone, and so is a copy split across several literals.
+//! acceptance rule. So a candidate that adds any string of a search task's payload at least
+//! [`MIN_COPIED_CHARS`] long (case, layout and a literal's escapes aside) to its parent is
+//! rejected before it costs a rollout. Text the parent already held is the testbed's own (a
+//! stock harness's worked examples may come from the split the search tasks are drawn from), and
+//! shorter strings (an answer such as "1932") occur in honest harnesses: both are left alone, and
+//! so is a copy split across several literals.
 
 use whale_core::Task;
 
@@ -19,15 +21,18 @@ pub struct CopiedText {
     pub text: String,
 }
 
-/// The first string of `tasks`' payloads, [`MIN_COPIED_CHARS`] or longer, that `source` holds.
-pub fn copied_task_text(source: &str, tasks: &[Task]) -> Option<CopiedText> {
+/// The first string of `tasks`' payloads, [`MIN_COPIED_CHARS`] or longer, that `source` holds
+/// and `parent` does not.
+pub fn copied_task_text(source: &str, parent: &str, tasks: &[Task]) -> Option<CopiedText> {
     let haystack = normalized(&unescaped(source));
+    let inherited = normalized(&unescaped(parent));
     tasks.iter().find_map(|task| {
         let mut strings = Vec::new();
         payload_strings(&task.payload, &mut strings);
         strings.into_iter().find_map(|text| {
             let needle = normalized(text);
-            (needle.chars().count() >= MIN_COPIED_CHARS && haystack.contains(&needle))
+            let added = haystack.contains(&needle) && !inherited.contains(&needle);
+            (needle.chars().count() >= MIN_COPIED_CHARS && added)
                 .then(|| CopiedText { task_id: task.id.clone(), text: text.to_string() })
         })
     })
@@ -69,7 +74,7 @@ mod tests {
             task("t2", json!({"question": "In what year was Volbe Krynthethzol born?", "answers": ["1969"]})),
         ];
         let source = "const q = \"in what year was\\nVolbe Krynthethzol born?\";\nexport function solve() {}";
-        let copied = copied_task_text(source, &tasks).expect("the second task's question");
+        let copied = copied_task_text(source, "", &tasks).expect("the second task's question");
         assert_eq!(copied.task_id, "t2");
         assert_eq!(copied.text, "In what year was Volbe Krynthethzol born?");
     }
@@ -80,8 +85,18 @@ mod tests {
             "t",
             json!({"answers": ["1969"], "context": [{"title": "A", "text": "The bridge opened in the spring of 1932."}]}),
         )];
-        assert_eq!(copied_task_text("return \"1969\";", &tasks), None, "an answer alone is no copy");
-        let copied = copied_task_text("// the bridge opened in the spring of 1932.", &tasks).expect("a nested passage");
+        assert_eq!(copied_task_text("return \"1969\";", "", &tasks), None, "an answer alone is no copy");
+        let copied =
+            copied_task_text("// the bridge opened in the spring of 1932.", "", &tasks).expect("a nested passage");
         assert_eq!(copied.text, "The bridge opened in the spring of 1932.");
+    }
+
+    #[test]
+    fn text_the_parent_already_held_is_not_a_copy() {
+        let tasks = [task("t", json!({"question": "Natalia sold clips to 48 of her friends in April."}))];
+        let parent = "const EXAMPLE = \"Natalia sold clips to 48 of her friends in April.\";";
+        let child = format!("{parent}\nconst MORE = 1;");
+        assert_eq!(copied_task_text(&child, parent, &tasks), None, "a worked example the testbed's harness holds");
+        assert!(copied_task_text(&child, "const MORE = 1;", &tasks).is_some(), "the same text added by the candidate");
     }
 }

@@ -334,7 +334,8 @@ impl HarnessSearch {
         let mut smoke = Spent::default();
         let code_changed =
             self.config.prompt_only && !only_prompt_text_differs(&self.incumbent().source, &harness.source);
-        let copied = copied_task_text(&harness.source, &self.tasks);
+        let parent = proposal.parent.as_deref().and_then(|id| self.archive.candidate(id)).unwrap_or(self.incumbent());
+        let copied = copied_task_text(&harness.source, &parent.source, &self.tasks);
         let rejection = match (validate(&harness.source, &self.config.limits), screened) {
             (Err(error), _) => Some(format!("does not validate: {error}")),
             (Ok(_), _) if code_changed => {
