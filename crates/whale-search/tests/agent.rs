@@ -303,6 +303,45 @@ fn a_one_shot_session_asks_once_per_candidate_without_tools_and_reads_each_reply
     assert_eq!(session["turns"], 3);
 }
 
+/// PLAIN with its answer taken by a helper: a one-shot reply may rewrite the helper alone.
+const WITH_HELPER: &str = r#"const INSTRUCTION = "You add numbers. Reply with the sum.";
+
+function pick(text) {
+  return text.trim();
+}
+
+export function solve(task, ctx) {
+  const reply = ctx.llm.chat([{ role: "system", content: INSTRUCTION }, { role: "user", content: ctx.env.observation }]);
+  return pick(reply.text);
+}
+"#;
+
+#[test]
+fn a_one_shot_reply_of_one_function_is_merged_into_its_parent_and_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut archive = Archive::open(dir.path()).expect("archive");
+    archive.seed(WITH_HELPER, "start").expect("seed");
+    let fragment = "function pick(text) {\n  const numbers = text.match(/-?\\d+/g);\n  return numbers ? numbers[numbers.length - 1] : undefined;\n}";
+    let (url, _) = serve(vec![(200, said(&format!("Hypothesis: submit the last number\n```js\n{fragment}\n```")))]);
+    let proposer = Box::new(AgentProposer::new(AgentConfig { one_shot: true, ..config(&url) }).expect("proposer"));
+    let config = SearchConfig { candidates: 1, ..SearchConfig::default() };
+    let mut search = HarnessSearch::new(archive, Domain::Math, tasks(4), proposer, config).expect("search");
+    let report = search.iterate(&SumEvaluator::new(1)).expect("iterate");
+    assert_eq!(report.candidates[0].hypothesis, "submit the last number [merged into c0000: the reply lacked solve]");
+    assert!(
+        matches!(report.candidates[0].result, CandidateResult::Scored { objectives, .. } if objectives.success == 1.0)
+    );
+    let accepted = report.accepted.expect("the merged harness wins");
+    let source = &search.archive().candidate(&accepted.id).expect("archived").source;
+    assert!(
+        source.contains("const INSTRUCTION")
+            && source.contains("export function solve")
+            && source.contains("text.match")
+    );
+    let session = fs::read_to_string(dir.path().join("sessions/1.json")).expect("session");
+    assert!(session.contains("candidate 1 [merged into c0000"), "{session}");
+}
+
 #[test]
 fn one_shot_replies_without_a_harness_are_the_proposers_output_not_an_outage() {
     let dir = tempfile::tempdir().expect("tempdir");

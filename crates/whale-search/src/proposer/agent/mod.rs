@@ -7,6 +7,7 @@
 //! (`one_shot.rs`) asks for each candidate in one request without tools.
 
 mod client;
+mod fragment;
 mod one_shot;
 mod prompt;
 mod tools;
@@ -192,12 +193,17 @@ impl AgentProposer {
     fn read_one_shot(&self, ctx: &ProposalContext<'_>, reply: &Value, written: &mut Vec<Proposal>) -> String {
         match one_shot::read_reply(reply["content"].as_str().unwrap_or_default()) {
             Ok(harness) => {
-                written.push(Proposal {
-                    source: harness.source,
-                    hypothesis: harness.hypothesis,
-                    parent: Some(ctx.incumbent.meta.id.clone()),
-                });
-                format!("candidate {}", written.len())
+                let parent = &ctx.incumbent.meta.id;
+                let (source, hypothesis, merged) = match fragment::complete(&harness.source, &ctx.incumbent.source) {
+                    Some(completed) => {
+                        let lacked = completed.lacked.join(", ");
+                        let note = format!(" [merged into {parent}: the reply lacked {lacked}]");
+                        (completed.source, format!("{}{note}", harness.hypothesis), note)
+                    }
+                    None => (harness.source, harness.hypothesis, String::new()),
+                };
+                written.push(Proposal { source, hypothesis, parent: Some(parent.clone()) });
+                format!("candidate {}{merged}", written.len())
             }
             Err(why) => format!("no candidate: {why}"),
         }
