@@ -1,55 +1,57 @@
-//! Whether a candidate harness copies a search task's own text. A harness must work on unseen
+//! Whether a candidate harness copies a search task's question. A harness must work on unseen
 //! tasks (rule 4 of the search), and a small proposer model breaks that rule: shown a failed
 //! rollout, it may write that task's question into the harness, which then answers that one
 //! search task and no other, and one success on a small search set can carry it past the
-//! acceptance rule. So a candidate that adds any string of a search task's payload at least
-//! [`MIN_COPIED_CHARS`] long (case, layout and a literal's escapes aside) to its parent is
-//! rejected before it costs a rollout. Text the parent already held is the testbed's own (a
-//! stock harness's worked examples may come from the split the search tasks are drawn from), and
-//! shorter strings (an answer such as "1932") occur in honest harnesses: both are left alone, and
-//! so is a copy split across several literals.
+//! acceptance rule. So a candidate that adds a search task's `question` (at least
+//! [`MIN_COPIED_CHARS`] long; case, layout and a string literal's escapes aside) to its parent
+//! is rejected before it costs a rollout. Only questions are looked for: passages recur across
+//! tasks and a retrieval corpus, and a few-shot example of a training task may rightly quote
+//! one. Text the parent already held is the testbed's own (a stock harness's worked examples may
+//! come from the split the search tasks are drawn from). Left alone: shorter questions, copied
+//! answers, a question split across several literals, and chess positions (a payload holds the
+//! position before the puzzle's setup move, not the one the model is shown).
 
 use whale_core::Task;
 
-/// The shortest payload string whose presence in a harness counts as a copy.
+/// The shortest question whose presence in a harness counts as a copy.
 pub const MIN_COPIED_CHARS: usize = 24;
 
-/// A search task's string found in a harness.
+/// A search task's question found in a harness.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CopiedText {
     pub task_id: String,
     pub text: String,
 }
 
-/// The first string of `tasks`' payloads, [`MIN_COPIED_CHARS`] or longer, that `source` holds
-/// and `parent` does not.
+/// The first of `tasks`' questions, [`MIN_COPIED_CHARS`] or longer, that `source` holds and
+/// `parent` does not.
 pub fn copied_task_text(source: &str, parent: &str, tasks: &[Task]) -> Option<CopiedText> {
     let haystack = normalized(&unescaped(source));
     let inherited = normalized(&unescaped(parent));
     tasks.iter().find_map(|task| {
-        let mut strings = Vec::new();
-        payload_strings(&task.payload, &mut strings);
-        strings.into_iter().find_map(|text| {
-            let needle = normalized(text);
-            let added = haystack.contains(&needle) && !inherited.contains(&needle);
-            (needle.chars().count() >= MIN_COPIED_CHARS && added)
-                .then(|| CopiedText { task_id: task.id.clone(), text: text.to_string() })
-        })
+        let question = task.payload.get("question")?.as_str()?;
+        let needle = normalized(question);
+        (needle.chars().count() >= MIN_COPIED_CHARS && haystack.contains(&needle) && !inherited.contains(&needle))
+            .then(|| CopiedText { task_id: task.id.clone(), text: question.to_string() })
     })
 }
 
-fn payload_strings<'a>(value: &'a serde_json::Value, out: &mut Vec<&'a str>) {
-    match value {
-        serde_json::Value::String(text) => out.push(text),
-        serde_json::Value::Array(items) => items.iter().for_each(|item| payload_strings(item, out)),
-        serde_json::Value::Object(fields) => fields.values().for_each(|field| payload_strings(field, out)),
-        _ => {}
-    }
-}
-
-/// `source` with the escapes a string literal writes a question with undone.
+/// `source` with a string literal's escapes undone, in one pass (`\\frac` is `\frac`).
 fn unescaped(source: &str) -> String {
-    source.replace("\\n", "\n").replace("\\t", "\t").replace("\\\"", "\"").replace("\\'", "'").replace("\\`", "`")
+    let mut out = String::with_capacity(source.len());
+    let mut chars = source.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n' | 'r' | 't') => out.push(' '),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
 }
 
 /// Lower case, every run of whitespace one space, trimmed.
@@ -80,15 +82,20 @@ mod tests {
     }
 
     #[test]
-    fn short_strings_and_nested_fields_are_told_apart() {
-        let tasks = [task(
-            "t",
-            json!({"answers": ["1969"], "context": [{"title": "A", "text": "The bridge opened in the spring of 1932."}]}),
-        )];
-        assert_eq!(copied_task_text("return \"1969\";", "", &tasks), None, "an answer alone is no copy");
-        let copied =
-            copied_task_text("// the bridge opened in the spring of 1932.", "", &tasks).expect("a nested passage");
-        assert_eq!(copied.text, "The bridge opened in the spring of 1932.");
+    fn only_questions_of_their_length_count_and_latex_escapes_are_read() {
+        let passage = "The bridge opened in the spring of 1932.";
+        let tasks = [
+            task("t", json!({"question": "Who?", "answers": ["1969"], "context": [{"title": "A", "text": passage}]})),
+            task("m", json!({"question": "Compute $\\frac{3}{4} + \\frac{1}{4}$ and simplify."})),
+        ];
+        assert_eq!(
+            copied_task_text(&format!("// {passage}\nreturn \"1969\";"), "", &tasks),
+            None,
+            "a passage, an answer"
+        );
+        let latex = r#"const Q = "Compute $\\frac{3}{4} + \\frac{1}{4}$ and simplify.";"#;
+        let copied = copied_task_text(latex, "", &tasks).expect("a LaTeX question written in a JS string");
+        assert_eq!(copied.task_id, "m");
     }
 
     #[test]

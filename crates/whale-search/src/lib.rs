@@ -6,7 +6,7 @@
 //! [`Evaluator`] the caller provides, and keeps the best by an [`Acceptance`] rule, the
 //! incumbent included so that "no change" can win. Results are keyed by (content hash,
 //! weights version), the archive survives a kill, and it never holds a test task. A candidate
-//! that adds a search task's text to its parent is rejected unscored ([`copied_task_text`]).
+//! that adds a search task's question to its parent is rejected unscored ([`copied_task_text`]).
 //!
 //! Proposers ([`Proposer`]): [`MutateProposer`] (offline source edits), [`AgentProposer`]
 //! (an LLM over an OpenAI-compatible API, with tools confined to the archive) and

@@ -334,14 +334,20 @@ impl HarnessSearch {
         let mut smoke = Spent::default();
         let code_changed =
             self.config.prompt_only && !only_prompt_text_differs(&self.incumbent().source, &harness.source);
-        let parent = proposal.parent.as_deref().and_then(|id| self.archive.candidate(id)).unwrap_or(self.incumbent());
-        let copied = copied_task_text(&harness.source, &parent.source, &self.tasks);
+        // A question counts as inherited only from a parent that was not itself rejected.
+        let parent = proposal
+            .parent
+            .as_deref()
+            .and_then(|id| self.archive.candidate(id))
+            .filter(|candidate| candidate.meta.rejection.is_none())
+            .unwrap_or(self.incumbent());
+        let copied = || copied_task_text(&harness.source, &parent.source, &self.tasks);
         let rejection = match (validate(&harness.source, &self.config.limits), screened) {
             (Err(error), _) => Some(format!("does not validate: {error}")),
             (Ok(_), _) if code_changed => {
                 Some("changes the harness's code, and only its prompt text may change here".to_string())
             }
-            (Ok(_), _) if copied.is_some() => copied.map(|c| copy_rejection(&c)),
+            (Ok(_), _) if copied().is_some() => copied().map(|copy| copy_rejection(&copy)),
             (Ok(_), _) if cached => None,
             (Ok(_), Some(earlier)) => earlier,
             (Ok(_), None) => self.smoke(&harness, evaluator, &mut smoke)?,
@@ -442,11 +448,11 @@ impl HarnessSearch {
     }
 }
 
-/// Why a candidate holding a search task's text is rejected; the text up to the first colon
-/// is the reason's kind in [`crate::ProposalRecord`].
+/// Why a candidate holding a search task's question is rejected; the text up to the first
+/// colon is the reason's kind in [`crate::ProposalRecord`].
 fn copy_rejection(copied: &CopiedText) -> String {
     let shown: String = copied.text.chars().take(80).collect();
-    format!("copies a search task's text: task {} has \"{shown}\"", copied.task_id)
+    format!("copies a search task's question: task {} asks \"{shown}\"", copied.task_id)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

@@ -9,7 +9,7 @@ use std::path::Path;
 use whale_core::{Domain, Split, Task};
 use whale_harness::{content_hash, Limits};
 use whale_search::{
-    Acceptance, Archive, ArchiveError, CandidateResult, Evaluator, HarnessSearch, MutateProposer, Mutation,
+    Acceptance, Archive, ArchiveError, CandidateResult, Evaluator, HarnessSearch, MutateProposer, Mutation, Proposal,
     ProposalRecord, Proposer, ScoreCard, SearchConfig, SearchError, SummaryEvent,
 };
 
@@ -200,14 +200,52 @@ fn a_candidate_that_copies_a_search_task_s_question_is_rejected_before_any_rollo
     match &report.candidates[0].result {
         CandidateResult::Rejected { reason } => assert_eq!(
             reason,
-            "copies a search task's text: task sum-0 has \"What is the sum of 0 and 3, written in digits?\""
+            "copies a search task's question: task sum-0 asks \"What is the sum of 0 and 3, written in digits?\""
         ),
         other => panic!("the copy was not rejected: {other:?}"),
     }
     assert_eq!(report.rollouts, N + 1 + N, "the incumbent, then the honest candidate's smoke and scoring only");
     assert_eq!(report.accepted.as_ref().map(|a| a.hash.as_str()), Some(content_hash(PARSED).as_str()));
     let record = ProposalRecord::from_events(search.archive().events());
-    assert_eq!(record.rejected.get("copies a search task's text"), Some(&1), "{:?}", record.rejected);
+    assert_eq!(record.rejected.get("copies a search task's question"), Some(&1), "{:?}", record.rejected);
+}
+
+/// Proposes one source, naming a given candidate as its parent.
+struct NamingParent {
+    source: &'static str,
+    parent: String,
+}
+
+impl Proposer for NamingParent {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    fn propose(&mut self, _: &whale_search::ProposalContext<'_>) -> Result<Vec<Proposal>, whale_search::ProposerError> {
+        Ok(vec![Proposal { source: self.source.into(), hypothesis: "again".into(), parent: Some(self.parent.clone()) }])
+    }
+}
+
+#[test]
+fn naming_a_rejected_copy_as_parent_does_not_make_its_question_inherited() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut asked = tasks(N);
+    asked[0].payload["question"] = serde_json::json!("What is the sum of 0 and 3, written in digits?");
+    let proposer = scripted(vec![Script::Propose(vec![(COPIES_A_QUESTION, "copy")])]);
+    let config = SearchConfig { candidates: 1, ..SearchConfig::default() };
+    let mut search =
+        HarnessSearch::new(seeded(dir.path()), Domain::Math, asked.clone(), proposer, config.clone()).expect("search");
+    let first = search.iterate(&SumEvaluator::new(1)).expect("iterate");
+    let rejected = first.candidates[0].candidate.id.clone();
+    let archive = search.into_archive();
+    let again = Box::new(NamingParent { source: COPIES_A_QUESTION, parent: rejected });
+    let mut search = HarnessSearch::new(archive, Domain::Math, asked, again, config).expect("search");
+    let second = search.iterate(&SumEvaluator::new(1)).expect("iterate");
+    assert!(
+        matches!(&second.candidates[0].result, CandidateResult::Rejected { reason } if reason.starts_with("copies a search task's question")),
+        "{:?}",
+        second.candidates[0].result
+    );
 }
 
 #[test]
