@@ -194,7 +194,9 @@ impl AgentProposer {
         match one_shot::read_reply(reply["content"].as_str().unwrap_or_default()) {
             Ok(harness) => {
                 let parent = &ctx.incumbent.meta.id;
-                let (source, hypothesis, merged) = match fragment::complete(&harness.source, &ctx.incumbent.source) {
+                // A reply cut off inside its block is left as it is: merged, it would pass for whole.
+                let completed = (!harness.cut_off).then(|| fragment::complete(&harness.source, &ctx.incumbent.source));
+                let (source, hypothesis, merged) = match completed.flatten() {
                     Some(completed) => {
                         let lacked = completed.lacked.join(", ");
                         let note = format!(" [merged into {parent}: the reply lacked {lacked}]");

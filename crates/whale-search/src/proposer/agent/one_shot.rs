@@ -15,6 +15,8 @@ const PROSE_HYPOTHESIS_CHARS: usize = 400;
 pub(super) struct ReplyHarness {
     pub source: String,
     pub hypothesis: String,
+    /// The reply ended inside its code block (cut off at its token limit).
+    pub cut_off: bool,
 }
 
 /// A fenced code block: its info string (`js`, `json`) and its body; `closed` is false when
@@ -53,7 +55,7 @@ pub(super) fn read_reply(text: &str) -> Result<ReplyHarness, String> {
             let cut = if block.closed { "" } else { ", and was cut off inside its code block" };
             format!("(the reply gave no hypothesis{cut})")
         });
-    Ok(ReplyHarness { source, hypothesis })
+    Ok(ReplyHarness { source, hypothesis, cut_off: !block.closed })
 }
 
 fn harness_block<'b, 'a>(blocks: &'b [Block<'a>]) -> Option<&'b Block<'a>> {
@@ -153,7 +155,10 @@ mod tests {
         ] {
             let reply = format!("{line}\r\n\r\n```js\r\n{}\r\n```\r\n", HARNESS.replace('\n', "\r\n"));
             let harness = read_reply(&reply).expect("a harness");
-            assert_eq!(harness, ReplyHarness { source: HARNESS.into(), hypothesis: "vote over three replies".into() });
+            assert_eq!(
+                harness,
+                ReplyHarness { source: HARNESS.into(), hypothesis: "vote over three replies".into(), cut_off: false }
+            );
         }
     }
 
@@ -185,7 +190,10 @@ mod tests {
         for call in [flat, nested, as_text] {
             let reply = format!("```json\n{}\n```", serde_json::to_string_pretty(&call).expect("json"));
             let harness = read_reply(&reply).expect("a harness");
-            assert_eq!(harness, ReplyHarness { source: HARNESS.into(), hypothesis: "parse the last number".into() });
+            assert_eq!(
+                harness,
+                ReplyHarness { source: HARNESS.into(), hypothesis: "parse the last number".into(), cut_off: false }
+            );
         }
         let empty = format!("```json\n{}\n```", serde_json::json!({"source": " ", "hypothesis": "h"}));
         assert_eq!(read_reply(&empty).unwrap_err(), "the reply's code block is empty");
@@ -194,7 +202,7 @@ mod tests {
     #[test]
     fn a_reply_cut_off_inside_its_block_is_still_read_and_one_without_a_block_is_refused() {
         let harness = read_reply("```js\nexport async function solve(task, ctx) {\n  return").expect("a harness");
-        assert!(harness.source.ends_with("  return"));
+        assert!(harness.source.ends_with("  return") && harness.cut_off);
         assert_eq!(harness.hypothesis, "(the reply gave no hypothesis, and was cut off inside its code block)");
         assert_eq!(read_reply("I would add a retry.").unwrap_err(), "the reply has no code block");
         assert_eq!(read_reply("```js\n\n```").unwrap_err(), "the reply's code block is empty");
