@@ -425,16 +425,26 @@ pub fn write_report(dirs: &[PathBuf], out: &Path, title: &str) -> Result<Vec<Ser
     Ok(series)
 }
 
-/// Adds its directory's name to each label that more than one series carries (two harness-only
-/// runs with different proposers), so the table's rows and the plot's lines tell them apart.
+/// Adds its directory to each label that more than one series carries (two harness-only runs
+/// with different proposers, or one arm of two comparisons), as the shortest ending of its path
+/// that no other such series shares, so that the table's rows and the plot's lines differ.
 pub fn name_repeated_labels(series: &mut [Series]) {
     let labels: Vec<String> = series.iter().map(|s| s.label.clone()).collect();
-    for s in series.iter_mut() {
-        if labels.iter().filter(|l| **l == s.label).count() > 1 {
-            let name =
-                s.dir.file_name().map_or_else(|| s.dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-            s.label = format!("{} ({name})", s.label);
+    let paths: Vec<Vec<String>> = series
+        .iter()
+        .map(|s| s.dir.components().rev().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect())
+        .collect();
+    for (i, s) in series.iter_mut().enumerate() {
+        let rivals: Vec<&Vec<String>> =
+            (0..labels.len()).filter(|&j| j != i && labels[j] == labels[i]).map(|j| &paths[j]).collect();
+        if rivals.is_empty() {
+            continue;
         }
+        let depth = (1..=paths[i].len())
+            .find(|&k| rivals.iter().all(|other| other.iter().take(k).ne(paths[i].iter().take(k))))
+            .unwrap_or(paths[i].len());
+        let ending: Vec<&str> = paths[i].iter().take(depth).rev().map(String::as_str).collect();
+        s.label = format!("{} ({})", s.label, ending.join("/"));
     }
 }
 
@@ -571,5 +581,14 @@ mod tests {
         name_repeated_labels(&mut all);
         let labels: Vec<&str> = all.iter().map(|s| s.label.as_str()).collect();
         assert_eq!(labels, ["harness-only (one-shot-s0)", "harness-only (mutate-s0)", "whale"]);
+        let mut arms = [series(Condition::Whale, vec![point(0, 0.1)]), series(Condition::Whale, vec![point(0, 0.1)])];
+        arms[0].dir = PathBuf::from("runs/seed-0/whale");
+        arms[1].dir = PathBuf::from("runs/seed-1/whale");
+        name_repeated_labels(&mut arms);
+        assert_eq!(
+            arms.map(|s| s.label),
+            ["whale (seed-0/whale)", "whale (seed-1/whale)"],
+            "one arm of two comparisons"
+        );
     }
 }
