@@ -341,13 +341,14 @@ impl HarnessSearch {
             .and_then(|id| self.archive.candidate(id))
             .filter(|candidate| candidate.meta.rejection.is_none())
             .unwrap_or(self.incumbent());
-        let copied = || copied_task_text(&harness.source, &parent.source, &self.tasks);
-        let rejection = match (validate(&harness.source, &self.config.limits), screened) {
+        let validation = validate(&harness.source, &self.config.limits);
+        let copied = validation.is_ok().then(|| copied_task_text(&harness.source, &parent.source, &self.tasks));
+        let rejection = match (validation, screened) {
             (Err(error), _) => Some(format!("does not validate: {error}")),
             (Ok(_), _) if code_changed => {
                 Some("changes the harness's code, and only its prompt text may change here".to_string())
             }
-            (Ok(_), _) if copied().is_some() => copied().map(|copy| copy_rejection(&copy)),
+            (Ok(_), _) if copied.as_ref().is_some_and(Option::is_some) => copied.flatten().as_ref().map(copy_rejection),
             (Ok(_), _) if cached => None,
             (Ok(_), Some(earlier)) => earlier,
             (Ok(_), None) => self.smoke(&harness, evaluator, &mut smoke)?,
