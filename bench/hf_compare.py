@@ -25,12 +25,15 @@ and reports how much of the padded micro-batches is padding, and the first micro
 in transformers padded and packed through position_ids (equal if its packing keeps examples apart).
 
 Usage: python3 bench/hf_compare.py [--model DIR] [--max-tokens N] [--train-examples N] [--lora-rank R]
-                                  [--torch-threads N] [--checks-only]
+                                  [--torch-threads N] [--checks-only | --timings-only]
+                                  [--no-full-weights]
 The first run creates bench/.venv and installs torch, transformers, safetensors and peft from
 PyPI into it (set WHALE_HF_VENV to reuse another virtual environment). Without --model it uses the
 default base model, pretraining it first if it is not cached. With --checks-only it runs checks 1
-and 2 and leaves the timings (3, 4 and the padding report) out, on both sides. Exits 1 when a
-check fails.
+and 2 and leaves the timings (3, 4 and the padding report) out, on both sides; with
+--timings-only the reverse (for a model whose checks have their own script, such as
+bench/qwen2_5_parity.py). --no-full-weights times the LoRA step alone (a model whose full-weight
+step does not fit in memory on one side or the other). Exits 1 when a check fails.
 """
 
 import argparse
@@ -140,7 +143,8 @@ def build_workload(tokenizer, args):
         "generate": {"prompts": chat_ids, "max_tokens": args.max_tokens, "temperature": 1.0, "top_k": 20, "top_p": 1.0,
                      "repeats": args.repeats},
         "train": {"examples": examples, "micro_batch": args.micro_batch, "steps": args.train_steps,
-                  "learning_rate": 1e-5, "lora_rank": args.lora_rank or None, "lora_alpha": 2.0 * args.lora_rank},
+                  "learning_rate": 1e-5, "lora_rank": args.lora_rank or None, "lora_alpha": 2.0 * args.lora_rank,
+                  "full_weights": not args.no_full_weights},
     }
 
 
@@ -340,8 +344,17 @@ def main():
                         help="torch's intra-op threads (default: torch's own choice); on 2 vCPUs 1 can be faster")
     parser.add_argument("--checks-only", action="store_true",
                         help="only the token-id and logits checks: no generation or training timings")
+    parser.add_argument("--timings-only", action="store_true",
+                        help="only the generation and training timings: no token-id or logits checks")
+    parser.add_argument("--no-full-weights", action="store_true",
+                        help="time the LoRA step alone, not a step of the full weights")
     args = parser.parse_args()
+    if args.checks_only and args.timings_only:
+        parser.error("--checks-only and --timings-only exclude each other")
     ensure_venv()
+    if args.timings_only:
+        timings_only(args)
+        return
 
     import peft
     import torch
@@ -406,11 +419,7 @@ def main():
         failures.append(f"the trained adapter moves the logits by only {adapter_effect:.3g}; the check proves nothing")
 
     if not args.checks_only:
-        hf_gen_tokens, hf_gen_seconds = time_generation(torch, model, tokenizer, workload)
-        hf_positions, hf_step_seconds, hf_loss = time_training(torch, model, tokenizer, workload)
-        hf_lora = time_lora_training(torch, model_dir, tokenizer, workload) if args.lora_rank else None
-        padded_positions, tokens, padded_loss, packed_loss = padding_and_packing(torch, model.eval(), tokenizer,
-                                                                                 workload)
+        theirs_timed = hf_timings(torch, model, model_dir, tokenizer, workload, args)
 
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {model_dir} ({params / 1e6:.2f}M parameters), torch {torch.__version__}, "
@@ -434,33 +443,79 @@ def main():
     if spread is not None:
         print(f"  transformers against itself in f32 (its other attention kernel): {spread:.2e}")
     if not args.checks_only:
-        ours_gen = ours["generate_tokens"] / ours["generate_seconds"]
-        hf_gen = hf_gen_tokens / hf_gen_seconds
-        ours_train = ours["train_positions"] / ours["train_seconds_per_step"]
-        hf_train = hf_positions / hf_step_seconds
-        print("| workload | whale (candle) | transformers (torch) | whale / transformers |")
-        print("|---|---:|---:|---:|")
-        print(f"| generate, {args.batch} concurrent, up to {args.max_tokens} new tokens: tokens/s "
-              f"| {ours_gen:.0f} ({ours['generate_tokens']} in {ours['generate_seconds']:.2f} s) "
-              f"| {hf_gen:.0f} ({hf_gen_tokens} in {hf_gen_seconds:.2f} s) | {ours_gen / hf_gen:.2f}x |")
-        print(f"| training step, {args.train_examples} examples in micro-batches of {args.micro_batch}: tokens/s "
-              f"| {ours_train:.0f} ({ours['train_seconds_per_step']:.3f} s/step, loss {ours['train_loss']:.3f}) "
-              f"| {hf_train:.0f} ({hf_step_seconds:.3f} s/step, loss {hf_loss:.3f}) | {ours_train / hf_train:.2f}x |")
-        if hf_lora:
-            ours_lora = ours["train_positions"] / ours["lora_train_seconds_per_step"]
-            theirs_lora = hf_lora[0] / hf_lora[1]
-            print(f"| LoRA rank {args.lora_rank} training step, the same batch: tokens/s "
-                  f"| {ours_lora:.0f} ({ours['lora_train_seconds_per_step']:.3f} s/step, "
-                  f"loss {ours['lora_train_loss']:.3f}) "
-                  f"| {theirs_lora:.0f} with peft ({hf_lora[1]:.3f} s/step, loss {hf_lora[2]:.3f}) "
-                  f"| {ours_lora / theirs_lora:.2f}x |")
-        print(f"training micro-batches padded: {padded_positions} positions for {tokens} tokens "
-              f"({1 - tokens / padded_positions:.0%} padding; whale packs the tokens end to end)")
-        print(f"transformers' packing (position_ids, no attention mask), first micro-batch: mean loss "
-              f"{packed_loss:.3f} packed vs {padded_loss:.3f} padded")
+        print_timings(args, ours, theirs_timed)
     for failure in failures:
         print(f"FAILED: {failure}")
     sys.exit(1 if failures else 0)
+
+
+def hf_timings(torch, model, model_dir, tokenizer, workload, args):
+    """transformers' side of the timings: generation, the training steps the workload asks for,
+    and the padding report."""
+    timed = {"generate": time_generation(torch, model, tokenizer, workload)}
+    if workload["train"]["full_weights"]:
+        timed["train"] = time_training(torch, model, tokenizer, workload)
+    if args.lora_rank:
+        timed["lora"] = time_lora_training(torch, model_dir, tokenizer, workload)
+    timed["padding"] = padding_and_packing(torch, model.eval(), tokenizer, workload)
+    return timed
+
+
+def timings_only(args):
+    """The timings without the checks: whale's and transformers' generation and training steps."""
+    import torch
+    import transformers
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    model_dir = args.model or default_model()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    workload = build_workload(tokenizer, args)
+    del workload["logits_input"]
+    with tempfile.TemporaryDirectory() as scratch:
+        ours = run_whale(model_dir, workload, scratch)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    theirs = hf_timings(torch, model, model_dir, tokenizer, workload, args)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"model: {model_dir} ({params / 1e6:.2f}M parameters), torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, {torch.get_num_threads()} torch threads")
+    print_timings(args, ours, theirs)
+
+
+def print_timings(args, ours, theirs):
+    """The table of tokens/s, whale beside transformers (and peft), and the padding report."""
+    import peft
+
+    gen_tokens, gen_seconds = theirs["generate"]
+    ours_gen = ours["generate_tokens"] / ours["generate_seconds"]
+    hf_gen = gen_tokens / gen_seconds
+    print("| workload | whale (candle) | transformers (torch) | whale / transformers |")
+    print("|---|---:|---:|---:|")
+    print(f"| generate, {args.batch} concurrent, up to {args.max_tokens} new tokens: tokens/s "
+          f"| {ours_gen:.0f} ({ours['generate_tokens']} in {ours['generate_seconds']:.2f} s) "
+          f"| {hf_gen:.0f} ({gen_tokens} in {gen_seconds:.2f} s) | {ours_gen / hf_gen:.2f}x |")
+    if "train" in theirs:
+        positions, seconds, loss = theirs["train"]
+        ours_train = ours["train_positions"] / ours["train_seconds_per_step"]
+        hf_train = positions / seconds
+        print(f"| training step, {args.train_examples} examples in micro-batches of {args.micro_batch}: tokens/s "
+              f"| {ours_train:.0f} ({ours['train_seconds_per_step']:.3f} s/step, loss {ours['train_loss']:.3f}) "
+              f"| {hf_train:.0f} ({seconds:.3f} s/step, loss {loss:.3f}) | {ours_train / hf_train:.2f}x |")
+    if "lora" in theirs:
+        positions, seconds, loss = theirs["lora"]
+        ours_lora = ours["train_positions"] / ours["lora_train_seconds_per_step"]
+        theirs_lora = positions / seconds
+        print(f"| LoRA rank {args.lora_rank} training step, {args.train_examples} examples in micro-batches of "
+              f"{args.micro_batch}: tokens/s "
+              f"| {ours_lora:.0f} ({ours['lora_train_seconds_per_step']:.3f} s/step, "
+              f"loss {ours['lora_train_loss']:.3f}) "
+              f"| {theirs_lora:.0f} with peft {peft.__version__} ({seconds:.3f} s/step, loss {loss:.3f}) "
+              f"| {ours_lora / theirs_lora:.2f}x |")
+    padded_positions, tokens, padded_loss, packed_loss = theirs["padding"]
+    print(f"training micro-batches padded: {padded_positions} positions for {tokens} tokens "
+          f"({1 - tokens / padded_positions:.0%} padding; whale packs the tokens end to end)")
+    print(f"transformers' packing (position_ids, no attention mask), first micro-batch: mean loss "
+          f"{packed_loss:.3f} packed vs {padded_loss:.3f} padded")
 
 
 if __name__ == "__main__":

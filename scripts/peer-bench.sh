@@ -91,13 +91,14 @@ start_vllm() {
 # llama.cpp's converter hashes the tokenizer's output to name its pre-tokenizer and knows none
 # for whale's own byte-level BPE, whose split is GPT-2's: the wrapper declares it so when the
 # converter does not recognise the tokenizer (it does SmolLM2's). The converter runs in
-# WHALE_CONVERT_PYTHON (any Python with torch and transformers), else in vLLM's venv.
+# WHALE_CONVERT_PYTHON (any Python with torch, transformers and sentencepiece), else in vLLM's
+# venv.
 to_gguf() {
     local src=$1
     local py=${WHALE_CONVERT_PYTHON:-}
     [ -n "$py" ] || py=$("$ROOT/scripts/vllm-venv.sh" | tail -1)
     [ -f "$GGUF" ] && return 0
-    PYTHONPATH="$src:$src/gguf-py" "$py" - "$MODEL" "$GGUF.partial" >"$WORK/convert.log" 2>&1 <<'PY'
+    PYTHONPATH="$src:$src/gguf-py" "$py" - "$MODEL" "$GGUF.partial" >"$WORK/convert.log" 2>&1 <<'PY' || return 1
 import runpy
 import sys
 

@@ -1,31 +1,51 @@
-//! What a quantized base would buy SmolLM2's rollouts on this CPU: the products of its
-//! decoding step timed in f32 and through candle's quantized kernels (`QMatMul`) on the same
-//! weights quantized to each GGUF type that fits the shape, at 1 to 256 rows (concurrent
-//! sequences). f32 is timed as whale multiplies SmolLM2's weights: from `W` as stored (its
-//! projections pass the size up to which whale decodes from `W^T` copies; a product of one row
-//! whale also splits over two threads, which this leaves out).
+//! What a quantized base would buy a model's rollouts on this CPU: the products of its decoding
+//! step timed in f32 and through candle's quantized kernels (`QMatMul`) on the same weights
+//! quantized to each GGUF type that fits the shape, at 1 to 256 rows (concurrent sequences). f32
+//! is timed as whale multiplies these models' weights: from `W` as stored (their projections pass
+//! the size up to which whale decodes from `W^T` copies; a product of one row whale also splits
+//! over two threads, which this leaves out).
 //!
-//! `cargo run --release -p whale-lm --example quantized_products [-- ROWS,ROWS,...]`
+//! `cargo run --release -p whale-lm --example quantized_products [-- MODEL [ROWS,ROWS,...]]`
 //!
-//! Prints one line per product shape (outputs x inputs) and row count with GFLOP/s per type and
-//! the largest difference from the f32 product on unit-normal inputs, then for each row count
-//! the time of one decoding step's products (30 layers of SmolLM2's seven projections and the
-//! tied head) per type: the bound those products set on decoding tokens/s. Weights are drawn
-//! with SmolLM2's spread (normal, sd 0.05); the timings do not depend on the values. The CPU
-//! settings are the `whale` binary's (`whale_kernels::runtime::configure_cpu`), but for
-//! candle's element-wise pool, on which its quantized products run: it gets every core.
+//! MODEL is `smollm2` (SmolLM2-135M, the default), `qwen2.5-0.5b` or `qwen2.5-1.5b`
+//! (Qwen2.5-Coder-Instruct's shapes). Prints one line per product shape (outputs x inputs) and row
+//! count with GFLOP/s per type and the largest difference from the f32 product on unit-normal
+//! inputs, then for each row count the time of one decoding step's products (every layer's seven
+//! projections and the head) per type: the bound those products set on decoding tokens/s. Weights
+//! are drawn normal with sd 0.05; the timings do not depend on the values. The CPU settings are
+//! the `whale` binary's (`whale_kernels::runtime::configure_cpu`), but for candle's element-wise
+//! pool, on which its quantized products run: it gets every core.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use std::time::Instant;
 
-/// SmolLM2-135M's products per layer (outputs, inputs): q, k, v, o, gate, up, down.
-const LAYER: [(usize, usize); 7] =
-    [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
-const LAYERS: usize = 30;
-/// The tied head: vocabulary x hidden.
-const HEAD: (usize, usize) = (49152, 576);
-const TYPES: [GgmlDType; 4] = [GgmlDType::Q8_0, GgmlDType::Q4_1, GgmlDType::Q4_0, GgmlDType::Q4K];
+/// A model's decoding-step products.
+struct Shapes {
+    /// Per layer (outputs, inputs): q, k, v, o, gate, up, down.
+    layer: [(usize, usize); 7],
+    layers: usize,
+    /// The head: vocabulary x hidden.
+    head: (usize, usize),
+}
+
+impl Shapes {
+    fn named(name: &str) -> Option<Self> {
+        // (hidden, key/value outputs, intermediate, layers, vocabulary)
+        let (h, kv, i, layers, vocab) = match name {
+            "smollm2" => (576, 192, 1536, 30, 49152),
+            "qwen2.5-0.5b" => (896, 128, 4864, 24, 151936),
+            "qwen2.5-1.5b" => (1536, 256, 8960, 28, 151936),
+            _ => return None,
+        };
+        Some(Self { layer: [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)], layers, head: (vocab, h) })
+    }
+}
+
+/// The types of the GGUF files whale reads: SmolLM2's Q4_1, the Qwen2.5 0.5B's Q5_0 and Q8_0,
+/// the 1.5B's Q4_K and Q6_K, and Q4_0.
+const TYPES: [GgmlDType; 6] =
+    [GgmlDType::Q8_0, GgmlDType::Q6K, GgmlDType::Q5_0, GgmlDType::Q4K, GgmlDType::Q4_1, GgmlDType::Q4_0];
 /// Multiply-adds each timing covers, at least (so that small products repeat enough).
 const WORK: usize = 400_000_000;
 
@@ -39,12 +59,14 @@ fn main() -> Result<(), BoxError> {
         std::env::set_var("CANDLE_NUM_THREADS", cores.to_string());
     }
     whale_kernels::runtime::configure_cpu();
-    let rows: Vec<usize> = match std::env::args().nth(1) {
+    let name = std::env::args().nth(1).unwrap_or_else(|| "smollm2".into());
+    let model = Shapes::named(&name).ok_or(format!("unknown model {name:?}: smollm2, qwen2.5-0.5b or qwen2.5-1.5b"))?;
+    let rows: Vec<usize> = match std::env::args().nth(2) {
         Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
         None => vec![1, 8, 64, 256],
     };
     let mut shapes: Vec<(usize, usize)> = Vec::new();
-    for shape in LAYER.into_iter().chain([HEAD]) {
+    for shape in model.layer.into_iter().chain([model.head]) {
         if !shapes.contains(&shape) {
             shapes.push(shape);
         }
@@ -58,9 +80,12 @@ fn main() -> Result<(), BoxError> {
             println!("{m:>5} {:>13} {:>16.1} {}", format!("{n} x {k}"), timing.f32.1, timing.row());
             per_shape.push(((n, k), timing));
         }
-        step_seconds.push((m, step_time(&per_shape)));
+        step_seconds.push((m, step_time(&model, &per_shape)));
     }
-    println!("\none decoding step's products (30 layers and the head), ms; f32 for shapes a type does not fit");
+    println!(
+        "\none decoding step's products ({} layers and the head), ms; f32 for shapes a type does not fit",
+        model.layers
+    );
     println!("{:>5} {:>10} {}", "rows", "f32", types_header());
     for (m, seconds) in step_seconds {
         let cells: Vec<String> = seconds[1..].iter().map(|s| format!("{:>10.2}", s * 1e3)).collect();
@@ -128,10 +153,10 @@ fn time(
 }
 
 /// Seconds of one decoding step's products: f32, then each type (f32 where it does not fit).
-fn step_time(per_shape: &[((usize, usize), Timing)]) -> Vec<f64> {
+fn step_time(model: &Shapes, per_shape: &[((usize, usize), Timing)]) -> Vec<f64> {
     let of = |shape: (usize, usize)| &per_shape.iter().find(|(s, _)| *s == shape).expect("timed").1;
     let mut seconds = vec![0.0; TYPES.len() + 1];
-    let products = LAYER.iter().map(|&s| (s, LAYERS)).chain([(HEAD, 1)]);
+    let products = model.layer.iter().map(|&s| (s, model.layers)).chain([(model.head, 1)]);
     for (shape, count) in products {
         let timing = of(shape);
         let f32_seconds = timing.f32.0;

@@ -29,6 +29,8 @@ pub trait Architecture: ArchitectureObject {
     fn parameter_count(&self) -> usize;
     /// The model FLOPs of a token through this model ([`FlopCounts`]).
     fn flop_counts(&self) -> FlopCounts;
+    /// What a training pass keeps for its backward pass ([`ActivationCounts`]).
+    fn activation_counts(&self) -> ActivationCounts;
     /// An empty cache for one sequence.
     fn new_cache(&self) -> Result<DecoderCache, ModelError>;
     /// An independent copy of a cache this architecture made: sequences that share a prompt
@@ -98,6 +100,35 @@ impl FlopCounts {
         (2.0 * self.body + self.recurrence_per_token) * fed_f
             + 2.0 * self.head * scored as f64
             + self.attention_per_key * keys
+    }
+}
+
+/// The floats a training pass over packed sequences holds at its peak, in the forward pass's
+/// activations and the backward pass's gradients of them: an estimate from the architecture's
+/// widths, so that a step that cannot fit in memory is refused before it is taken (whale-train's
+/// `StepMemory`) rather than killed by the kernel halfway. Calibrated on measured peaks: a LoRA
+/// step of Qwen2.5-Coder-1.5B over 512 tokens held 8.2 GiB beyond the weights, and this
+/// estimate says 7.3 GiB (docs/benchmarks.md).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ActivationCounts {
+    /// Per token fed, all layers: each layer's inputs, projections, rotary terms, MLP products
+    /// and residuals, twice (the value and its gradient).
+    pub per_token: f64,
+    /// Per scored position: the logits' row over the vocabulary, its softmax and its gradient.
+    pub per_scored: f64,
+}
+
+impl ActivationCounts {
+    /// Floats of the activations of one layer per token, widths `hidden`, `query` (all query
+    /// heads), `key_value` (all key and value heads) and `intermediate` (the MLP), counted
+    /// twice for their gradients.
+    pub fn layer_per_token(hidden: usize, query: usize, key_value: usize, intermediate: usize) -> f64 {
+        2.0 * (7 * hidden + 7 * query + 8 * key_value + 4 * intermediate) as f64
+    }
+
+    /// Bytes of a pass over `fed` tokens scoring `scored` of them, in elements of `bytes` each.
+    pub fn pass_bytes(&self, fed: usize, scored: usize, bytes: usize) -> f64 {
+        (self.per_token * fed as f64 + self.per_scored * scored as f64) * bytes as f64
     }
 }
 
@@ -208,6 +239,11 @@ impl Decoder {
     /// The model FLOPs per token ([`Architecture::flop_counts`]).
     pub fn flop_counts(&self) -> FlopCounts {
         self.model().flop_counts()
+    }
+
+    /// What a training pass keeps for its backward pass ([`Architecture::activation_counts`]).
+    pub fn activation_counts(&self) -> ActivationCounts {
+        self.model().activation_counts()
     }
 
     /// An empty cache for one sequence.

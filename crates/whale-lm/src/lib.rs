@@ -51,7 +51,7 @@ pub mod trainable;
 pub use qwen3::{checkpoint, config, lora, model};
 
 pub use architectures::{Registration, WithTrainable, ARCHITECTURES};
-pub use decoder::{AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
+pub use decoder::{ActivationCounts, AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
 pub use llama::{LlamaConfig, LlamaModel, RopeScaling};
 pub use qwen2::{Qwen2Config, Qwen2Model};
 pub use qwen3::checkpoint::{load_dense, load_model, save_model, stored_dtype, CheckpointError, GenerationConfig};

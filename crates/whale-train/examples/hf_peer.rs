@@ -68,6 +68,21 @@ struct TrainWorkload {
     /// none leaves that timing out.
     lora_rank: Option<usize>,
     lora_alpha: Option<f64>,
+    /// Whether to time a step of the full weights too (default true); a model whose full-weight
+    /// step does not fit in memory is timed with its adapter alone.
+    #[serde(default = "full_weights_by_default")]
+    full_weights: bool,
+}
+
+fn full_weights_by_default() -> bool {
+    true
+}
+
+impl TrainWorkload {
+    /// Positions scored in a step: every token of each example but its first.
+    fn positions(&self) -> usize {
+        self.examples.iter().map(|e| e.prompt.len() + e.completion.len() - 1).sum()
+    }
 }
 
 #[derive(Deserialize)]
@@ -124,7 +139,12 @@ fn main() -> Result<(), BoxError> {
     };
     let greedy_ids = workload.greedy.as_ref().map(|work| greedy(&policy, work)).transpose()?;
     let generation = workload.generate.as_ref().map(|work| time_generation(&policy, work)).transpose()?;
-    let training = workload.train.as_ref().map(|work| time_training(&policy, work, None)).transpose()?;
+    let training = workload
+        .train
+        .as_ref()
+        .filter(|work| work.full_weights)
+        .map(|work| time_training(&policy, work, None))
+        .transpose()?;
     let lora_timing = workload
         .train
         .as_ref()
@@ -144,11 +164,11 @@ fn main() -> Result<(), BoxError> {
         greedy_ids,
         generate_tokens: generation.map(|(tokens, _)| tokens),
         generate_seconds: generation.map(|(_, seconds)| seconds),
-        train_positions: training.map(|(positions, _, _)| positions),
-        train_seconds_per_step: training.map(|(_, seconds, _)| seconds),
-        train_loss: training.map(|(_, _, loss)| loss),
-        lora_train_seconds_per_step: lora_timing.map(|(_, seconds, _)| seconds),
-        lora_train_loss: lora_timing.map(|(_, _, loss)| loss),
+        train_positions: workload.train.as_ref().map(TrainWorkload::positions),
+        train_seconds_per_step: training.map(|(seconds, _)| seconds),
+        train_loss: training.map(|(_, loss)| loss),
+        lora_train_seconds_per_step: lora_timing.map(|(seconds, _)| seconds),
+        lora_train_loss: lora_timing.map(|(_, loss)| loss),
     };
     std::fs::write(out_path, serde_json::to_vec(&results)?)?;
     Ok(())
@@ -243,13 +263,9 @@ fn time_generation(policy: &LocalPolicy, work: &GenerateWorkload) -> Result<(usi
     Ok((tokens, times[times.len() / 2]))
 }
 
-/// Seconds per SFT step over the whole batch, after one warm-up step: of the full weights, or of a
-/// fresh adapter of `lora`.
-fn time_training(
-    policy: &LocalPolicy,
-    work: &TrainWorkload,
-    lora: Option<LoraConfig>,
-) -> Result<(usize, f64, f64), BoxError> {
+/// Seconds per SFT step over the whole batch, after one warm-up step, and the last loss: of the
+/// full weights, or of a fresh adapter of `lora`.
+fn time_training(policy: &LocalPolicy, work: &TrainWorkload, lora: Option<LoraConfig>) -> Result<(f64, f64), BoxError> {
     let examples: Vec<SftExample> = work
         .examples
         .iter()
@@ -263,10 +279,7 @@ fn time_training(
         max_seq_len: longest,
         ..TrainerConfig::default()
     };
-    let (seconds_per_step, loss) =
-        policy.decoder().with_trainable(TimedSteps { examples: &examples, config, steps: work.steps, lora })?;
-    let positions = examples.iter().map(|e| e.tokens() - 1).sum();
-    Ok((positions, seconds_per_step, loss))
+    policy.decoder().with_trainable(TimedSteps { examples: &examples, config, steps: work.steps, lora })
 }
 
 /// `steps` SFT steps after one warm-up step, of the model or of a fresh adapter of `lora` on

@@ -18,6 +18,8 @@
 //!   log-probabilities recorded at sampling ([`PgExample`]); [`SftTrainer::policy_gradient_step`]
 //!   takes one update on PPO's clipped surrogate, with the same micro-batching, clipping and
 //!   AdamW as the supervised step.
+//! - Before either takes a pass, [`StepMemory`] refuses a step that cannot fit in the memory
+//!   available (on a CPU), naming what it would need.
 //! - [`SftTrainer::save_checkpoint`] (or [`SftTrainer::save`] with a generation config) writes
 //!   the architecture's checkpoint plus the optimizer state; [`SftTrainer::resumed`] (or
 //!   [`SftTrainer::resume`], which loads the checkpoint too) continues from it exactly. A trainer of an adapter saves a PEFT
@@ -28,9 +30,11 @@
 //! [`TrainableModel::packed_hidden`]: whale_lm::TrainableModel::packed_hidden
 
 pub mod chat_codec;
+pub mod memory;
 pub mod policy_gradient;
 pub mod trainer;
 
 pub use chat_codec::{ChatCodec, ChatCodecError};
+pub use memory::{MemoryShortfall, PassTokens, StepMemory};
 pub use policy_gradient::{completion_logprobs, PgExample, PgObjective, PgStepStats};
 pub use trainer::{LrSchedule, SftBatch, SftExample, SftTrainer, StepStats, TrainError, TrainerConfig, TrainerState};

@@ -16,6 +16,7 @@
 //! The trainer runs any [`TrainableModel`] (each architecture's folder in whale-lm implements
 //! it): saving and resuming go through the model's own checkpoint and adapter formats.
 
+use crate::memory::{self, MemoryShortfall, PassTokens, StepMemory};
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -163,6 +164,8 @@ pub enum TrainError {
     #[error("{0}")]
     Mode(&'static str),
     #[error(transparent)]
+    WontFit(#[from] MemoryShortfall),
+    #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
@@ -245,6 +248,11 @@ impl SftBatch {
     /// The number of scored positions.
     pub fn tokens(&self) -> usize {
         self.loss_mask.iter().filter(|&&scored| scored).count()
+    }
+
+    /// The real tokens a pass over this batch feeds (padding is never fed), and those it scores.
+    pub fn pass_tokens(&self) -> PassTokens {
+        PassTokens { fed: self.attention_mask.iter().filter(|&&real| real != 0).count(), scored: self.tokens() }
     }
 
     fn check(&self, vocab_size: usize) -> Result<(), TrainError> {
@@ -469,6 +477,7 @@ impl<M: TrainableModel> SftTrainer<M> {
         if tokens == 0 {
             return Err(TrainError::NoTrainableTokens);
         }
+        self.check_memory(batches.iter())?;
         let mut loss_sum = 0.0;
         let scored = batches.iter().filter(|batch| batch.tokens() > 0);
         let grads = self.gradients(scored, tokens, |model, batch| {
@@ -487,6 +496,25 @@ impl<M: TrainableModel> SftTrainer<M> {
             grad_norm,
             step: self.state.step,
         })
+    }
+
+    /// Refuses a step whose passes cannot fit in the memory available ([`StepMemory`]), before
+    /// any of it is taken. On a CPU only: a GPU's memory is the device's, not the system's.
+    pub(crate) fn check_memory<'a>(&self, passes: impl Iterator<Item = &'a SftBatch>) -> Result<(), TrainError> {
+        if !self.model.device().is_cpu() {
+            return Ok(());
+        }
+        let trained = self.params.iter().map(|(_, var)| var.elem_count()).sum();
+        let counts = self.model.activation_counts();
+        let passes = passes.map(SftBatch::pass_tokens);
+        let need = StepMemory::estimate(&counts, self.model.dtype(), trained, self.state.step > 0, passes);
+        if memory::available_bytes().is_none_or(|available| need.check(available).is_ok()) {
+            return Ok(());
+        }
+        // What this process has freed but kept is as good as available: hand it back and ask
+        // again (only here, as the next pass would pay page faults for what was handed back).
+        whale_kernels::runtime::release_freed_memory();
+        Ok(memory::available_bytes().map_or(Ok(()), |available| need.check(available))?)
     }
 
     /// The gradients of `Σ loss(micro-batch) / tokens` over the parameters, one backward pass

@@ -13,7 +13,7 @@ use super::config::{ArchitectureKeys, ConfigError, ConfigIssue, DenseHfConfig};
 use super::dense::{plain_inverse_frequencies, DenseConfig, DenseSettings};
 use super::lora::{LoraAdapter, LoraConfig};
 use super::model::{DenseModel, KvCache, ModelError, SeqStep};
-use crate::decoder::{AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
+use crate::decoder::{ActivationCounts, AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
 use crate::trainable::{TrainableError, TrainableModel};
 use candle_core::{DType, Device, Tensor, Var};
 use std::path::Path;
@@ -49,6 +49,13 @@ impl<C: DenseConfig> Architecture for DenseModel<C> {
 
     fn flop_counts(&self) -> FlopCounts {
         flop_counts(self.settings())
+    }
+
+    fn activation_counts(&self) -> ActivationCounts {
+        let s = self.settings();
+        let (query, key_value) = (s.num_attention_heads * s.head_dim, 2 * s.num_key_value_heads * s.head_dim);
+        let layer = ActivationCounts::layer_per_token(s.hidden_size, query, key_value, s.intermediate_size);
+        ActivationCounts { per_token: s.num_hidden_layers as f64 * layer, per_scored: 3.0 * s.vocab_size as f64 }
     }
 
     fn new_cache(&self) -> Result<DecoderCache, ModelError> {

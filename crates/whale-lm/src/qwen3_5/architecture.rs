@@ -6,7 +6,7 @@ use super::config::{LayerKind, Qwen35Config, MULTIMODAL_MODEL_TYPE, TEXT_MODEL_T
 use super::lora::Qwen35Lora;
 use super::model::{Qwen35Cache, Qwen35Model, Qwen35Step};
 use super::{load_qwen35, parameter_shapes, save_qwen35};
-use crate::decoder::{AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
+use crate::decoder::{ActivationCounts, AdapterError, Architecture, Decoder, DecoderCache, DecoderStep, FlopCounts};
 use crate::qwen3::checkpoint::CheckpointError;
 use crate::qwen3::lora::LoraConfig;
 use crate::qwen3::model::ModelError;
@@ -45,6 +45,10 @@ impl Architecture for Qwen35Model {
 
     fn flop_counts(&self) -> FlopCounts {
         flop_counts(self.config())
+    }
+
+    fn activation_counts(&self) -> ActivationCounts {
+        activation_counts(self.config())
     }
 
     fn new_cache(&self) -> Result<DecoderCache, ModelError> {
@@ -102,6 +106,28 @@ fn flop_counts(config: &Qwen35Config) -> FlopCounts {
         attention_per_key: 4.0 * layers(LayerKind::FullAttention) * query_width as f64,
         recurrence_per_token: 6.0 * layers(LayerKind::LinearAttention) * state as f64,
     }
+}
+
+/// [`ActivationCounts`] with each layer's own widths: a full-attention layer's gated queries
+/// (twice the query heads' width), a Gated DeltaNet layer's query and key heads as its queries
+/// and its keys and values as its key-value width.
+fn activation_counts(config: &Qwen35Config) -> ActivationCounts {
+    let full = ActivationCounts::layer_per_token(
+        config.hidden_size,
+        2 * config.num_attention_heads * config.head_dim,
+        2 * config.num_key_value_heads * config.head_dim,
+        config.intermediate_size,
+    );
+    let linear_keys = config.linear_num_key_heads * config.linear_key_head_dim;
+    let linear = ActivationCounts::layer_per_token(
+        config.hidden_size,
+        linear_keys,
+        linear_keys + config.linear_num_value_heads * config.linear_value_head_dim,
+        config.intermediate_size,
+    );
+    let per_token =
+        config.layer_types.iter().map(|kind| if *kind == LayerKind::FullAttention { full } else { linear }).sum();
+    ActivationCounts { per_token, per_scored: 3.0 * config.vocab_size as f64 }
 }
 
 /// The text-only checkpoint (`qwen3_5_text`) and the multimodal wrapper (`qwen3_5`).
