@@ -108,7 +108,7 @@ impl FlopCounts {
 /// widths, so that a step that cannot fit in memory is refused before it is taken (whale-train's
 /// `StepMemory`) rather than killed by the kernel halfway. Calibrated on measured peaks: a LoRA
 /// step of Qwen2.5-Coder-1.5B over 512 tokens held 8.2 GiB beyond the weights, and this
-/// estimate says 7.3 GiB (docs/benchmarks.md).
+/// estimate says 7.2 GiB (docs/benchmarks.md).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ActivationCounts {
     /// Per token fed, all layers: each layer's inputs, projections, rotary terms, MLP products
@@ -126,9 +126,10 @@ impl ActivationCounts {
         2.0 * (7 * hidden + 7 * query + 8 * key_value + 4 * intermediate) as f64
     }
 
-    /// Bytes of a pass over `fed` tokens scoring `scored` of them, in elements of `bytes` each.
-    pub fn pass_bytes(&self, fed: usize, scored: usize, bytes: usize) -> f64 {
-        (self.per_token * fed as f64 + self.per_scored * scored as f64) * bytes as f64
+    /// Bytes of a pass over `fed` tokens scoring `scored` of them: activations of
+    /// `activation_bytes` each (the model's dtype), logits in f32 whatever the dtype.
+    pub fn pass_bytes(&self, fed: usize, scored: usize, activation_bytes: usize) -> f64 {
+        self.per_token * (fed * activation_bytes) as f64 + self.per_scored * (scored * 4) as f64
     }
 }
 

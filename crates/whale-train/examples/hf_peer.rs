@@ -79,7 +79,8 @@ fn full_weights_by_default() -> bool {
 }
 
 impl TrainWorkload {
-    /// Positions scored in a step: every token of each example but its first.
+    /// Positions fed in a step, the throughput unit of both sides: every token of each example
+    /// but its last.
     fn positions(&self) -> usize {
         self.examples.iter().map(|e| e.prompt.len() + e.completion.len() - 1).sum()
     }

@@ -241,7 +241,7 @@ impl<M: TrainableModel> SftTrainer<M> {
         if tokens == 0 {
             return Err(TrainError::NoTrainableTokens);
         }
-        self.check_memory(batches.iter().map(|b| &b.batch))?;
+        self.check_memory(batches.iter().map(|b| &b.batch).filter(|batch| batch.tokens() > 0))?;
         let mut sums = PgTokenStats::default();
         let scored = batches.iter().filter(|b| b.batch.tokens() > 0);
         let grads = self.gradients(scored, tokens, |model, pg| {

@@ -356,6 +356,13 @@ impl TrainerState {
     }
 }
 
+/// An f32 moment of `var`'s shape, its zeros written out so that its memory is taken now:
+/// freshly mapped zeros would be taken only at the first update, after the memory check
+/// ([`StepMemory`]) had counted them as available.
+fn written_zeros(var: &Var) -> candle_core::Result<Tensor> {
+    Tensor::ones(var.shape(), DType::F32, var.device())?.affine(0.0, 0.0)
+}
+
 /// AdamW's state of one parameter, in f32: the first and second moments and, for a parameter
 /// stored in bf16 or f16, its f32 master copy. Updates accumulate in the master copy and the
 /// parameter gets it rounded, so that updates below the low precision's resolution (a step of
@@ -389,8 +396,8 @@ impl<M: TrainableModel> SftTrainer<M> {
             .iter()
             .map(|(_, var)| {
                 Ok(Moments {
-                    first: Tensor::zeros(var.shape(), DType::F32, var.device())?,
-                    second: Tensor::zeros(var.shape(), DType::F32, var.device())?,
+                    first: written_zeros(var)?,
+                    second: written_zeros(var)?,
                     master: (var.dtype() != DType::F32)
                         .then(|| var.as_detached_tensor().to_dtype(DType::F32))
                         .transpose()?,
@@ -477,7 +484,7 @@ impl<M: TrainableModel> SftTrainer<M> {
         if tokens == 0 {
             return Err(TrainError::NoTrainableTokens);
         }
-        self.check_memory(batches.iter())?;
+        self.check_memory(batches.iter().filter(|batch| batch.tokens() > 0))?;
         let mut loss_sum = 0.0;
         let scored = batches.iter().filter(|batch| batch.tokens() > 0);
         let grads = self.gradients(scored, tokens, |model, batch| {
@@ -506,15 +513,17 @@ impl<M: TrainableModel> SftTrainer<M> {
         }
         let trained = self.params.iter().map(|(_, var)| var.elem_count()).sum();
         let counts = self.model.activation_counts();
-        let passes = passes.map(SftBatch::pass_tokens);
-        let need = StepMemory::estimate(&counts, self.model.dtype(), trained, self.state.step > 0, passes);
+        let need = StepMemory::estimate(&counts, self.model.dtype(), trained, passes.map(SftBatch::pass_tokens));
         if memory::available_bytes().is_none_or(|available| need.check(available).is_ok()) {
             return Ok(());
         }
         // What this process has freed but kept is as good as available: hand it back and ask
         // again (only here, as the next pass would pay page faults for what was handed back).
         whale_kernels::runtime::release_freed_memory();
-        Ok(memory::available_bytes().map_or(Ok(()), |available| need.check(available))?)
+        if let Some(available) = memory::available_bytes() {
+            need.check(available)?;
+        }
+        Ok(())
     }
 
     /// The gradients of `Σ loss(micro-batch) / tokens` over the parameters, one backward pass

@@ -52,10 +52,15 @@ impl<C: DenseConfig> Architecture for DenseModel<C> {
     }
 
     fn activation_counts(&self) -> ActivationCounts {
-        let s = self.settings();
-        let (query, key_value) = (s.num_attention_heads * s.head_dim, 2 * s.num_key_value_heads * s.head_dim);
-        let layer = ActivationCounts::layer_per_token(s.hidden_size, query, key_value, s.intermediate_size);
-        ActivationCounts { per_token: s.num_hidden_layers as f64 * layer, per_scored: 3.0 * s.vocab_size as f64 }
+        let settings = self.settings();
+        let query = settings.num_attention_heads * settings.head_dim;
+        let key_value = 2 * settings.num_key_value_heads * settings.head_dim;
+        let layer =
+            ActivationCounts::layer_per_token(settings.hidden_size, query, key_value, settings.intermediate_size);
+        ActivationCounts {
+            per_token: settings.num_hidden_layers as f64 * layer,
+            per_scored: 3.0 * settings.vocab_size as f64,
+        }
     }
 
     fn new_cache(&self) -> Result<DecoderCache, ModelError> {

@@ -109,8 +109,8 @@ fn flop_counts(config: &Qwen35Config) -> FlopCounts {
 }
 
 /// [`ActivationCounts`] with each layer's own widths: a full-attention layer's gated queries
-/// (twice the query heads' width), a Gated DeltaNet layer's query and key heads as its queries
-/// and its keys and values as its key-value width.
+/// (twice the query heads' width); a Gated DeltaNet layer's key heads' width as its queries,
+/// and its keys and values together as its key-value width.
 fn activation_counts(config: &Qwen35Config) -> ActivationCounts {
     let full = ActivationCounts::layer_per_token(
         config.hidden_size,
