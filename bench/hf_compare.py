@@ -494,23 +494,21 @@ def print_timings(args, ours, theirs):
     print(f"| generate, {args.batch} concurrent, up to {args.max_tokens} new tokens: tokens/s "
           f"| {ours_gen:.0f} ({ours['generate_tokens']} in {ours['generate_seconds']:.2f} s) "
           f"| {hf_gen:.0f} ({gen_tokens} in {gen_seconds:.2f} s) | {ours_gen / hf_gen:.2f}x |")
-    if "train" in theirs:
-        positions, seconds, loss = theirs["train"]
-        ours_train = ours["train_positions"] / ours["train_seconds_per_step"]
-        hf_train = positions / seconds
-        print(f"| training step, {args.train_examples} examples in micro-batches of {args.micro_batch}: tokens/s "
-              f"| {ours_train:.0f} ({ours['train_seconds_per_step']:.3f} s/step, loss {ours['train_loss']:.3f}) "
-              f"| {hf_train:.0f} ({seconds:.3f} s/step, loss {loss:.3f}) | {ours_train / hf_train:.2f}x |")
-    if "lora" in theirs:
-        positions, seconds, loss = theirs["lora"]
-        ours_lora = ours["train_positions"] / ours["lora_train_seconds_per_step"]
-        theirs_lora = positions / seconds
-        print(f"| LoRA rank {args.lora_rank} training step, {args.train_examples} examples in micro-batches of "
-              f"{args.micro_batch}: tokens/s "
-              f"| {ours_lora:.0f} ({ours['lora_train_seconds_per_step']:.3f} s/step, "
-              f"loss {ours['lora_train_loss']:.3f}) "
-              f"| {theirs_lora:.0f} with peft {peft.__version__} ({seconds:.3f} s/step, loss {loss:.3f}) "
-              f"| {ours_lora / theirs_lora:.2f}x |")
+    batch = f"{args.train_examples} examples in micro-batches of {args.micro_batch}"
+    steps = [
+        ("train", "training step", "train", ""),
+        ("lora", f"LoRA rank {args.lora_rank} training step", "lora_train", f" with peft {peft.__version__}"),
+    ]
+    # (transformers' timing, the row's label, whale's keys' prefix, what the peer runs with)
+    for key, label, prefix, peer in steps:
+        if key not in theirs:
+            continue
+        positions, seconds, loss = theirs[key]
+        ours_rate = ours["train_positions"] / ours[f"{prefix}_seconds_per_step"]
+        theirs_rate = positions / seconds
+        print(f"| {label}, {batch}: tokens/s "
+              f"| {ours_rate:.0f} ({ours[f'{prefix}_seconds_per_step']:.3f} s/step, loss {ours[f'{prefix}_loss']:.3f}) "
+              f"| {theirs_rate:.0f}{peer} ({seconds:.3f} s/step, loss {loss:.3f}) | {ours_rate / theirs_rate:.2f}x |")
     padded_positions, tokens, padded_loss, packed_loss = theirs["padding"]
     print(f"training micro-batches padded: {padded_positions} positions for {tokens} tokens "
           f"({1 - tokens / padded_positions:.0%} padding; whale packs the tokens end to end)")
