@@ -39,7 +39,8 @@
 //!
 //! Weights: the SFT trainer updates the parameters in place and the engine's model shares them,
 //! so after a trainer step the owner calls [`LocalPolicy::set_weights_version`] (which also
-//! remakes the scheduler's transposed copies of the projections, [`Decoder::for_decoding`]);
+//! remakes the scheduler's transposed copies of the projections, [`Decoder::for_decoding`], or
+//! its 8-bit copies of the weights, [`EngineConfig::quantized`]);
 //! a different model (a loaded checkpoint) comes in through [`LocalPolicy::reload`]. Either way the
 //! scheduler drops the KV caches of the requests in flight and rebuilds them from each prompt
 //! and the tokens sampled so far, so every later token comes from the new weights alone (the
@@ -94,6 +95,11 @@ pub struct EngineConfig {
     /// End-of-sequence ids besides `<|im_end|>`, `<|endoftext|>` and the model config's
     /// `eos_token_id` (e.g. those of `generation_config.json`).
     pub eos_token_ids: Vec<u32>,
+    /// Decode from 8-bit (Q8_0) copies of the weights, remade after every update
+    /// ([`Decoder::for_quantized_decoding`]): faster batched decoding where the products are
+    /// wide (Qwen2.5-Coder-1.5B), at the cost of sampling from a slightly different policy
+    /// than the f32 one the trainer scores. Off by default; only f32 dense models on the CPU.
+    pub quantized: bool,
 }
 
 impl Default for EngineConfig {
@@ -104,6 +110,7 @@ impl Default for EngineConfig {
             max_prefill_tokens: 512,
             prefix_cache_tokens: 0,
             eos_token_ids: Vec::new(),
+            quantized: false,
         }
     }
 }
@@ -217,7 +224,8 @@ impl LocalPolicy {
         let (commands, inbox) = mpsc::channel();
         let reuses_prefixes = config.prefix_cache_tokens > 0 && model.forks_cache_prefixes()?;
         let scheduler = Scheduler {
-            model: model.for_decoding(),
+            model: decoding_model(&model, config.quantized)?,
+            quantized: config.quantized,
             tokenizer: tokenizer.clone(),
             eos: eos.clone(),
             context_window,
@@ -825,8 +833,20 @@ enum Phase {
 }
 
 /// The scheduler thread's state: the model, the queue and the live sequences.
+/// The scheduler's clone of `model` to decode with: with the f32 products' transposed copies,
+/// or with 8-bit copies of the weights.
+fn decoding_model(model: &Decoder, quantized: bool) -> Result<Decoder, ModelError> {
+    if quantized {
+        model.for_quantized_decoding()
+    } else {
+        Ok(model.for_decoding())
+    }
+}
+
 struct Scheduler {
     model: Decoder,
+    /// Whether `model` decodes from 8-bit copies ([`EngineConfig::quantized`]).
+    quantized: bool,
     tokenizer: Tokenizer,
     eos: Vec<u32>,
     context_window: usize,
@@ -881,7 +901,21 @@ impl Scheduler {
             Command::Generate(jobs) => self.waiting.extend(jobs),
             Command::NewWeights(model) => {
                 // The decoding copies of the projections are remade from the new weights.
-                self.model = model.map_or_else(|| self.model.for_decoding(), |model| model.for_decoding());
+                let source = model.as_deref().unwrap_or(&self.model);
+                self.model = match decoding_model(source, self.quantized) {
+                    Ok(model) => model,
+                    Err(error) => {
+                        // Never sample from stale copies: every live sequence fails with the
+                        // reason, and the engine stops (later callers get `Stopped`).
+                        let reason = format!("cannot remake the decoding weights: {error}");
+                        for sequence in &mut self.live {
+                            sequence.outcome = Some(Err(PolicyError::Model(reason.clone())));
+                        }
+                        self.reuses_prefixes = false;
+                        self.retire();
+                        return false;
+                    }
+                };
                 self.prefixes.clear();
                 self.reuses_prefixes =
                     self.prefixes.budget() > 0 && self.model.forks_cache_prefixes().is_ok_and(|forks| forks);

@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Tensor};
 use common::{argmax, full_logits};
 use whale_core::ChatMessage;
 use whale_engine::{ChoiceEvent, EngineConfig, EngineError, LocalPolicy};
-use whale_lm::{save_model, GenerationConfig, Qwen3Config, Qwen3Model};
+use whale_lm::{save_model, GenerationConfig, Qwen3Config, Qwen3Model, SeqStep};
 use whale_policy::{ChatRequest, Completion, FinishReason, Policy, PolicyError, SamplingParams};
 use whale_text::{write_tokenizer_config, ChatTemplate, Tokenizer, CHATML_TEMPLATE, TOKENIZER_FILE};
 
@@ -754,4 +754,47 @@ fn ignore_eos_generates_to_max_tokens_past_the_end_of_sequence_tokens() {
     assert_eq!((full.completion_tokens, full.finish_reason), (12, FinishReason::Length));
     let eos_text = tokenizer().decode(&[eos], false).expect("decode");
     assert!(eos_text.is_empty() || !full.text.contains(&eos_text), "end-of-sequence tokens are left out of the text");
+}
+
+/// Greedy tokens from `model`'s own cached decoding step, one sequence alone.
+fn greedy_alone(model: &Qwen3Model, prompt: &[u32], max_tokens: usize, eos: &[u32]) -> Vec<u32> {
+    let mut cache = model.new_cache();
+    let mut logits = model.forward_step(&mut [SeqStep { tokens: prompt, cache: &mut cache }]).expect("prefill");
+    let mut out = Vec::new();
+    while out.len() < max_tokens {
+        let next = argmax(&logits.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("row"));
+        out.push(next);
+        if eos.contains(&next) {
+            break;
+        }
+        logits = model.forward_step(&mut [SeqStep { tokens: &[next], cache: &mut cache }]).expect("step");
+    }
+    out
+}
+
+#[test]
+fn a_quantized_engine_decodes_from_8_bit_copies_batched_as_alone_and_remakes_them_after_an_update() {
+    let model = tiny_model(1);
+    let policy = engine(model.clone(), EngineConfig { quantized: true, ..EngineConfig::default() });
+    let indices = [0, 5, 17, 40];
+    let requests: Vec<ChatRequest> =
+        indices.iter().map(|&i| ChatRequest { messages: ask(i), params: greedy(16) }).collect();
+    let check = |model: &Qwen3Model| {
+        let quantized = model.for_quantized_decoding().expect("an f32 model on the CPU");
+        let mut moved = 0.0f32;
+        for (request, result) in requests.iter().zip(concurrently(&policy, &requests)) {
+            let completion = result.expect("completion");
+            let prompt = prompt_of(&request.messages);
+            let eos = policy.eos_token_ids();
+            assert_eq!(completion.token_ids, greedy_alone(&quantized, &prompt, 16, eos), "batched as alone");
+            let (_, exact) = reference_greedy(model, &prompt, 1, eos);
+            moved = moved.max((completion.logprobs[0] - exact[0]).abs());
+        }
+        assert!(moved > 0.0, "the first tokens' log-probabilities come from the 8-bit copies, not f32");
+    };
+    check(&model);
+    let (_, head) = model.named_parameters().into_iter().find(|(name, _)| name == "lm_head.weight").expect("head");
+    head.set(&head.as_tensor().affine(-1.0, 0.0).expect("negated")).expect("set");
+    policy.set_weights_version(1).expect("running");
+    check(&model);
 }

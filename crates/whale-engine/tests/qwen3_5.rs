@@ -46,4 +46,8 @@ fn the_batching_engine_serves_qwen3_5_as_each_sequence_alone() {
     let error = policy.served_model::<Qwen3Model>("the trainer").err().expect("not a Qwen3 model").to_string();
     assert!(error.contains("Qwen3.5") && error.contains("the trainer"), "{error}");
     assert!(policy.served_model::<Qwen35Model>("the trainer").is_ok(), "the served Qwen3.5 model");
+    let quantized = EngineConfig { quantized: true, ..EngineConfig::default() };
+    let tokenizer = Tokenizer::train_bpe(corpus.iter().map(String::as_str), 300).unwrap();
+    let error = LocalPolicy::new(model, tokenizer, ChatTemplate::chatml(), quantized).err().expect("refused");
+    assert!(error.to_string().contains("quantized"), "{error}");
 }

@@ -47,6 +47,9 @@ pub trait Architecture: ArchitectureObject {
     fn with_peft_adapter(&self, dir: &Path) -> Result<Decoder, AdapterError>;
     /// A clone to decode with (an architecture may keep decoding-friendly copies of weights).
     fn for_decoding(&self) -> Decoder;
+    /// A clone to decode with whose matrix products read 8-bit copies of the weights of now
+    /// (`[model] quantized`); an error where the architecture, dtype or device has none.
+    fn for_quantized_decoding(&self) -> Result<Decoder, ModelError>;
 }
 
 /// What a [`Decoder`] needs of the model it boxes besides [`Architecture`]: a clone, and the
@@ -204,6 +207,12 @@ impl Decoder {
     /// A clone to decode with ([`Architecture::for_decoding`]).
     pub fn for_decoding(&self) -> Self {
         self.model().for_decoding()
+    }
+
+    /// A clone to decode with from 8-bit copies of the weights
+    /// ([`Architecture::for_quantized_decoding`]).
+    pub fn for_quantized_decoding(&self) -> Result<Self, ModelError> {
+        self.model().for_quantized_decoding()
     }
 
     /// The architecture's name, for messages.

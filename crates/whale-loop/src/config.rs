@@ -92,6 +92,13 @@ pub struct ModelConfig {
     /// take memory: about 0.75 GB for SmolLM2-135M at 16,384.
     #[serde(skip_serializing_if = "is_no_prefix_cache")]
     pub prefix_cache_tokens: usize,
+    /// Sample from 8-bit (Q8_0) copies of the weights, remade after every weight step; training
+    /// and scoring keep f32. Off by default. Faster where the model's products are wide
+    /// (Qwen2.5-Coder-1.5B), not at SmolLM2's or the 0.5B's widths (docs/benchmarks.md,
+    /// "Quantized decoding"); the policy sampled then differs slightly from the one trained.
+    /// An f32 model on the CPU only.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub quantized: bool,
 }
 
 /// Whether `tokens` is 0, the default: a config that leaves it so serializes as it did before
@@ -137,6 +144,7 @@ impl Default for ModelConfig {
             max_context: 2048,
             max_prefill_tokens: engine.max_prefill_tokens,
             prefix_cache_tokens: engine.prefix_cache_tokens,
+            quantized: engine.quantized,
         }
     }
 }
@@ -666,6 +674,12 @@ impl RunConfig {
         if !matches!(self.model.dtype.as_str(), "f32" | "bf16") {
             return Err(("model.dtype", format!("`{}` is neither f32 nor bf16", self.model.dtype)));
         }
+        if self.model.quantized && (self.model.device != "cpu" || self.model.dtype != "f32") {
+            return Err(("model.quantized", "needs an f32 model on the CPU".to_string()));
+        }
+        if self.model.quantized && self.server.is_some() {
+            return Err(("model.quantized", "quantizes the in-process engine; a [server] runs its own".to_string()));
+        }
         if let Err(reason) = self.sampling.params().validate() {
             return Err(("sampling", reason.to_string()));
         }
@@ -770,6 +784,19 @@ mod tests {
         let error = parse("[model]\ndtype = \"fp16\"\n").expect_err("dtype");
         assert!(error.to_string().contains("model.dtype") && error.to_string().contains("fp16"), "{error}");
         parse("[model]\ndtype = \"bf16\"\n").expect("bf16");
+        let error = parse("[model]\ndtype = \"bf16\"\nquantized = true\n").expect_err("bf16 quantized");
+        assert!(error.to_string().contains("model.quantized"), "{error}");
+        parse("[model]\nquantized = true\n").expect("quantized f32");
+    }
+
+    /// Off, `quantized` is not written: the configs (and the study result files' hashes of
+    /// them) of runs before it stay as they were.
+    #[test]
+    fn quantized_decoding_is_written_only_when_on() {
+        let plain = toml::to_string(&parse("").expect("defaults")).expect("serialize");
+        assert!(!plain.contains("quantized"), "{plain}");
+        let on = toml::to_string(&parse("[model]\nquantized = true\n").expect("on")).expect("serialize");
+        assert!(on.contains("quantized = true"), "{on}");
     }
 
     /// The token cap is whale's own trainer's; absent, it is not written, so that the configs

@@ -188,6 +188,7 @@ pub fn engine_config(config: &RunConfig) -> EngineConfig {
         max_context: config.model.max_context,
         max_prefill_tokens: config.model.max_prefill_tokens,
         prefix_cache_tokens: config.model.prefix_cache_tokens,
+        quantized: config.model.quantized,
         ..EngineConfig::default()
     }
 }

@@ -89,6 +89,8 @@ pub struct BenchConfig {
     pub matmul_repeats: usize,
     /// Vocabulary size of the tokenizer trained for the random model.
     pub random_vocab_size: usize,
+    /// Decode from 8-bit copies of the weights ([`EngineConfig::quantized`]).
+    pub quantized: bool,
 }
 
 impl Default for BenchConfig {
@@ -112,6 +114,7 @@ impl Default for BenchConfig {
             matmul_size: 1024,
             matmul_repeats: 20,
             random_vocab_size: 8192,
+            quantized: false,
         }
     }
 }
@@ -169,6 +172,9 @@ pub struct BenchTable {
     /// The process's peak resident set size in bytes, read after the workloads; `None` where
     /// the system does not say (it is read from Linux's `/proc/self/status`).
     pub peak_rss_bytes: Option<u64>,
+    /// Seconds to make the Q8_0 copies of the weights once (`quantized` runs only): what every
+    /// weight update adds to a run that samples from them.
+    pub quantize_seconds: Option<f64>,
 }
 
 impl fmt::Display for BenchTable {
@@ -190,6 +196,9 @@ impl fmt::Display for BenchTable {
                 100.0 * row.mfu,
                 row.detail
             )?;
+        }
+        if let Some(seconds) = self.quantize_seconds {
+            writeln!(f, "Q8_0 copies of the weights made in {seconds:.2} s (again after every weight update)")?;
         }
         match self.peak_rss_bytes {
             Some(bytes) => writeln!(f, "peak RSS (VmHWM): {:.1} MiB", bytes as f64 / (1024.0 * 1024.0)),
@@ -227,6 +236,7 @@ pub fn run_bench(config: &BenchConfig, device: &Device) -> Result<BenchTable, Be
             rows.push(decoder.with_trainable(row(Some(lora)))?);
         }
     }
+    let quantize_seconds = config.quantized.then(|| quantize_time(&decoder)).transpose()?;
     let ceiling_after = matmul_ceiling(config.matmul_size, config.matmul_repeats, device)?;
     let matmul_flops_per_second = ceiling_before.max(ceiling_after);
     for row in &mut rows {
@@ -240,7 +250,17 @@ pub fn run_bench(config: &BenchConfig, device: &Device) -> Result<BenchTable, Be
         matmul_size: config.matmul_size,
         rows,
         peak_rss_bytes: peak_rss_bytes(),
+        quantize_seconds,
     })
+}
+
+/// Seconds to make one set of the decoding model's Q8_0 copies.
+fn quantize_time(decoder: &Decoder) -> Result<f64, BenchError> {
+    let start = Instant::now();
+    let copies = decoder.for_quantized_decoding()?;
+    let seconds = start.elapsed().as_secs_f64();
+    drop(copies);
+    Ok(seconds)
 }
 
 fn validate(config: &BenchConfig) -> Result<(), BenchError> {
@@ -285,11 +305,15 @@ fn matmul_ceiling(size: usize, repeats: usize, device: &Device) -> Result<f64, B
 /// The engine to measure and its description.
 fn bench_policy(config: &BenchConfig, device: &Device) -> Result<(LocalPolicy, String), BenchError> {
     let max_batch_size = config.batch_sizes.iter().copied().chain([config.prefill_requests]).max().unwrap_or(1);
-    let engine =
-        EngineConfig { max_batch_size, max_prefill_tokens: config.max_prefill_tokens, ..EngineConfig::default() };
+    let engine = EngineConfig {
+        max_batch_size,
+        max_prefill_tokens: config.max_prefill_tokens,
+        quantized: config.quantized,
+        ..EngineConfig::default()
+    };
     if let Some(dir) = &config.model_dir {
         let policy = LocalPolicy::load(dir, DType::F32, device, engine)?;
-        return Ok((policy, dir.display().to_string()));
+        return Ok((policy, with_decoding(dir.display().to_string(), config.quantized)));
     }
     let (model, tokenizer, name): (Decoder, _, _) = match config.random_qwen35 {
         Some(size) => {
@@ -301,7 +325,16 @@ fn bench_policy(config: &BenchConfig, device: &Device) -> Result<(LocalPolicy, S
             (model.into(), tokenizer, name)
         }
     };
-    Ok((LocalPolicy::new(model, tokenizer, ChatTemplate::chatml(), engine)?, name))
+    Ok((LocalPolicy::new(model, tokenizer, ChatTemplate::chatml(), engine)?, with_decoding(name, config.quantized)))
+}
+
+/// The model's description, saying when it decodes from 8-bit copies.
+fn with_decoding(name: String, quantized: bool) -> String {
+    if quantized {
+        format!("{name}, decoding from Q8_0 copies")
+    } else {
+        name
+    }
 }
 
 /// At least `len` token ids of generated text, for prompts and training examples.

@@ -92,6 +92,11 @@ impl<C: DenseConfig> Architecture for DenseModel<C> {
     fn for_decoding(&self) -> Decoder {
         DenseModel::for_decoding(self).into()
     }
+
+    /// [`DenseModel::for_quantized_decoding`]'s Q8_0 copies of the projections and head.
+    fn for_quantized_decoding(&self) -> Result<Decoder, ModelError> {
+        Ok(DenseModel::for_quantized_decoding(self)?.into())
+    }
 }
 
 /// The dense decoder's model FLOPs: every layer's four attention projections and three MLP

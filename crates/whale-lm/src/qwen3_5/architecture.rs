@@ -82,6 +82,11 @@ impl Architecture for Qwen35Model {
     fn for_decoding(&self) -> Decoder {
         self.clone().into()
     }
+
+    /// None: Qwen3.5's products all run in the model's own dtype.
+    fn for_quantized_decoding(&self) -> Result<Decoder, ModelError> {
+        Err(ModelError::Input("Qwen3.5 models do not decode from quantized weights; leave `quantized` off".into()))
+    }
 }
 
 /// Every parameter of a checkpoint ([`parameter_shapes`]).

@@ -160,6 +160,10 @@ pub enum LmCommand {
         /// leaves that row out.
         #[arg(long, default_value_t = BenchConfig::default().lora_rank)]
         lora_rank: usize,
+        /// Generate from 8-bit (Q8_0) copies of the weights, as `[model] quantized = true`
+        /// (f32 dense models on the CPU); the training rows keep f32.
+        #[arg(long)]
+        quantized: bool,
     },
     /// Write a random model as a checkpoint directory on an 8,192-token BPE trained on the
     /// synthetic corpus (seed 7), so that another server can load the same weights
@@ -457,6 +461,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
             train_completion_tokens,
             no_full_weights,
             lora_rank,
+            quantized,
         } => {
             let device = match device.as_str() {
                 "cpu" => candle_core::Device::Cpu,
@@ -484,6 +489,7 @@ pub fn run(command: LmCommand) -> Result<ExitCode> {
                 train_completion_tokens,
                 full_weights: !no_full_weights,
                 lora_rank,
+                quantized,
                 ..BenchConfig::default()
             };
             print!("{}", run_bench(&config, &device)?);
