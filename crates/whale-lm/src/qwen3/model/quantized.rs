@@ -2,7 +2,9 @@
 //! decoding step read Q8_0 blocks (a byte a weight and a scale per 32) through candle's
 //! quantized kernels instead of f32. At Qwen2.5-Coder-1.5B's widths a decoding step's products
 //! at 64 rows took a third of the f32 time on an AVX-512 Xeon (`quantized_products`,
-//! docs/benchmarks.md); at SmolLM2's and the 0.5B's they gain little or lose.
+//! docs/benchmarks.md). candle's fast x86 kernels take only inputs that are a multiple of 256;
+//! elsewhere its Q8_0 products ran 2-4x slower than f32 at 64 rows, so only such weights get a
+//! copy (all of the 1.5B's; of SmolLM2's and the 0.5B's, the down projections).
 //!
 //! Only sampling reads the copies: training passes, scoring and the trainer's log-probabilities
 //! keep the f32 weights, so a quantized run samples from a slightly different policy than the
@@ -20,6 +22,10 @@ use candle_core::{DType, Module, Tensor};
 /// sequence's logits do not depend on which others share its step; a test holds that).
 const BLOCK_TYPE: GgmlDType = GgmlDType::Q8_0;
 
+/// Inputs of the weights that get a copy are a multiple of this: those candle's fast x86
+/// kernels (repacked, VNNI) take.
+const FAST_INPUT_MULTIPLE: usize = 256;
+
 /// Outputs of each half are a multiple of this, so that both halves start on the kernels'
 /// groups of columns.
 const SPLIT_ALIGN: usize = 64;
@@ -32,12 +38,11 @@ pub(crate) struct QuantizedWeight {
 }
 
 impl QuantizedWeight {
-    /// The copy of `weight`, or `None` where none can be made: a weight that is not f32 on
-    /// the CPU, or whose inputs are not a multiple of Q8_0's 32-weight blocks.
+    /// The copy of `weight`, or `None` where it would not pay or cannot be made: a weight that
+    /// is not f32 on the CPU, or whose inputs are not a multiple of [`FAST_INPUT_MULTIPLE`].
     pub(crate) fn of(weight: &Tensor) -> candle_core::Result<Option<Self>> {
         let (out_dim, in_dim) = weight.dims2()?;
-        if !weight.device().is_cpu() || weight.dtype() != DType::F32 || !in_dim.is_multiple_of(BLOCK_TYPE.block_size())
-        {
+        if !weight.device().is_cpu() || weight.dtype() != DType::F32 || !in_dim.is_multiple_of(FAST_INPUT_MULTIPLE) {
             return Ok(None);
         }
         // `QTensor::quantize` reads its input's storage from the start, whatever the view's
