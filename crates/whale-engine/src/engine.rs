@@ -900,7 +900,11 @@ impl Scheduler {
         match command {
             Command::Generate(jobs) => self.waiting.extend(jobs),
             Command::NewWeights(model) => {
-                // The decoding copies of the projections are remade from the new weights.
+                // The decoding copies of the projections are remade from the new weights, the
+                // old 8-bit ones dropped first (a plain clone holds none).
+                if self.quantized {
+                    self.model = self.model.for_decoding();
+                }
                 let source = model.as_deref().unwrap_or(&self.model);
                 self.model = match decoding_model(source, self.quantized) {
                     Ok(model) => model,

@@ -779,7 +779,14 @@ fn a_quantized_engine_decodes_from_8_bit_copies_batched_as_alone_and_remakes_the
     config.tie_word_embeddings = false;
     config.initializer_range = 0.1;
     let model = Qwen3Model::new_random(&config, 1, DType::F32, &Device::Cpu).expect("model");
-    let policy = engine(model.clone(), EngineConfig { quantized: true, ..EngineConfig::default() });
+    let quantized = EngineConfig { quantized: true, ..EngineConfig::default() };
+    if let Err(error) = model.for_quantized_decoding() {
+        assert!(error.to_string().contains("VNNI"), "only a CPU without VNNI refuses: {error}");
+        let refused = LocalPolicy::new(model, tokenizer().clone(), ChatTemplate::chatml(), quantized).err();
+        assert!(refused.expect("refused").to_string().contains("VNNI"));
+        return;
+    }
+    let policy = engine(model.clone(), quantized);
     let indices = [0, 5, 17, 40];
     let requests: Vec<ChatRequest> =
         indices.iter().map(|&i| ChatRequest { messages: ask(i), params: greedy(16) }).collect();

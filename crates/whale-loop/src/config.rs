@@ -95,8 +95,8 @@ pub struct ModelConfig {
     /// Sample from 8-bit (Q8_0) copies of the weights, remade after every weight step; training
     /// and scoring keep f32. Off by default. Faster where the model's products are wide
     /// (Qwen2.5-Coder-1.5B), not at SmolLM2's or the 0.5B's widths (docs/benchmarks.md,
-    /// "Quantized decoding"); the policy sampled then differs slightly from the one trained.
-    /// An f32 model on the CPU only.
+    /// "`[model] quantized`"); the policy sampled then differs slightly from the one trained.
+    /// An f32 model on a CPU with VNNI only.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub quantized: bool,
 }

@@ -684,9 +684,9 @@ impl<C: DenseConfig> DenseModel<C> {
 
     /// A clone for the generation engine to decode with whose projections and head read Q8_0
     /// copies of the weights of now ([`quantized`]), where their inputs are a multiple of 256
-    /// (elsewhere candle's Q8_0 products are slower than f32, and the f32 product stays).
-    /// After an update of the parameters, make a new one. Only an f32 model on the CPU has
-    /// them; elsewhere an error.
+    /// (elsewhere candle's Q8_0 products are slower than f32, and [`Self::for_decoding`]'s f32
+    /// product stays). After an update of the parameters, make a new one. Only an f32 model on
+    /// a CPU with VNNI has them; elsewhere an error.
     pub fn for_quantized_decoding(&self) -> Result<Self, ModelError> {
         if !self.device.is_cpu() || self.dtype != DType::F32 {
             return Err(input_error(format!(
@@ -695,11 +695,20 @@ impl<C: DenseConfig> DenseModel<C> {
                 self.device.location()
             )));
         }
-        let mut model = self.clone();
-        model.quantized_head = QuantizedWeight::of(&self.lm_head)?;
+        if !quantized::fast_kernels() {
+            return Err(input_error(
+                "quantized decoding needs a CPU with VNNI (AVX-512 VNNI or AVX-VNNI): without it candle's Q8_0 \
+                 products are slower than f32",
+            ));
+        }
+        let parts = rayon::current_num_threads();
+        let mut model = self.for_decoding();
+        model.quantized_head = QuantizedWeight::of(&self.lm_head, parts)?;
         for projection in model.projections_mut() {
-            projection.transposed = None;
-            projection.quantized = QuantizedWeight::of(&projection.weight)?;
+            projection.quantized = QuantizedWeight::of(&projection.weight, parts)?;
+            if projection.quantized.is_some() {
+                projection.transposed = None;
+            }
         }
         Ok(model)
     }
@@ -1058,6 +1067,11 @@ mod tests {
     fn a_quantized_decoding_model_is_near_the_f32_one_and_is_remade_after_an_update() {
         let config = Qwen3Config::with_size(512, crate::qwen3::config::ModelSize::BASE);
         let model = Qwen3Model::new_random(&config, 3, DType::F32, &Device::Cpu).unwrap();
+        if !quantized::fast_kernels() {
+            let error = model.for_quantized_decoding().err().expect("refused without VNNI").to_string();
+            assert!(error.contains("VNNI"), "{error}");
+            return;
+        }
         let mut quantized = model.for_quantized_decoding().unwrap();
         assert!(quantized.quantized_head.is_some());
         assert!(quantized.projections_mut().iter().all(|p| p.quantized.is_some() && p.transposed.is_none()));
@@ -1095,8 +1109,11 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let weight = random_matrix(&mut rng, 896, 256);
         let rows = random_matrix(&mut rng, 24, 256);
-        let quantized = QuantizedWeight::of(&weight).unwrap().expect("f32, 256 inputs");
+        let quantized = QuantizedWeight::of(&weight, 2).unwrap().expect("f32, 256 inputs");
         let together = quantized.product(&rows).unwrap();
+        let five = QuantizedWeight::of(&weight, 5).unwrap().expect("f32, 256 inputs");
+        assert_eq!(five.parts.len(), 5);
+        assert_eq!(bits(&five.product(&rows).unwrap()), bits(&together), "five parts on rayon's threads, as two");
         for row in [0, 7, 23] {
             let alone = quantized.product(&rows.narrow(0, row, 1).unwrap()).unwrap();
             assert_eq!(bits(&alone), bits(&together.narrow(0, row, 1).unwrap()), "row {row}");
@@ -1107,6 +1124,6 @@ mod tests {
         let scale = exact.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(gap < 0.01 * scale, "gap {gap}, largest {scale}");
         let narrow = random_matrix(&mut rng, 64, 224);
-        assert!(QuantizedWeight::of(&narrow).unwrap().is_none(), "224 inputs: no fast kernel, no copy");
+        assert!(QuantizedWeight::of(&narrow, 2).unwrap().is_none(), "224 inputs: no fast kernel, no copy");
     }
 }
