@@ -462,6 +462,31 @@ fn lm_bench_measures_a_random_qwen3_5_of_the_shape_asked_at_each_concurrency() {
 }
 
 #[test]
+fn lm_bench_quantized_decodes_from_8_bit_copies_and_times_a_weight_update() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let args = ["lm", "bench", "--random", "--batch-sizes", "1,3", "--new-tokens", "4", "--train-steps", "0"];
+    let output = whale(home.path(), &[&args[..], &["--quantized"]].concat());
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    if !output.status.success() {
+        assert!(stderr.contains("VNNI"), "only a CPU without VNNI refuses: {stderr}");
+        return;
+    }
+    assert!(stdout.contains("decoding from Q8_0 copies"), "{stdout}");
+    let seconds: f64 = stdout
+        .split("a weight update to its first token (new Q8_0 copies of the weights): ")
+        .nth(1)
+        .and_then(|rest| rest.split(" s").next())
+        .expect("the update's time under the table")
+        .parse()
+        .expect("a number");
+    assert!(seconds > 0.0, "{stdout}");
+    assert_eq!(bench_rows(&stdout).len(), 3, "{stdout}");
+    let qwen35 = whale(home.path(), &[&args[..], &["--shape", "qwen3.5-tiny", "--quantized"]].concat());
+    let stderr = String::from_utf8_lossy(&qwen35.stderr);
+    assert!(!qwen35.status.success() && stderr.contains("quantized"), "{stderr}");
+}
+
+#[test]
 fn lm_bench_refuses_flags_that_do_not_go_together() {
     let home = tempfile::tempdir().expect("tempdir");
     let cases: [(&[&str], &str); 8] = [
