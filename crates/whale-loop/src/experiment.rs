@@ -338,8 +338,8 @@ impl Experiment {
         let lock = DirLock::acquire(root)?;
         if let Some(previous) = lock.interrupted() {
             eprintln!(
-                "note: the last process to write {} ({previous}) did not end normally (killed: SIGKILL, \
-                 out of memory, a machine that went down); resuming after its last completed unit",
+                "note: the last process to write {} ({previous}) did not end normally (a signal, running \
+                 out of memory or a machine that went down); resuming after its last completed unit",
                 root.display()
             );
         }
