@@ -832,7 +832,6 @@ enum Phase {
     Decode,
 }
 
-/// The scheduler thread's state: the model, the queue and the live sequences.
 /// The scheduler's clone of `model` to decode with: with the f32 products' transposed copies,
 /// or with 8-bit copies of the weights.
 fn decoding_model(model: &Decoder, quantized: bool) -> Result<Decoder, ModelError> {
@@ -843,6 +842,7 @@ fn decoding_model(model: &Decoder, quantized: bool) -> Result<Decoder, ModelErro
     }
 }
 
+/// The scheduler thread's state: the model, the queue and the live sequences.
 struct Scheduler {
     model: Decoder,
     /// Whether `model` decodes from 8-bit copies ([`EngineConfig::quantized`]).
