@@ -409,6 +409,12 @@ fn bench_rows(table: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// The number a bench table prints between `label` and `unit` (a line under the table).
+fn number_after(table: &str, label: &str, unit: &str) -> f64 {
+    let text = table.split(label).nth(1).and_then(|rest| rest.split(unit).next());
+    text.unwrap_or_else(|| panic!("no {label:?} line: {table}")).parse().expect("a number")
+}
+
 #[test]
 fn lm_bench_measures_a_random_qwen3_5_of_the_shape_asked_at_each_concurrency() {
     let home = tempfile::tempdir().expect("tempdir");
@@ -444,13 +450,7 @@ fn lm_bench_measures_a_random_qwen3_5_of_the_shape_asked_at_each_concurrency() {
     // starts where the weights it adapts are.
     assert_eq!(losses.len(), 2, "{table}");
     assert!(losses.iter().all(|loss| (8.5..9.5).contains(loss)), "{table}");
-    let peak_mib: f64 = table
-        .split("peak RSS (VmHWM): ")
-        .nth(1)
-        .and_then(|rest| rest.split(" MiB").next())
-        .expect("the peak RSS under the table")
-        .parse()
-        .expect("a number");
+    let peak_mib = number_after(&table, "peak RSS (VmHWM): ", " MiB");
     assert!(peak_mib > 1.0, "{table}");
 
     let untrained = succeed(home.path(), &[&args[..], &["--train-steps", "0"]].concat());
@@ -472,13 +472,7 @@ fn lm_bench_quantized_decodes_from_8_bit_copies_and_times_a_weight_update() {
         return;
     }
     assert!(stdout.contains("decoding from Q8_0 copies"), "{stdout}");
-    let seconds: f64 = stdout
-        .split("a weight update to its first token (new Q8_0 copies of the weights): ")
-        .nth(1)
-        .and_then(|rest| rest.split(" s").next())
-        .expect("the update's time under the table")
-        .parse()
-        .expect("a number");
+    let seconds = number_after(&stdout, "a weight update to its first token (new Q8_0 copies of the weights): ", " s");
     assert!(seconds > 0.0, "{stdout}");
     assert_eq!(bench_rows(&stdout).len(), 3, "{stdout}");
     let qwen35 = whale(home.path(), &[&args[..], &["--shape", "qwen3.5-tiny", "--quantized"]].concat());
