@@ -774,7 +774,7 @@ fn greedy_alone(model: &Qwen3Model, prompt: &[u32], max_tokens: usize, eos: &[u3
 
 #[test]
 fn a_quantized_engine_decodes_from_8_bit_copies_batched_as_alone_and_remakes_them_after_an_update() {
-    // 256 wide: the copies are made for inputs that are a multiple of 256.
+    // 256 wide: the copies are made for inputs that are (or pad with little work to) a multiple of 256.
     let mut config = Qwen3Config::with_size(tokenizer().vocab_size(), ModelSize::BASE);
     config.tie_word_embeddings = false;
     config.initializer_range = 0.1;

@@ -3,9 +3,11 @@
 //! candle's quantized kernels instead of f32. At Qwen2.5-Coder-1.5B's widths a decoding step's
 //! products at 64 rows took a third of the f32 time on an AVX-512 Xeon (`quantized_products`,
 //! docs/benchmarks.md). candle's fast x86 kernels need VNNI and inputs that are a multiple of
-//! 256; elsewhere its Q8_0 products ran 2-4x slower than f32 at 64 rows, so only such weights
-//! get a copy (all of the 1.5B's; of SmolLM2's and the 0.5B's, the down projections), and a CPU
-//! without VNNI is refused.
+//! 256; elsewhere its Q8_0 products ran 2-4x slower than f32 at 64 rows. So a weight whose inputs
+//! are not such a multiple is copied with zero columns up to the next one, where that adds at
+//! most a quarter to its work (the 0.5B's 896 inputs become 1,024), and its inputs get as many
+//! zeros before each product; the zero blocks add nothing to any dot product. Weights that would
+//! need more padding (SmolLM2's 576 inputs) keep f32, and a CPU without VNNI is refused.
 //!
 //! Only sampling reads the copies: training passes, scoring and the trainer's log-probabilities
 //! keep the f32 weights, so a quantized run samples from a slightly different policy than the
@@ -26,9 +28,13 @@ use rayon::prelude::*;
 /// sequence's logits do not depend on which others share its step; a test holds that).
 const BLOCK_TYPE: GgmlDType = GgmlDType::Q8_0;
 
-/// Inputs of the weights that get a copy are a multiple of this: those candle's fast x86
-/// kernels (repacked, VNNI) take.
+/// Inputs of the copies are a multiple of this: those candle's fast x86 kernels (repacked,
+/// VNNI) take.
 const FAST_INPUT_MULTIPLE: usize = 256;
+
+/// A weight gets a copy only where the zero columns that pad its inputs to
+/// [`FAST_INPUT_MULTIPLE`] add at most this share of its work.
+const MAX_PADDING: f64 = 0.25;
 
 /// Outputs of each part are a multiple of this (the fast kernels take outputs in tiles of 16),
 /// but for the last part's.
@@ -47,38 +53,47 @@ pub(crate) fn fast_kernels() -> bool {
     }
 }
 
-/// A weight `[out, in]` as Q8_0 blocks, in parts of its outputs.
+/// A weight `[out, in]` as Q8_0 blocks, in parts of its outputs, its inputs padded with zero
+/// columns to `padded_inputs`.
 #[derive(Clone)]
 pub(crate) struct QuantizedWeight {
     pub(super) parts: Vec<QMatMul>,
+    inputs: usize,
+    padded_inputs: usize,
 }
 
 impl QuantizedWeight {
     /// The copy of `weight` in up to `parts` parts, or `None` where it would not pay or cannot
-    /// be made: a weight that is not f32 on the CPU, whose inputs are not a multiple of
-    /// [`FAST_INPUT_MULTIPLE`] or whose outputs are not a multiple of 16, or a candle told to
-    /// dequantize its quantized tensors (`CANDLE_DEQUANTIZE_ALL`).
+    /// be made: a weight that is not f32 on the CPU, whose inputs need more than
+    /// [`MAX_PADDING`] to reach a multiple of [`FAST_INPUT_MULTIPLE`] or whose outputs are not a
+    /// multiple of 16, or a candle told to dequantize its quantized tensors
+    /// (`CANDLE_DEQUANTIZE_ALL`).
     pub(crate) fn of(weight: &Tensor, parts: usize) -> candle_core::Result<Option<Self>> {
         let (out_dim, in_dim) = weight.dims2()?;
-        let fits = in_dim.is_multiple_of(FAST_INPUT_MULTIPLE) && out_dim.is_multiple_of(16);
-        if !weight.device().is_cpu() || weight.dtype() != DType::F32 || !fits {
+        let padded_inputs = in_dim.next_multiple_of(FAST_INPUT_MULTIPLE);
+        let pays = in_dim > 0 && (padded_inputs - in_dim) as f64 <= MAX_PADDING * in_dim as f64;
+        if !weight.device().is_cpu() || weight.dtype() != DType::F32 || !pays || !out_dim.is_multiple_of(16) {
             return Ok(None);
         }
         let step = (out_dim / parts.max(1)).div_ceil(PART_ALIGN).max(1) * PART_ALIGN;
         let mut copies = Vec::new();
         for start in (0..out_dim).step_by(step) {
-            let copy = quantized(&weight.narrow(0, start, step.min(out_dim - start))?)?;
+            let rows = weight.narrow(0, start, step.min(out_dim - start))?;
+            let copy = quantized(&rows.pad_with_zeros(1, 0, padded_inputs - in_dim)?)?;
             if !matches!(copy, QMatMul::QTensor(_)) {
                 return Ok(None);
             }
             copies.push(copy);
         }
-        Ok(Some(Self { parts: copies }))
+        Ok(Some(Self { parts: copies, inputs: in_dim, padded_inputs }))
     }
 
     /// `x @ w^T` of a matrix `x` `[rows, in]`, from the copy.
     pub(crate) fn product(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let x = x.contiguous()?;
+        let x = match self.padded_inputs - self.inputs {
+            0 => x.contiguous()?,
+            zeros => x.pad_with_zeros(1, 0, zeros)?,
+        };
         let products = match self.parts.as_slice() {
             [one] => return one.forward(&x),
             [first, second] => {
