@@ -907,9 +907,18 @@ mod tests {
             let starting = whale_pretrain::eval::starting_harness(domain);
             assert_eq!(config.harness.initial, starting, "pretraining measures the example's starting harness");
         }
-        let expected =
-            ["chess", "chess-qwen3", "chess-qwen3.5", "math", "math-qwen3", "math-qwen3.5", "math-qwen3.5-local", "qa"];
-        assert_eq!(names[..8], expected, "{names:?}");
+        let expected = [
+            "chess",
+            "chess-qwen3",
+            "chess-qwen3.5",
+            "math",
+            "math-qwen2.5",
+            "math-qwen3",
+            "math-qwen3.5",
+            "math-qwen3.5-local",
+            "qa",
+        ];
+        assert_eq!(names[..9], expected, "{names:?}");
         let served = RunConfig::load(&examples.join("qa-qwen3.5.toml")).expect("qa-qwen3.5");
         let server = served.server.expect("rollouts on a server");
         assert_eq!(

@@ -71,6 +71,11 @@ fn the_smollm2_qa_testbed_runs() {
     run_example("qa-smollm2");
 }
 
+#[test]
+fn the_qwen2_5_math_testbed_runs() {
+    run_example("math-qwen2.5");
+}
+
 /// The agent-proposer testbed, its proposer's model served by the run itself: here the tiny
 /// model, whose ChatML template has no tools part, so the session's first request is refused
 /// (400). A proposer whose server refuses is infrastructure, not a search that found nothing: the
