@@ -685,8 +685,9 @@ impl<C: DenseConfig> DenseModel<C> {
     /// A clone for the generation engine to decode with whose projections and head read Q8_0
     /// copies of the weights of now ([`quantized`]), where their inputs are a multiple of 256 or
     /// padded to one with at most a quarter more work (elsewhere candle's Q8_0 products are
-    /// slower than f32, and [`Self::for_decoding`]'s f32 product stays). After an update of the parameters, make a new one. Only an f32 model on
-    /// a CPU with VNNI has them; elsewhere an error.
+    /// slower than f32, and [`Self::for_decoding`]'s f32 product stays). After an update of the
+    /// parameters, make a new one. Only an f32 model on a CPU with VNNI has them; elsewhere an
+    /// error.
     pub fn for_quantized_decoding(&self) -> Result<Self, ModelError> {
         if !self.device.is_cpu() || self.dtype != DType::F32 {
             return Err(input_error(format!(
