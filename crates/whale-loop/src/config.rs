@@ -913,12 +913,13 @@ mod tests {
             "chess-qwen3.5",
             "math",
             "math-qwen2.5",
+            "math-qwen2.5-one-shot",
             "math-qwen3",
             "math-qwen3.5",
             "math-qwen3.5-local",
             "qa",
         ];
-        assert_eq!(names[..9], expected, "{names:?}");
+        assert_eq!(names[..10], expected, "{names:?}");
         let served = RunConfig::load(&examples.join("qa-qwen3.5.toml")).expect("qa-qwen3.5");
         let server = served.server.expect("rollouts on a server");
         assert_eq!(

@@ -76,6 +76,26 @@ fn the_qwen2_5_math_testbed_runs() {
     run_example("math-qwen2.5");
 }
 
+/// The math testbed with the one-shot LLM proposer, its proposer's model served by the run
+/// itself: here the tiny model, whose 2,048-token context cannot hold the proposer's prompt (the
+/// harness, its score and failed rollouts in the tiny tokenizer's many tokens). A refusal of the
+/// proposer's server is infrastructure: the run stops naming it, having scored nothing for it.
+#[test]
+fn the_qwen2_5_math_testbed_with_the_one_shot_proposer_serves_it_and_stops_on_its_refusal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = common::tiny_model_in(dir.path());
+    let mut config = shrunk("math-qwen2.5-one-shot", &model);
+    assert!(config.search.agent.one_shot && config.search.proposer == whale_loop::config::ProposerKind::Agent);
+    config.search.agent.local_model = Some(model.clone());
+    config.search.agent.max_retries = 0;
+    let root = dir.path().join("runs").join("one-shot");
+    let mut experiment = Experiment::create(config, &root, Verbosity::default()).expect("the run starts");
+    let Err(error) = experiment.run() else { panic!("the proposer's server refused, yet the run finished") };
+    let error = error.to_string();
+    assert!(error.contains("one-shot") && error.contains("context window"), "{error}");
+    assert!(!experiment.state().finished);
+}
+
 /// The agent-proposer testbed, its proposer's model served by the run itself: here the tiny
 /// model, whose ChatML template has no tools part, so the session's first request is refused
 /// (400). A proposer whose server refuses is infrastructure, not a search that found nothing: the
