@@ -76,6 +76,26 @@ fn the_qwen2_5_math_testbed_runs() {
     run_example("math-qwen2.5");
 }
 
+/// Runs the shrunk example `name`, an LLM proposer's testbed, with the proposer's model served by
+/// the run itself (the tiny model, in `dir`, no retries) after `adjust`, until its server
+/// refuses: the stopped run, its directory and its error.
+fn run_until_the_proposer_refuses(
+    name: &str,
+    dir: &Path,
+    adjust: impl FnOnce(&mut RunConfig),
+) -> (Experiment, PathBuf, String) {
+    let model = common::tiny_model_in(dir);
+    let mut config = shrunk(name, &model);
+    assert_eq!(config.search.proposer, whale_loop::config::ProposerKind::Agent);
+    config.search.agent.local_model = Some(model.clone());
+    config.search.agent.max_retries = 0;
+    adjust(&mut config);
+    let root = dir.join("runs").join(name);
+    let mut experiment = Experiment::create(config, &root, Verbosity::default()).expect("the run starts");
+    let Err(error) = experiment.run() else { panic!("the proposer's server refused, yet the run finished") };
+    (experiment, root, error.to_string())
+}
+
 /// The math testbed with the one-shot LLM proposer, its proposer's model served by the run
 /// itself: here the tiny model, whose 2,048-token context cannot hold the proposer's prompt (the
 /// harness, its score and failed rollouts in the tiny tokenizer's many tokens). A refusal of the
@@ -83,17 +103,12 @@ fn the_qwen2_5_math_testbed_runs() {
 #[test]
 fn the_qwen2_5_math_testbed_with_the_one_shot_proposer_serves_it_and_stops_on_its_refusal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = common::tiny_model_in(dir.path());
-    let mut config = shrunk("math-qwen2.5-one-shot", &model);
-    assert!(config.search.agent.one_shot && config.search.proposer == whale_loop::config::ProposerKind::Agent);
-    config.search.agent.local_model = Some(model.clone());
-    config.search.agent.max_retries = 0;
-    let root = dir.path().join("runs").join("one-shot");
-    let mut experiment = Experiment::create(config, &root, Verbosity::default()).expect("the run starts");
-    let Err(error) = experiment.run() else { panic!("the proposer's server refused, yet the run finished") };
-    let error = error.to_string();
+    let (experiment, root, error) = run_until_the_proposer_refuses("math-qwen2.5-one-shot", dir.path(), |config| {
+        assert!(config.search.agent.one_shot);
+    });
     assert!(error.contains("one-shot") && error.contains("context window"), "{error}");
     assert!(!experiment.state().finished);
+    assert!(root.join("archive/sessions").read_dir().expect("sessions").next().is_some(), "the session recorded");
 }
 
 /// The agent-proposer testbed, its proposer's model served by the run itself: here the tiny
@@ -103,16 +118,9 @@ fn the_qwen2_5_math_testbed_with_the_one_shot_proposer_serves_it_and_stops_on_it
 #[test]
 fn the_agent_proposer_testbed_serves_its_own_proposer_and_stops_on_its_refusal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = common::tiny_model_in(dir.path());
-    let mut config = shrunk("qa-smollm2-agent", &model);
-    assert_eq!(config.search.proposer, whale_loop::config::ProposerKind::Agent);
-    config.search.agent.local_model = Some(model.clone());
-    config.search.agent.model = Some("proposer".to_string());
-    config.search.agent.max_retries = 0;
-    let root = dir.path().join("runs").join("agent");
-    let mut experiment = Experiment::create(config, &root, Verbosity::default()).expect("the run starts");
-    let Err(error) = experiment.run() else { panic!("the proposer's server refused, yet the run finished") };
-    let error = error.to_string();
+    let (experiment, root, error) = run_until_the_proposer_refuses("qa-smollm2-agent", dir.path(), |config| {
+        config.search.agent.model = Some("proposer".to_string());
+    });
     assert!(error.contains("no tools part") && error.contains("agent"), "{error}");
     let sessions: Vec<_> = std::fs::read_dir(root.join("archive/sessions")).expect("sessions").flatten().collect();
     let session = std::fs::read_to_string(sessions[0].path()).expect("a session");

@@ -970,6 +970,11 @@ mod tests {
         }
     }
 
+    /// The largest absolute element of `tensor`.
+    fn max_abs(tensor: &Tensor) -> f32 {
+        tensor.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    }
+
     fn bits(tensor: &Tensor) -> Vec<u32> {
         let values: Vec<f32> = tensor.flatten_all().unwrap().to_vec1().unwrap();
         values.into_iter().map(f32::to_bits).collect()
@@ -1081,8 +1086,8 @@ mod tests {
         let exact = decoded_logits(&model, &prompts);
         let near = decoded_logits(&quantized, &prompts);
         for (exact, near) in exact.iter().zip(&near) {
-            let scale = exact.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            let gap = (exact - near).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let scale = max_abs(exact);
+            let gap = max_abs(&(exact - near).unwrap());
             // Each product rounds the weights and also every row of its inputs to 8 bits per
             // block of 32 (as llama.cpp's Q8_0 products do); over four layers and the head the
             // logits move by about 2% of the largest here.
@@ -1100,8 +1105,8 @@ mod tests {
         let bits_of = |logits: &[Tensor]| logits.iter().map(bits).collect::<Vec<_>>();
         assert_ne!(bits_of(&stale), bits_of(&remade), "the old copies hold the old weights");
         let updated = decoded_logits(&model, &prompts);
-        let gap = (&updated[2] - &remade[2]).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        let scale = updated[2].abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let gap = max_abs(&(&updated[2] - &remade[2]).unwrap());
+        let scale = max_abs(&updated[2]);
         assert!(gap < 0.05 * scale, "the remade copies follow the update: gap {gap}, largest {scale}");
     }
 
@@ -1121,8 +1126,8 @@ mod tests {
         }
         // Within Q8_0's rounding of the f32 product (a test of the halves' offsets too).
         let exact = rows.matmul(&weight.t().unwrap()).unwrap();
-        let gap = (&together - &exact).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        let scale = exact.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let gap = max_abs(&(&together - &exact).unwrap());
+        let scale = max_abs(&exact);
         assert!(gap < 0.01 * scale, "gap {gap}, largest {scale}");
         let narrow = random_matrix(&mut rng, 64, 160);
         assert!(QuantizedWeight::of(&narrow, 2).unwrap().is_none(), "160 inputs: 96 zeros would not pay, no copy");
@@ -1139,8 +1144,8 @@ mod tests {
         let together = quantized.product(&rows).unwrap();
         assert_eq!(together.dims(), [9, 192]);
         let exact = rows.matmul(&weight.t().unwrap()).unwrap();
-        let gap = (&together - &exact).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        let scale = exact.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let gap = max_abs(&(&together - &exact).unwrap());
+        let scale = max_abs(&exact);
         assert!(gap > 0.0 && gap < 0.01 * scale, "gap {gap}, largest {scale}");
         for row in [0, 4, 8] {
             let alone = quantized.product(&rows.narrow(0, row, 1).unwrap()).unwrap();
