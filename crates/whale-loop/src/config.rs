@@ -448,7 +448,7 @@ pub struct ScheduleConfig {
     /// Fixed schedule: weight steps per weight phase (E).
     pub weight_steps: u64,
     /// Fixed schedule: search iterations per harness phase (I); the incumbent's re-evaluation
-    /// under new weights counts as the first.
+    /// under new weights counts as the first, so at least 2.
     pub search_iterations: u64,
     /// Sequential: the share of the budget spent on weight steps before the search starts;
     /// absent: the share the fixed schedule spends on them.
@@ -653,6 +653,11 @@ impl RunConfig {
         if let Some(lora) = &self.weights.lora {
             lora.validate().map_err(|error| ("weights.lora", error.to_string()))?;
         }
+        if self.schedule.search_iterations < 2 {
+            let reason = "must be at least 2: the incumbent's re-scoring under new weights counts as a phase's first \
+                          iteration, so a phase of 1 would propose nothing";
+            return Err(("schedule.search_iterations", reason.to_string()));
+        }
         if let Some(share) = self.schedule.sequential_weight_share {
             if !(0.0..=1.0).contains(&share) {
                 return Err(("schedule.sequential_weight_share", "must lie in [0, 1]".to_string()));
@@ -844,6 +849,18 @@ mod tests {
                 error.to_string().contains("model.device") && error.to_string().contains(&format!("`{device}`"));
             assert!(named, "{error}");
         }
+    }
+
+    #[test]
+    fn a_search_phase_of_one_iteration_is_refused_as_it_would_propose_nothing() {
+        let error = parse("[schedule]\nsearch_iterations = 1\n").expect_err("the re-scoring alone");
+        let named =
+            error.to_string().contains("schedule.search_iterations") && error.to_string().contains("re-scoring");
+        assert!(named, "{error}");
+        assert_eq!(
+            parse("[schedule]\nsearch_iterations = 2\n").expect("one round of proposals").schedule.search_iterations,
+            2
+        );
     }
 
     #[test]

@@ -432,6 +432,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!((merged, mended), (5, 3), "fragments merged, and of them valid, in the committed transcripts");
+        assert_eq!((merged, mended), (6, 4), "fragments merged, and of them valid, in the committed transcripts");
     }
 }
