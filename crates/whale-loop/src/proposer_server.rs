@@ -1,26 +1,32 @@
 //! The agent proposer's own model, served by the run: `[search.agent] local_model` names a model
 //! (Qwen2.5-Coder-1.5B-Instruct, say) that the run loads into a `whale serve` of its own on a
-//! free loopback port, points the proposer at, and stops when the search is dropped.
+//! free loopback port for each proposal, points the proposer at, and stops once the proposal is
+//! made.
 //!
 //! Why in-process rather than a second terminal: a run that needs another process started by
 //! hand first is one a killed run cannot resume by itself; here the server comes and goes with
-//! the run, and a resumed run starts it again.
+//! the run. Why only for the length of a proposal: the model's weights (about 7 GiB for the 1.5B
+//! in f32) would otherwise sit beside the policy's weight steps and evaluations, where a run of
+//! the 0.5B peaked at 22.5 GiB with them on a 24 GB machine; loading them again takes seconds
+//! against minutes of proposing.
 
 use whale_engine::EngineConfig;
-use whale_search::{AgentConfig, AgentProposer, Proposal, ProposalContext, Proposer, ProposerError, TokenUsage};
+use whale_search::{
+    agent_proposer_name, AgentConfig, AgentProposer, Proposal, ProposalContext, Proposer, ProposerError, TokenUsage,
+};
 use whale_serve::{LoadSettings, ModelRegistry, ServeConfig, Server};
 
-/// The agent proposer together with the server of its model.
+/// The agent proposer whose model is served for each proposal.
 pub struct ServedAgent {
-    proposer: AgentProposer,
-    /// Kept for as long as the proposer talks to it; dropping it stops the server.
-    _server: Server,
+    config: AgentConfig,
+    /// The tokens of every proposal so far (each talked to a server of its own).
+    spent: TokenUsage,
 }
 
 impl ServedAgent {
-    /// Serves `config.local_model` on `127.0.0.1` (any free port) and makes the proposer that
-    /// talks to it. `local_model` must be a checkpoint directory by now (the run's config
-    /// loader converts a GGUF or a fetched model's name first).
+    /// Checks the config; the model is loaded and served at each proposal. `local_model` must be
+    /// a checkpoint directory by now (the run's config loader converts a GGUF or a fetched
+    /// model's name first).
     pub fn start(config: &AgentConfig) -> Result<Self, ProposerError> {
         let dir = config.local_model.as_deref().ok_or_else(|| ProposerError::Config("no local_model".into()))?;
         if config.base_url.is_some() {
@@ -28,15 +34,28 @@ impl ServedAgent {
                 "[search.agent] has both base_url and local_model: a local model is served by the run itself".into(),
             ));
         }
-        let name = config.model.clone().unwrap_or_else(|| served_name(dir));
+        if !dir.join("config.json").is_file() {
+            return Err(ProposerError::Config(format!(
+                "[search.agent] local_model {}: no config.json there (not a checkpoint directory)",
+                dir.display()
+            )));
+        }
+        Ok(Self { config: config.clone(), spent: TokenUsage::default() })
+    }
+
+    /// Serves the model on `127.0.0.1` (any free port) and makes the proposer that talks to it;
+    /// dropping the server stops it and frees the model.
+    fn serve(&self) -> Result<(AgentProposer, Server), ProposerError> {
+        let dir = self.config.local_model.as_deref().ok_or_else(|| ProposerError::Config("no local_model".into()))?;
+        let name = self.config.model.clone().unwrap_or_else(|| served_name(dir));
         let settings = LoadSettings { engine: proposer_engine(), ..LoadSettings::default() };
         let registry = ModelRegistry::open(dir, Some(name.clone()), settings)
             .map_err(|e| ProposerError::Config(format!("[search.agent] local_model {}: {e}", dir.display())))?;
         let serve = ServeConfig { host: "127.0.0.1".into(), port: 0, ..ServeConfig::default() };
         let server = Server::start(&serve, registry)
             .map_err(|e| ProposerError::Config(format!("cannot serve the proposer's model: {e}")))?;
-        let agent = AgentConfig { base_url: Some(server.base_url()), model: Some(name), ..config.clone() };
-        Ok(Self { proposer: AgentProposer::new(agent)?, _server: server })
+        let agent = AgentConfig { base_url: Some(server.base_url()), model: Some(name), ..self.config.clone() };
+        Ok((AgentProposer::new(agent)?, server))
     }
 }
 
@@ -63,14 +82,18 @@ fn served_name(dir: &std::path::Path) -> String {
 
 impl Proposer for ServedAgent {
     fn name(&self) -> &str {
-        self.proposer.name()
+        agent_proposer_name(self.config.one_shot)
     }
 
     fn propose(&mut self, ctx: &ProposalContext<'_>) -> Result<Vec<Proposal>, ProposerError> {
-        self.proposer.propose(ctx)
+        let (mut proposer, server) = self.serve()?;
+        let proposals = proposer.propose(ctx);
+        self.spent.add(proposer.usage());
+        drop(server);
+        proposals
     }
 
     fn usage(&self) -> TokenUsage {
-        self.proposer.usage()
+        self.spent
     }
 }

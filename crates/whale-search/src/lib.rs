@@ -31,8 +31,8 @@ pub use copied_text::{copied_task_text, CopiedText, MIN_COPIED_CHARS};
 pub use guide::SEARCH_RULES;
 pub use prompt_text::only_prompt_text_differs;
 pub use proposer::{
-    AgentConfig, AgentProposer, CommandConfig, CommandProposer, MutateProposer, Mutation, Proposal, ProposalContext,
-    Proposer, ProposerError, TokenUsage,
+    agent_proposer_name, AgentConfig, AgentProposer, CommandConfig, CommandProposer, MutateProposer, Mutation,
+    Proposal, ProposalContext, Proposer, ProposerError, TokenUsage,
 };
 pub use score::{instance_frontier, ScoreCard, TaskOutcome};
 pub use search::{

@@ -9,7 +9,7 @@ mod command;
 mod confine;
 pub(crate) mod mutate;
 
-pub use agent::{AgentConfig, AgentProposer};
+pub use agent::{agent_proposer_name, AgentConfig, AgentProposer};
 pub use command::{CommandConfig, CommandProposer};
 pub use mutate::{MutateProposer, Mutation};
 

@@ -80,6 +80,15 @@ impl Default for AgentConfig {
     }
 }
 
+/// The name an agent proposer records with its candidates: `one-shot` or `agent`.
+pub fn agent_proposer_name(one_shot: bool) -> &'static str {
+    if one_shot {
+        "one-shot"
+    } else {
+        "agent"
+    }
+}
+
 /// The agentic proposer.
 pub struct AgentProposer {
     client: ChatClient,
@@ -225,11 +234,7 @@ impl AgentProposer {
 
 impl Proposer for AgentProposer {
     fn name(&self) -> &str {
-        if self.one_shot {
-            "one-shot"
-        } else {
-            "agent"
-        }
+        agent_proposer_name(self.one_shot)
     }
 
     fn propose(&mut self, ctx: &ProposalContext<'_>) -> Result<Vec<Proposal>, ProposerError> {
