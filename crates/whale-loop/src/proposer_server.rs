@@ -10,6 +10,7 @@
 //! the 0.5B peaked at 22.5 GiB with them on a 24 GB machine; loading them again takes seconds
 //! against minutes of proposing.
 
+use std::path::{Path, PathBuf};
 use whale_engine::EngineConfig;
 use whale_search::{
     agent_proposer_name, AgentConfig, AgentProposer, Proposal, ProposalContext, Proposer, ProposerError, TokenUsage,
@@ -19,6 +20,8 @@ use whale_serve::{LoadSettings, ModelRegistry, ServeConfig, Server};
 /// The agent proposer whose model is served for each proposal.
 pub struct ServedAgent {
     config: AgentConfig,
+    /// The checkpoint directory of `config.local_model`.
+    dir: PathBuf,
     /// The tokens of every proposal so far (each talked to a server of its own).
     spent: TokenUsage,
 }
@@ -40,20 +43,20 @@ impl ServedAgent {
                 dir.display()
             )));
         }
-        Ok(Self { config: config.clone(), spent: TokenUsage::default() })
+        Ok(Self { config: config.clone(), dir: dir.to_path_buf(), spent: TokenUsage::default() })
     }
 
     /// Serves the model on `127.0.0.1` (any free port) and makes the proposer that talks to it;
-    /// dropping the server stops it and frees the model.
+    /// dropping the server stops it and frees the model. A model that does not load, or a server
+    /// that does not start, is the run's infrastructure failing ([`ProposerError::Server`]).
     fn serve(&self) -> Result<(AgentProposer, Server), ProposerError> {
-        let dir = self.config.local_model.as_deref().ok_or_else(|| ProposerError::Config("no local_model".into()))?;
-        let name = self.config.model.clone().unwrap_or_else(|| served_name(dir));
+        let name = self.config.model.clone().unwrap_or_else(|| served_name(&self.dir));
         let settings = LoadSettings { engine: proposer_engine(), ..LoadSettings::default() };
-        let registry = ModelRegistry::open(dir, Some(name.clone()), settings)
-            .map_err(|e| ProposerError::Config(format!("[search.agent] local_model {}: {e}", dir.display())))?;
+        let registry = ModelRegistry::open(&self.dir, Some(name.clone()), settings)
+            .map_err(|e| ProposerError::Server(format!("[search.agent] local_model {}: {e}", self.dir.display())))?;
         let serve = ServeConfig { host: "127.0.0.1".into(), port: 0, ..ServeConfig::default() };
         let server = Server::start(&serve, registry)
-            .map_err(|e| ProposerError::Config(format!("cannot serve the proposer's model: {e}")))?;
+            .map_err(|e| ProposerError::Server(format!("cannot serve the proposer's model: {e}")))?;
         let agent = AgentConfig { base_url: Some(server.base_url()), model: Some(name), ..self.config.clone() };
         Ok((AgentProposer::new(agent)?, server))
     }
@@ -76,7 +79,7 @@ fn proposer_engine() -> EngineConfig {
 const PROPOSER_CONTEXT: usize = 32_768;
 
 /// The name the proposer's model is served under: its directory's last component.
-fn served_name(dir: &std::path::Path) -> String {
+fn served_name(dir: &Path) -> String {
     dir.file_name().map_or_else(|| "proposer".to_string(), |name| name.to_string_lossy().into_owned())
 }
 
@@ -95,5 +98,25 @@ impl Proposer for ServedAgent {
 
     fn usage(&self) -> TokenUsage {
         self.spent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint directory whose weights do not load: the run starts (only the directory is
+    /// checked then), and serving it for a proposal fails as infrastructure, which stops the
+    /// search rather than counting as a proposal that failed.
+    #[test]
+    fn a_model_that_does_not_load_at_a_proposal_is_an_infrastructure_failure() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = AgentConfig { local_model: Some(dir.path().to_path_buf()), ..AgentConfig::default() };
+        let error = ServedAgent::start(&config).err().expect("no config.json");
+        assert!(error.to_string().contains("config.json") && !error.is_infrastructure(), "{error}");
+        std::fs::write(dir.path().join("config.json"), "{ not json").expect("write");
+        let served = ServedAgent::start(&config).expect("a checkpoint directory, by its config.json");
+        let error = served.serve().err().expect("the weights do not load");
+        assert!(matches!(error, ProposerError::Server(_)) && error.is_infrastructure(), "{error}");
     }
 }

@@ -78,7 +78,8 @@ fn the_qwen2_5_math_testbed_runs() {
 
 /// Runs the shrunk example `name`, an LLM proposer's testbed, with the proposer's model served by
 /// the run itself (the tiny model, in `dir`, no retries) after `adjust`, until its server
-/// refuses: the stopped run, its directory and its error.
+/// refuses (every recorded session's server stopped by then): the stopped run, its directory and
+/// its error.
 fn run_until_the_proposer_refuses(
     name: &str,
     dir: &Path,
@@ -93,7 +94,22 @@ fn run_until_the_proposer_refuses(
     let root = dir.join("runs").join(name);
     let mut experiment = Experiment::create(config, &root, Verbosity::default()).expect("the run starts");
     let Err(error) = experiment.run() else { panic!("the proposer's server refused, yet the run finished") };
+    assert_the_proposers_servers_stopped(&root);
     (experiment, root, error.to_string())
+}
+
+/// Each recorded session's server is gone once its proposal is over: the proposer's model is
+/// served for a proposal only, not beside the run's weight steps and evaluations.
+fn assert_the_proposers_servers_stopped(root: &Path) {
+    let sessions: Vec<_> = std::fs::read_dir(root.join("archive/sessions")).expect("sessions").collect();
+    assert!(!sessions.is_empty(), "a session recorded");
+    for session in sessions {
+        let text = std::fs::read_to_string(session.expect("a session").path()).expect("read");
+        let session: serde_json::Value = serde_json::from_str(&text).expect("a session");
+        let url = session["base_url"].as_str().expect("the session's server");
+        let address = url.trim_start_matches("http://").split('/').next().expect("host:port");
+        assert!(std::net::TcpStream::connect(address).is_err(), "{url} still answers after its proposal");
+    }
 }
 
 /// The math testbed with the one-shot LLM proposer, its proposer's model served by the run
@@ -103,12 +119,11 @@ fn run_until_the_proposer_refuses(
 #[test]
 fn the_qwen2_5_math_testbed_with_the_one_shot_proposer_serves_it_and_stops_on_its_refusal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (experiment, root, error) = run_until_the_proposer_refuses("math-qwen2.5-one-shot", dir.path(), |config| {
+    let (experiment, _, error) = run_until_the_proposer_refuses("math-qwen2.5-one-shot", dir.path(), |config| {
         assert!(config.search.agent.one_shot);
     });
     assert!(error.contains("one-shot") && error.contains("context window"), "{error}");
     assert!(!experiment.state().finished);
-    assert!(root.join("archive/sessions").read_dir().expect("sessions").next().is_some(), "the session recorded");
 }
 
 /// The agent-proposer testbed, its proposer's model served by the run itself: here the tiny

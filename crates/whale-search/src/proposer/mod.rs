@@ -109,6 +109,9 @@ pub enum ProposerError {
     Io { context: String, source: std::io::Error },
     #[error("proposer configuration: {0}")]
     Config(String),
+    /// The server of the proposer's model, which the run starts itself, did not load or start.
+    #[error("the proposer's model server: {0}")]
+    Server(String),
     /// The proposer's model answered, but with no usable turn (a tool call without an id or a
     /// name): its output is poor, not its server.
     #[error("the proposer's model gave an unusable reply: {0}")]
@@ -120,10 +123,13 @@ pub enum ProposerError {
 }
 
 impl ProposerError {
-    /// Whether the proposer's infrastructure failed (its model server after retries, its
-    /// command, the disk) rather than what it wrote.
+    /// Whether the proposer's infrastructure failed (its model server after retries or at its
+    /// start, its command, the disk) rather than what it wrote.
     pub fn is_infrastructure(&self) -> bool {
-        matches!(self, ProposerError::Api { .. } | ProposerError::Command(_) | ProposerError::Io { .. })
+        matches!(
+            self,
+            ProposerError::Api { .. } | ProposerError::Server(_) | ProposerError::Command(_) | ProposerError::Io { .. }
+        )
     }
 }
 
